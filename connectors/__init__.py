@@ -1,0 +1,1 @@
+"""Adapters to external systems (Kafka, Delta, Schema Registry); no CDC semantics here."""

@@ -1,0 +1,1 @@
+"""Delta Lake adapters: arrow column types and table engines."""

@@ -1,0 +1,393 @@
+"""Column types for Delta tables, as arrow type names, and typed arrow tables from JSON rows.
+
+A type name is a short string (`"int64"`, `"timestamp_us_utc"`, `"decimal(10,2)"`) so that it
+travels as JSON next to the decoded rows. Names come from a Kafka Connect schema
+(`connect_schema_to_types`) or from the data (`infer_types`); `arrow_type` resolves them and
+`rows_to_table` converts JSON values (base64 bytes, epoch numbers, ISO text) into typed columns.
+Every column is nullable: a field's `optional` flag is deliberately ignored.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from collections.abc import Callable
+from datetime import date, datetime, timedelta, timezone
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+
+
+class TypeName:
+    """Arrow type names used in `types` maps."""
+
+    INT8 = "int8"
+    INT16 = "int16"
+    INT32 = "int32"
+    INT64 = "int64"
+    FLOAT32 = "float32"
+    FLOAT64 = "float64"
+    BOOL = "bool"
+    STRING = "string"
+    BINARY = "binary"
+    DATE32 = "date32"
+    TIMESTAMP_MS = "timestamp_ms"
+    TIMESTAMP_US = "timestamp_us"
+    TIMESTAMP_NS = "timestamp_ns"
+    TIMESTAMP_US_UTC = "timestamp_us_utc"
+
+    INTEGERS = (INT8, INT16, INT32, INT64)
+    FLOATS = (FLOAT32, FLOAT64)
+
+
+DEFAULT_DECIMAL_PRECISION = 38
+MAX_DECIMAL128_PRECISION = 38
+DECIMAL_PATTERN = re.compile(r"^decimal\((\d+),(-?\d+)\)$")
+DECIMAL_SCALE_PARAM = "scale"
+DECIMAL_PRECISION_PARAM = "connect.decimal.precision"
+
+# Kafka Connect schema keys.
+CONNECT_TYPE = "type"
+CONNECT_NAME = "name"
+CONNECT_FIELD = "field"
+CONNECT_FIELDS = "fields"
+CONNECT_PARAMETERS = "parameters"
+CONNECT_STRUCT = "struct"
+ROW_IMAGE_FIELDS = ("after", "before")
+
+CONNECT_PRIMITIVES: dict[str, str] = {
+    "int8": TypeName.INT8,
+    "int16": TypeName.INT16,
+    "int32": TypeName.INT32,
+    "int64": TypeName.INT64,
+    "float32": TypeName.FLOAT32,
+    "float64": TypeName.FLOAT64,
+    "float": TypeName.FLOAT64,
+    "double": TypeName.FLOAT64,
+    "boolean": TypeName.BOOL,
+    "string": TypeName.STRING,
+    "bytes": TypeName.BINARY,
+    # Nested values are kept as JSON text.
+    "struct": TypeName.STRING,
+    "array": TypeName.STRING,
+    "map": TypeName.STRING,
+}
+
+CONNECT_DECIMAL = "org.apache.kafka.connect.data.Decimal"
+CONNECT_LOGICAL: dict[str, str] = {
+    "io.debezium.time.Date": TypeName.DATE32,
+    "org.apache.kafka.connect.data.Date": TypeName.DATE32,
+    "io.debezium.time.MicroTimestamp": TypeName.TIMESTAMP_US,
+    "io.debezium.time.Timestamp": TypeName.TIMESTAMP_MS,
+    "org.apache.kafka.connect.data.Timestamp": TypeName.TIMESTAMP_MS,
+    "io.debezium.time.NanoTimestamp": TypeName.TIMESTAMP_NS,
+    "io.debezium.time.ZonedTimestamp": TypeName.TIMESTAMP_US_UTC,
+    "io.debezium.time.Time": TypeName.INT64,
+    "io.debezium.time.MicroTime": TypeName.INT64,
+    "io.debezium.time.NanoTime": TypeName.INT64,
+    "org.apache.kafka.connect.data.Time": TypeName.INT64,
+    "io.debezium.data.VariableScaleDecimal": TypeName.STRING,
+    "io.debezium.data.Json": TypeName.STRING,
+    "io.debezium.data.Uuid": TypeName.STRING,
+    "io.debezium.data.Enum": TypeName.STRING,
+    "io.debezium.data.EnumSet": TypeName.STRING,
+    "io.debezium.data.Xml": TypeName.STRING,
+    "io.debezium.time.ZonedTime": TypeName.STRING,
+}
+
+ARROW_TYPES: dict[str, pa.DataType] = {
+    TypeName.INT8: pa.int8(),
+    TypeName.INT16: pa.int16(),
+    TypeName.INT32: pa.int32(),
+    TypeName.INT64: pa.int64(),
+    TypeName.FLOAT32: pa.float32(),
+    TypeName.FLOAT64: pa.float64(),
+    TypeName.BOOL: pa.bool_(),
+    TypeName.STRING: pa.string(),
+    TypeName.BINARY: pa.binary(),
+    TypeName.DATE32: pa.date32(),
+    # Naive timestamps land as microseconds without zone (Delta timestamp_ntz).
+    TypeName.TIMESTAMP_MS: pa.timestamp("us"),
+    TypeName.TIMESTAMP_US: pa.timestamp("us"),
+    TypeName.TIMESTAMP_NS: pa.timestamp("us"),
+    TypeName.TIMESTAMP_US_UTC: pa.timestamp("us", tz="UTC"),
+}
+
+EPOCH_DATE = date(1970, 1, 1)
+EPOCH_UTC = datetime(1970, 1, 1, tzinfo=timezone.utc)
+ONE_MICROSECOND = timedelta(microseconds=1)
+ISO_FRACTION = re.compile(r"^(.*T\d\d:\d\d:\d\d)\.(\d+)(.*)$")
+US_PER_MS = 1_000
+NS_PER_US = 1_000
+UTC_SUFFIX = "Z"
+UTC_OFFSET = "+00:00"
+COMPACT_SEPARATORS = (",", ":")
+
+
+def decimal_type_name(precision: int, scale: int) -> str:
+    """The type name of a decimal column: `decimal(p,s)`."""
+    return f"decimal({precision},{scale})"
+
+
+def connect_schema_to_types(schema: dict) -> dict[str, str]:
+    """Column types from the Kafka Connect schema of a whole Debezium envelope.
+
+    Reads the `after` struct field (or `before` when `after` is absent). Raises `ValueError`
+    when the schema is not an envelope schema or a field cannot be mapped.
+    """
+    image = _row_image_schema(schema)
+    fields = image.get(CONNECT_FIELDS)
+    if not isinstance(fields, list):
+        raise ValueError("row image schema has no 'fields' list")
+    types: dict[str, str] = {}
+    for field in fields:
+        if not isinstance(field, dict) or not isinstance(field.get(CONNECT_FIELD), str):
+            raise ValueError("row image schema has a field without a name")
+        types[field[CONNECT_FIELD]] = _field_type(field)
+    return types
+
+
+def _row_image_schema(schema: Any) -> dict:
+    if not isinstance(schema, dict) or schema.get(CONNECT_TYPE) != CONNECT_STRUCT:
+        raise ValueError("envelope schema is not a struct")
+    fields = schema.get(CONNECT_FIELDS)
+    if not isinstance(fields, list):
+        raise ValueError("envelope schema has no 'fields' list")
+    by_name = {f.get(CONNECT_FIELD): f for f in fields if isinstance(f, dict)}
+    for name in ROW_IMAGE_FIELDS:
+        image = by_name.get(name)
+        if isinstance(image, dict) and image.get(CONNECT_TYPE) == CONNECT_STRUCT:
+            return image
+    raise ValueError("envelope schema has no 'after' or 'before' struct field")
+
+
+def _field_type(field: dict) -> str:
+    name = field.get(CONNECT_NAME)
+    if name == CONNECT_DECIMAL:
+        return _decimal_field_type(field)
+    if isinstance(name, str) and name in CONNECT_LOGICAL:
+        return CONNECT_LOGICAL[name]
+    base = field.get(CONNECT_TYPE)
+    if isinstance(base, str) and base in CONNECT_PRIMITIVES:
+        return CONNECT_PRIMITIVES[base]
+    raise ValueError(f"field {field[CONNECT_FIELD]!r} has an unsupported Connect type")
+
+
+def _decimal_field_type(field: dict) -> str:
+    params = field.get(CONNECT_PARAMETERS)
+    params = params if isinstance(params, dict) else {}
+    try:
+        scale = int(params.get(DECIMAL_SCALE_PARAM, 0))
+        precision = int(params.get(DECIMAL_PRECISION_PARAM, DEFAULT_DECIMAL_PRECISION))
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"field {field[CONNECT_FIELD]!r} has invalid decimal parameters"
+        ) from None
+    return decimal_type_name(precision, scale)
+
+
+def arrow_type(name: str) -> pa.DataType:
+    """The arrow type for a type name; raises `ValueError` for an unknown name."""
+    if name in ARROW_TYPES:
+        return ARROW_TYPES[name]
+    match = DECIMAL_PATTERN.match(name) if isinstance(name, str) else None
+    if match is None:
+        raise ValueError(f"unknown column type {name!r}")
+    precision, scale = int(match[1]), int(match[2])
+    if precision <= MAX_DECIMAL128_PRECISION:
+        return pa.decimal128(precision, scale)
+    return pa.decimal256(precision, scale)
+
+
+def _value_type(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return TypeName.BOOL
+    if isinstance(value, int):
+        return TypeName.INT64
+    if isinstance(value, float):
+        return TypeName.FLOAT64
+    return TypeName.STRING
+
+
+def _combine_inferred(seen: set[str]) -> str:
+    if len(seen) == 1:
+        return next(iter(seen))
+    if seen == {TypeName.INT64, TypeName.FLOAT64}:
+        return TypeName.FLOAT64
+    return TypeName.STRING
+
+
+def infer_types(rows: list[dict]) -> dict[str, str]:
+    """Column types from the values of JSON rows, columns in order of first appearance.
+
+    bool, int, float and str map to their arrow names; ints mixed with floats give float64;
+    nested values, other mixtures and all-null columns give string.
+    """
+    seen: dict[str, set[str]] = {}
+    for row in rows:
+        for column, value in (row or {}).items():
+            kinds = seen.setdefault(column, set())
+            kind = _value_type(value)
+            if kind is not None:
+                kinds.add(kind)
+    return {
+        column: _combine_inferred(kinds) if kinds else TypeName.STRING
+        for column, kinds in seen.items()
+    }
+
+
+def _widen(old: str, new: str) -> str:
+    numeric = TypeName.INTEGERS + TypeName.FLOATS
+    if old in TypeName.INTEGERS and new in TypeName.INTEGERS:
+        return TypeName.INT64
+    if old in numeric and new in numeric:
+        return TypeName.FLOAT64
+    return old
+
+
+def merge_types(old: dict[str, str], new: dict[str, str]) -> dict[str, str]:
+    """Union of two type maps: old columns first, new ones appended.
+
+    A conflict widens integers to int64 and integer/float mixtures to float64; any other
+    conflict keeps the old type.
+    """
+    merged = dict(old)
+    for column, kind in new.items():
+        previous = merged.get(column)
+        merged[column] = kind if previous is None or previous == kind else _widen(previous, kind)
+    return merged
+
+
+Converter = Callable[[Any], Any]
+
+
+def _integer(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError
+    return value
+
+
+def _floating(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError
+    return float(value)
+
+
+def _boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError
+    return value
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, separators=COMPACT_SEPARATORS)
+
+
+def _binary(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if not isinstance(value, str):
+        raise TypeError
+    return base64.b64decode(value, validate=True)
+
+
+def _decimal_converter(scale: int) -> Converter:
+    def convert(value: Any) -> Decimal:
+        if isinstance(value, Decimal):
+            return value
+        unscaled = int.from_bytes(_binary(value), "big", signed=True)
+        sign, digits, _ = Decimal(unscaled).as_tuple()
+        # Built from the tuple so that no context precision can round the value.
+        return Decimal((sign, digits, -scale))
+
+    return convert
+
+
+def _epoch_days(value: Any) -> int:
+    if isinstance(value, str):
+        return (date.fromisoformat(value) - EPOCH_DATE).days
+    return _integer(value)
+
+
+def _epoch_us(dt: datetime) -> int:
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return (dt - EPOCH_UTC) // ONE_MICROSECOND
+
+
+def _parse_iso(value: str) -> datetime:
+    """ISO-8601 text with a trailing `Z` and any number of fraction digits (cut to 6)."""
+    match = ISO_FRACTION.match(value)
+    if match is not None:
+        head, fraction, tail = match.groups()
+        value = f"{head}.{fraction[:6].ljust(6, '0')}{tail}"
+    if value.endswith(UTC_SUFFIX):
+        value = value[: -len(UTC_SUFFIX)] + UTC_OFFSET
+    return datetime.fromisoformat(value)
+
+
+def _timestamp_converter(to_us: Callable[[int], int]) -> Converter:
+    def convert(value: Any) -> int:
+        if isinstance(value, str):
+            return _epoch_us(_parse_iso(value).replace(tzinfo=None))
+        return to_us(_integer(value))
+
+    return convert
+
+
+def _zoned_timestamp(value: Any) -> int:
+    if isinstance(value, str):
+        return _epoch_us(_parse_iso(value))
+    return _integer(value)
+
+
+CONVERTERS: dict[str, Converter] = {
+    **{name: _integer for name in TypeName.INTEGERS},
+    **{name: _floating for name in TypeName.FLOATS},
+    TypeName.BOOL: _boolean,
+    TypeName.STRING: _text,
+    TypeName.BINARY: _binary,
+    TypeName.DATE32: _epoch_days,
+    TypeName.TIMESTAMP_MS: _timestamp_converter(lambda ms: ms * US_PER_MS),
+    TypeName.TIMESTAMP_US: _timestamp_converter(lambda us: us),
+    TypeName.TIMESTAMP_NS: _timestamp_converter(lambda ns: ns // NS_PER_US),
+    TypeName.TIMESTAMP_US_UTC: _zoned_timestamp,
+}
+
+
+def _converter(name: str, data_type: pa.DataType) -> Converter:
+    if name in CONVERTERS:
+        return CONVERTERS[name]
+    return _decimal_converter(data_type.scale)
+
+
+def _column(name: str, type_name: str, values: list[Any]) -> pa.Array:
+    data_type = arrow_type(type_name)
+    convert = _converter(type_name, data_type)
+    try:
+        converted = [None if v is None else convert(v) for v in values]
+        return pa.array(converted, type=data_type)
+    # No value text in the message: rows may carry personal data.
+    except (TypeError, ValueError, OverflowError, binascii.Error, pa.ArrowException):
+        raise ValueError(f"column {name!r}: a value cannot be converted to {type_name}") from None
+
+
+def rows_to_table(rows: list[dict | None], types: dict[str, str]) -> pa.Table:
+    """A table with exactly the columns of `types`, in order, from JSON rows.
+
+    Missing keys and `None` rows give nulls; keys not in `types` are ignored. Raises
+    `ValueError` naming the column and the type when a value cannot be converted.
+    """
+    arrays = [
+        _column(name, type_name, [row.get(name) if row else None for row in rows])
+        for name, type_name in types.items()
+    ]
+    schema = pa.schema([pa.field(name, array.type) for name, array in zip(types, arrays)])
+    return pa.Table.from_arrays(arrays, schema=schema)

@@ -1,0 +1,88 @@
+"""The embedded Delta engine: delta-rs (`deltalake`), no JVM needed.
+
+One MERGE per micro-batch of net changes. Every commit carries an application
+transaction (app id, version = batch id); `last_batch` reads it back so a replayed batch
+is recognised and skipped: the offsets in Spark's checkpoint and the data in Delta move
+together even when the process dies between the two.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.exceptions import DeltaError, TableNotFoundError
+
+from service.errors import TerminalError, TransientError
+
+DELETE_FLAG = "_cdc_delete"
+CDF_ENABLED = {"delta.enableChangeDataFeed": "true"}
+
+
+class DeltaWriteError(TransientError):
+    """A Delta commit failed in a way a retry may fix (conflict, storage hiccup)."""
+
+
+class DeltaSchemaError(TerminalError):
+    """The batch cannot be written to the table's schema."""
+
+
+def _quote(column: str) -> str:
+    return "`" + column.replace("`", "``") + "`"
+
+
+class DeltaRsTable:
+    """One Delta table written by delta-rs."""
+
+    def __init__(self, uri: str, storage_options: dict[str, str] | None = None) -> None:
+        self.uri = uri
+        self.storage_options = storage_options or None
+
+    def _open(self) -> DeltaTable | None:
+        try:
+            return DeltaTable(self.uri, storage_options=self.storage_options)
+        except TableNotFoundError:
+            return None
+
+    def schema(self) -> pa.Schema | None:
+        """The table's Arrow schema, or None when the table does not exist yet."""
+        table = self._open()
+        return None if table is None else pa.schema(table.schema().to_arrow())
+
+    def last_batch(self, app_id: str) -> int | None:
+        """The highest batch id committed under `app_id`, if any."""
+        table = self._open()
+        return None if table is None else table.transaction_version(app_id)
+
+    def version(self) -> int | None:
+        """Current table version, or None when the table does not exist."""
+        table = self._open()
+        return None if table is None else table.version()
+
+    def create(self, schema: pa.Schema) -> None:
+        """Create the table (change data feed on) unless it exists."""
+        DeltaTable.create(
+            self.uri, schema, mode="ignore", configuration=CDF_ENABLED,
+            storage_options=self.storage_options,
+        )
+
+    def merge(self, changes: pa.Table, primary_key: tuple[str, ...], app_id: str, batch_id: int) -> None:
+        """Apply net changes: delete where flagged, update where matched, insert where new."""
+        table = self._open()
+        if table is None:
+            raise DeltaSchemaError(f"table {self.uri} does not exist; create it first")
+        predicate = " AND ".join(f"t.{_quote(c)} = s.{_quote(c)}" for c in primary_key)
+        flag = f"s.{_quote(DELETE_FLAG)}"
+        commit = CommitProperties(app_transactions=[Transaction(app_id, int(batch_id))])
+        try:
+            (
+                table.merge(
+                    changes, predicate, source_alias="s", target_alias="t",
+                    merge_schema=True, commit_properties=commit,
+                )
+                .when_matched_delete(predicate=flag)
+                .when_matched_update_all(predicate=f"NOT {flag}", except_cols=[DELETE_FLAG])
+                .when_not_matched_insert_all(predicate=f"NOT {flag}", except_cols=[DELETE_FLAG])
+                .execute()
+            )
+        except DeltaError as error:
+            raise DeltaWriteError(f"MERGE into {self.uri} failed: {error}") from None

@@ -1,0 +1,1 @@
+"""Kafka: the Spark streaming source, admin helpers and the embedded local broker."""

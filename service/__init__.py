@@ -1,0 +1,1 @@
+"""cdc-lakehouse: Debezium-style change streams in Kafka into correct, current Delta tables."""

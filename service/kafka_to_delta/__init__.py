@@ -1,0 +1,1 @@
+"""Kafka -> Delta: decode Debezium changes, materialize them, merge them into Delta tables."""

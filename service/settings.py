@@ -1,0 +1,158 @@
+"""Typed, frozen configuration. The only module that reads config files and the environment.
+
+A config file is YAML. Strings may reference environment variables as `${NAME}`
+(secrets stay out of the file); a missing variable is an error naming it. Unknown or
+misspelt keys are rejected with the file and the key path.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from service.errors import ConfigError
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_SECRET_HINTS = ("password", "secret", "token", "jaas", "key.pem", "credentials")
+_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$"
+
+StartingOffsets = Literal["earliest", "latest"]
+InputFormat = Literal["debezium-json"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class KafkaSettings(_Frozen):
+    """Where the brokers are; `options` are passed to librdkafka as they are."""
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    options: dict[str, str] = Field(default_factory=dict)
+
+    def client_config(self) -> dict[str, str]:
+        """librdkafka configuration for any client of this cluster."""
+        return {**self.options, "bootstrap.servers": self.bootstrap_servers}
+
+    def redacted(self) -> dict[str, str]:
+        """The configuration with secret-looking values masked, safe to log."""
+        return {k: ("***" if is_secret_key(k) else v) for k, v in self.client_config().items()}
+
+
+class LakehouseSettings(_Frozen):
+    """Where the Delta tables live and which engine writes them."""
+
+    root: str = "./.cdc-lakehouse/tables"
+    engine: Literal["delta-rs"] = "delta-rs"
+    storage_options: dict[str, str] = Field(default_factory=dict)
+
+    def table_uri(self, table: str) -> str:
+        """URI of one table under the root."""
+        return f"{self.root.rstrip('/')}/{table}"
+
+
+class SparkSettings(_Frozen):
+    """The Spark session: local mode unless `master` says otherwise."""
+
+    master: str = "local[*]"
+    app_name: str = "cdc-lakehouse"
+    shuffle_partitions: int | None = Field(default=None, ge=1)
+    conf: dict[str, str] = Field(default_factory=dict)
+
+
+class PipelineSettings(_Frozen):
+    """One ingest pipeline: topics of one format into one Delta table."""
+
+    name: str = Field(pattern=_NAME)
+    topics: tuple[str, ...] = Field(min_length=1)
+    format: InputFormat = "debezium-json"
+    table: str = Field(pattern=_NAME)
+    primary_key: tuple[str, ...] = Field(min_length=1)
+    starting_offsets: StartingOffsets | dict[str, dict[str, int]] = "earliest"
+    max_offsets_per_trigger: int | None = Field(default=None, ge=1)
+
+    @field_validator("topics", "primary_key", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+
+class Settings(_Frozen):
+    """The whole service configuration."""
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    lakehouse: LakehouseSettings = Field(default_factory=LakehouseSettings)
+    checkpoint_root: str = "./.cdc-lakehouse/checkpoints"
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+    trigger_interval_seconds: float = Field(default=1.0, ge=0)
+    pipelines: tuple[PipelineSettings, ...] = ()
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "Settings":
+        names = [p.name for p in self.pipelines]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"pipeline names must be unique; repeated: {', '.join(dupes)}")
+        return self
+
+    def checkpoint_dir(self, pipeline: str) -> str:
+        """Checkpoint location of one pipeline's streaming query."""
+        return f"{self.checkpoint_root.rstrip('/')}/{pipeline}"
+
+
+def is_secret_key(key: str) -> bool:
+    """True when a config key names something that must never be logged."""
+    lowered = key.lower()
+    return any(hint in lowered for hint in _SECRET_HINTS)
+
+
+def _interpolate(node: Any, source: str) -> Any:
+    if isinstance(node, dict):
+        return {k: _interpolate(v, source) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_interpolate(v, source) for v in node]
+    if isinstance(node, str):
+        return _ENV_REF.sub(lambda m: _env(m.group(1), source), node)
+    return node
+
+
+def _env(name: str, source: str) -> str:
+    if name not in os.environ:
+        raise ConfigError(f"{source}: environment variable ${{{name}}} is not set")
+    return os.environ[name]
+
+
+def _describe(error: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid configuration"]
+    for item in error.errors():
+        path = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        reason = "unknown key" if item["type"] == "extra_forbidden" else item["msg"]
+        lines.append(f"  {path}: {reason}")
+    return "\n".join(lines)
+
+
+def settings_from_mapping(data: dict[str, Any], source: str = "<config>") -> Settings:
+    """Validate an already-parsed config mapping."""
+    try:
+        return Settings.model_validate(_interpolate(data or {}, source))
+    except ValidationError as error:
+        raise ConfigError(_describe(error, source)) from None
+
+
+def load_settings(path: str | Path) -> Settings:
+    """Read and validate a YAML config file; errors name the file and the key."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read config: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    return settings_from_mapping(data or {}, str(path))

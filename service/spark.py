@@ -1,0 +1,47 @@
+"""The only SparkSession builder."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pyspark.sql import SparkSession
+
+from service.settings import SparkSettings
+
+_ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+_QUIET_LOG_LEVEL = "ERROR"
+
+
+def _default_shuffle_partitions() -> int:
+    return max(2, os.cpu_count() or 2)
+
+
+def build_spark(settings: SparkSettings | None = None) -> SparkSession:
+    """Create (or return the running) SparkSession configured for the pipelines.
+
+    Python workers run this interpreter so they can import the project; the state
+    store is RocksDB so keyed state survives restarts with the checkpoint.
+    """
+    settings = settings or SparkSettings()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    partitions = settings.shuffle_partitions or _default_shuffle_partitions()
+    builder = (
+        SparkSession.builder.master(settings.master)
+        .appName(settings.app_name)
+        .config("spark.sql.shuffle.partitions", str(partitions))
+        .config("spark.default.parallelism", str(partitions))
+        .config("spark.sql.streaming.stateStore.providerClass", _ROCKSDB_PROVIDER)
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.adaptive.enabled", "false")
+        .config("spark.python.worker.reuse", "true")
+    )
+    for key, value in settings.conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(_QUIET_LOG_LEVEL)
+    return spark
