@@ -26,6 +26,8 @@ def build_spark(settings: SparkSettings | None = None) -> SparkSession:
     settings = settings or SparkSettings()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if settings.master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     partitions = settings.shuffle_partitions or _default_shuffle_partitions()
     builder = (
         SparkSession.builder.master(settings.master)

@@ -1,0 +1,97 @@
+"""Turn a batch of net changes into a typed Arrow table and MERGE it into Delta, once.
+
+Commit order, enforced here: the Delta commit (data + application transaction with the
+batch id) happens inside the batch; Spark records the batch's offsets as done only after
+this returns. A crash in between replays the batch, which `apply` then skips.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from connectors.delta.arrow_types import infer_types, merge_types, rows_to_table
+from connectors.delta.delta_rs import DELETE_FLAG, DeltaRsTable, DeltaSchemaError
+from service.changes import ChangeKind
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MergeOutcome:
+    """What one batch did to the table."""
+
+    batch_id: int
+    upserts: int
+    deletes: int
+    skipped_replay: bool = False
+
+
+def _batch_types(net: pa.Table, rows: list[dict]) -> dict[str, str]:
+    types: dict[str, str] = {}
+    for text in pc.unique(net.column("types").drop_null()).to_pylist():
+        types = merge_types(types, json.loads(text))
+    return merge_types(types, infer_types(rows)) if rows else types
+
+
+def _conform(batch: pa.Table, existing: pa.Schema | None, table_uri: str) -> pa.Table:
+    """Cast the batch to the table's column types; new columns stay (schema evolution)."""
+    if existing is None:
+        return batch
+    columns, fields = [], []
+    for field in existing:
+        if field.name in batch.column_names:
+            try:
+                column = batch.column(field.name).cast(field.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                raise DeltaSchemaError(
+                    f"{table_uri}: column {field.name!r} has type {batch.schema.field(field.name).type} "
+                    f"in this batch but {field.type} in the table"
+                ) from None
+        else:
+            column = pa.nulls(batch.num_rows, field.type)
+        columns.append(column)
+        fields.append(pa.field(field.name, field.type))
+    for field in batch.schema:
+        if field.name not in existing.names:
+            columns.append(batch.column(field.name))
+            fields.append(field)
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields))
+
+
+class MergeSink:
+    """Writes net changes of one pipeline into one Delta table, idempotently per batch."""
+
+    def __init__(self, table: DeltaRsTable, primary_key: tuple[str, ...]) -> None:
+        self.table = table
+        self.primary_key = primary_key
+
+    def already_committed(self, app_id: str, batch_id: int) -> bool:
+        """True when this batch's commit is already in the table (a replay)."""
+        last = self.table.last_batch(app_id)
+        return last is not None and last >= batch_id
+
+    def apply(self, net: pa.Table, app_id: str, batch_id: int) -> MergeOutcome:
+        """MERGE the net changes (columns key, kind, row, types) unless already committed."""
+        if self.already_committed(app_id, batch_id):
+            return MergeOutcome(batch_id, 0, 0, skipped_replay=True)
+        if net.num_rows == 0:
+            return MergeOutcome(batch_id, 0, 0)
+        rows = [json.loads(text) for text in net.column("row").to_pylist()]
+        deletes = pc.equal(net.column("kind"), ChangeKind.DELETE.value)
+        upsert_rows = [r for r, d in zip(rows, deletes.to_pylist()) if not d]
+        types = _batch_types(net, upsert_rows or rows)
+        missing = [c for c in self.primary_key if c not in types]
+        if missing:
+            raise DeltaSchemaError(f"{self.table.uri}: primary key column(s) {missing} not in the data")
+        existing = self.table.schema()
+        typed = _conform(rows_to_table(rows, types), existing, self.table.uri)
+        if existing is None:
+            self.table.create(typed.schema)
+        self.table.merge(typed.append_column(DELETE_FLAG, deletes), self.primary_key, app_id, batch_id)
+        n_deletes = pc.sum(deletes).as_py() or 0
+        return MergeOutcome(batch_id, net.num_rows - n_deletes, n_deletes)
