@@ -1,0 +1,66 @@
+"""Shared fixtures: one broker and one Spark session per test run; unique names per test.
+
+Broker choice: KAFKA_BOOTSTRAP set -> that broker; else a Docker engine that answers ->
+Apache Kafka through testcontainers; else the embedded noida-db broker on a free port.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+KAFKA_IMAGE = "apache/kafka:3.9.1"
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker
+
+        docker.from_env(timeout=3).ping()
+        return True
+    except Exception:  # noqa: BLE001 - any failure means "no usable engine"
+        return False
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """host:port of a Kafka-protocol broker for the whole run."""
+    if os.environ.get("KAFKA_BOOTSTRAP"):
+        yield os.environ["KAFKA_BOOTSTRAP"]
+        return
+    if _docker_answers():
+        from testcontainers.kafka import KafkaContainer
+
+        with KafkaContainer(KAFKA_IMAGE).with_kraft() as container:
+            yield container.get_bootstrap_server()
+        return
+    from connectors.kafka.local_broker import LocalBroker
+
+    with LocalBroker(tmp_path_factory.mktemp("broker")) as broker:
+        yield broker.bootstrap_servers
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """The one SparkSession of the test run."""
+    from service.settings import SparkSettings
+    from service.spark import build_spark
+
+    session = build_spark(SparkSettings(master="local[2]", shuffle_partitions=2))
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def unique() -> str:
+    """A short unique suffix for topics, tables and checkpoints of one test."""
+    return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    """A fresh directory for one test's tables and checkpoints."""
+    return tmp_path

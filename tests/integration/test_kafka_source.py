@@ -1,0 +1,92 @@
+"""The Kafka streaming source against a real Kafka-protocol broker, read through Spark."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewPartitions
+
+from connectors.kafka.source import FORMAT_NAME, KafkaSource
+from service.workload import create_topics
+
+
+def _produce(bootstrap: str, topic: str, partitions: int, count: int, start: int = 0) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(start, start + count):
+        producer.produce(topic, key=f"k{i}", value=json.dumps({"i": i}), partition=i % partitions,
+                         headers=[("trace", f"t{i}".encode())])
+    assert producer.flush(30) == 0
+
+
+def _collect(spark, bootstrap, topics, checkpoint, **options):
+    """Run the source once with Trigger.AvailableNow; return [(batch_id, rows)]."""
+    spark.dataSource.register(KafkaSource)
+    reader = spark.readStream.format(FORMAT_NAME).option("bootstrap.servers", bootstrap)
+    reader = reader.option("topics", ",".join(topics))
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    batches = []
+    query = (
+        reader.load().writeStream.foreachBatch(lambda df, bid: batches.append((bid, df.collect())))
+        .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+    )
+    query.awaitTermination(300)
+    assert not query.isActive
+    return batches
+
+
+def test_reads_every_record_with_coordinates(spark, kafka_bootstrap, unique, workdir):
+    topics = [f"src-a-{unique}", f"src-b-{unique}"]
+    create_topics(kafka_bootstrap, topics, 3)
+    for topic in topics:
+        _produce(kafka_bootstrap, topic, 3, 300)
+    rows = [r for _, batch in _collect(spark, kafka_bootstrap, topics, workdir / "ck") for r in batch]
+    assert len(rows) == 600
+    seen = {(r.topic, r.partition, r.offset) for r in rows}
+    assert len(seen) == 600
+    for topic in topics:
+        for partition in range(3):
+            offsets = sorted(r.offset for r in rows if r.topic == topic and r.partition == partition)
+            assert offsets == list(range(100))
+    sample = next(r for r in rows if r.topic == topics[0] and r.partition == 1 and r.offset == 0)
+    assert sample.key == b"k1" and json.loads(sample.value) == {"i": 1}
+    assert [(h.key, h.value) for h in sample.headers] == [("trace", b"t1")]
+    assert sample.timestamp is not None
+
+
+def test_resumes_from_checkpoint_and_picks_up_new_partitions(spark, kafka_bootstrap, unique, workdir):
+    topic = f"src-grow-{unique}"
+    create_topics(kafka_bootstrap, [topic], 2)
+    _produce(kafka_bootstrap, topic, 2, 40)
+    first = _collect(spark, kafka_bootstrap, [topic], workdir / "ck")
+    assert sum(len(b) for _, b in first) == 40
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for future in admin.create_partitions([NewPartitions(topic, 4)]).values():
+        future.result(30)
+    _produce(kafka_bootstrap, topic, 4, 40, start=1000)
+    second = _collect(spark, kafka_bootstrap, [topic], workdir / "ck")
+    rows = [r for _, b in second for r in b]
+    assert sorted(json.loads(r.value)["i"] for r in rows) == list(range(1000, 1040))
+    assert {r.partition for r in rows} == {0, 1, 2, 3}
+
+
+def test_admission_control_caps_each_batch(spark, kafka_bootstrap, unique, workdir):
+    topic = f"src-cap-{unique}"
+    create_topics(kafka_bootstrap, [topic], 4)
+    _produce(kafka_bootstrap, topic, 4, 1000)
+    batches = _collect(spark, kafka_bootstrap, [topic], workdir / "ck", maxOffsetsPerTrigger="300")
+    sizes = [len(rows) for _, rows in batches if rows]
+    assert sum(sizes) == 1000
+    assert max(sizes) <= 300 and len(sizes) >= 4
+
+
+@pytest.mark.parametrize("starting", ["latest", "explicit"])
+def test_starting_offsets(spark, kafka_bootstrap, unique, workdir, starting):
+    topic = f"src-start-{starting}-{unique}"
+    create_topics(kafka_bootstrap, [topic], 1)
+    _produce(kafka_bootstrap, topic, 1, 10)
+    option = "latest" if starting == "latest" else json.dumps({topic: {"0": 7}})
+    rows = [r for _, b in _collect(spark, kafka_bootstrap, [topic], workdir / "ck", startingOffsets=option) for r in b]
+    assert sorted(r.offset for r in rows) == ([] if starting == "latest" else [7, 8, 9])
