@@ -26,6 +26,20 @@ _POLL_S = 0.5
 _BATCH_GRACE_S = 60.0
 
 
+_INIT_TIMEOUT_S = 120.0
+_INITIALIZING = "Initializing sources"
+
+
+def _wait_initialized(query: StreamingQuery) -> None:
+    # Each query starts a Python planner process for its source; starting them all at
+    # once on a small machine makes them miss Spark's connect-back timeout. One by one.
+    deadline = time.monotonic() + _INIT_TIMEOUT_S
+    while query.isActive and time.monotonic() < deadline:
+        if query.status.get("message") != _INITIALIZING and query.lastProgress is not None:
+            return
+        time.sleep(_POLL_S / 5)
+
+
 class Runner:
     """Owns the Spark session and the streaming queries of one service process."""
 
@@ -49,7 +63,9 @@ class Runner:
         for config in self.settings.pipelines:
             pipeline = IngestPipeline(spark, self.settings, config)
             self.pipelines.append(pipeline)
-            self.queries.append(pipeline.start(until_idle))
+            query = pipeline.start(until_idle)
+            self.queries.append(query)
+            _wait_initialized(query)
 
     def wait(self) -> None:
         """Block until all queries ended or a stop was requested; re-raise a query's failure."""

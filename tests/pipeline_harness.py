@@ -1,0 +1,59 @@
+"""Helpers for tests that run pipelines: configs, the CLI as a subprocess, reading tables back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from deltalake import DeltaTable
+
+CLI = str(Path(sys.executable).with_name("cdc-lakehouse"))
+
+
+def write_config(path: Path, bootstrap: str, workdir: Path, pipelines: list[dict], **extra) -> Path:
+    """A YAML config with tables and checkpoints under `workdir`."""
+    config = {
+        "kafka": {"bootstrap_servers": bootstrap},
+        "lakehouse": {"root": str(workdir / "tables")},
+        "checkpoint_root": str(workdir / "checkpoints"),
+        "spark": {"master": "local[2]", "shuffle_partitions": 2},
+        "pipelines": pipelines,
+        **extra,
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def run_cli(config: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`cdc-lakehouse run CONFIG ARGS` to completion."""
+    return subprocess.run([CLI, "run", str(config), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def start_cli(config: Path, *args: str, log: Path) -> subprocess.Popen:
+    """`cdc-lakehouse run CONFIG ARGS` in its own process group (so a kill takes the JVM too)."""
+    handle = open(log, "w")
+    return subprocess.Popen([CLI, "run", str(config), *args], stdout=handle, stderr=subprocess.STDOUT,
+                            start_new_session=True, env={**os.environ})
+
+
+def kill_group(process: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    """Send `sig` to the whole process group of `process` and reap it."""
+    try:
+        os.killpg(process.pid, sig)
+    except ProcessLookupError:
+        pass
+    process.wait(timeout=120)
+
+
+def table_rows(uri: str | Path, order_by: str = "id") -> list[dict]:
+    """The Delta table read back with a Delta reader, sorted."""
+    return sorted(DeltaTable(str(uri)).to_pyarrow_table().to_pylist(), key=lambda r: r[order_by])
+
+
+def table_version(uri: str | Path) -> int:
+    """Current Delta version of the table."""
+    return DeltaTable(str(uri)).version()
