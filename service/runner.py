@@ -16,7 +16,7 @@ import time
 
 from pyspark.sql.streaming import StreamingQuery
 
-from service.errors import ConfigError
+from service.errors import ConfigError, TerminalError
 from service.kafka_to_delta.pipeline import IngestPipeline
 from service.settings import Settings
 from service.spark import build_spark
@@ -27,6 +27,11 @@ _BATCH_GRACE_S = 60.0
 
 
 _INIT_TIMEOUT_S = 120.0
+
+
+class PipelineFailed(TerminalError):
+    """A streaming query ended with an error that did not come from our own code."""
+
 _INITIALIZING = "Initializing sources"
 
 
@@ -68,21 +73,20 @@ class Runner:
             _wait_initialized(query)
 
     def wait(self) -> None:
-        """Block until all queries ended or a stop was requested; re-raise a query's failure."""
+        """Block until all queries ended, one failed, or a stop was requested; then stop all.
+
+        A failed pipeline's own error is re-raised as it was raised in the batch.
+        """
         while not self.stop_requested.is_set():
-            for query in self.queries:
-                if query.exception() is not None:
-                    self.stop()
-                    query.awaitTermination()
-            if not any(q.isActive for q in self.queries):
+            if not any(q.isActive for q in self.queries) or any(q.exception() for q in self.queries):
                 break
             time.sleep(_POLL_S)
         self.stop()
-        for pipeline in self.pipelines:
+        for pipeline, query in zip(self.pipelines, self.queries):
             if pipeline.failure is not None:
                 raise pipeline.failure
-        for query in self.queries:
-            query.awaitTermination()
+            if query.exception() is not None:
+                raise PipelineFailed(f"pipeline {pipeline.pipeline.name} failed: {query.exception().desc}")
 
     def stop(self) -> None:
         """Stop every query, letting an in-flight batch finish within a grace period."""

@@ -87,7 +87,9 @@ def _consume(consumer: Consumer, tp: TopicPartition, end: int) -> Iterator[pa.Re
     position = tp.offset
     last_progress = time.monotonic()
     while position < end:
-        messages = consumer.consume(num_messages=_BATCH_ROWS, timeout=_POLL_TIMEOUT_S)
+        # Ask for no more than the range still holds: consume() waits until it has that many.
+        wanted = max(1, min(_BATCH_ROWS, end - position))
+        messages = consumer.consume(num_messages=wanted, timeout=_POLL_TIMEOUT_S)
         for message in messages:
             error = message.error()
             if error is not None:
