@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Install, then run the service on its embedded defaults: local broker, local Spark, local Delta.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh
+exec .venv/bin/cdc-lakehouse demo "$@"

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs what cdc-lakehouse needs on a fresh Debian/Ubuntu machine: Java 17 for Spark and
+# a virtualenv (.venv) with the project. Pass "test" to include the test extras.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+java_major() { java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1; }
+if ! command -v java >/dev/null || [ "$(java_major)" -lt 17 ]; then
+  echo "installing Java 17 (Spark needs it)" >&2
+  SUDO=$([ "$(id -u)" -eq 0 ] && echo "" || echo sudo)
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+fi
+
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/pip install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v '^WARNING' || true
+extras=""
+[ "${1:-}" = "test" ] && extras="[test]"
+.venv/bin/pip install -q --disable-pip-version-check -e ".${extras}" 2>&1 | grep -v '^WARNING' || true
+.venv/bin/python -c "import service, connectors, pyspark, deltalake, confluent_kafka" \
+  || { echo "installation failed" >&2; exit 1; }
