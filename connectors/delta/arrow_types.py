@@ -138,8 +138,11 @@ def connect_schema_to_types(schema: dict) -> dict[str, str]:
     Reads the `after` struct field (or `before` when `after` is absent). Raises `ValueError`
     when the schema is not an envelope schema or a field cannot be mapped.
     """
-    image = _row_image_schema(schema)
-    fields = image.get(CONNECT_FIELDS)
+    return fields_to_types(row_image_schema(schema).get(CONNECT_FIELDS))
+
+
+def fields_to_types(fields: Any) -> dict[str, str]:
+    """Column types from the `fields` list of a row image struct schema."""
     if not isinstance(fields, list):
         raise ValueError("row image schema has no 'fields' list")
     types: dict[str, str] = {}
@@ -150,7 +153,8 @@ def connect_schema_to_types(schema: dict) -> dict[str, str]:
     return types
 
 
-def _row_image_schema(schema: Any) -> dict:
+def row_image_schema(schema: Any) -> dict:
+    """The `after` (else `before`) struct schema of a Debezium envelope schema."""
     if not isinstance(schema, dict) or schema.get(CONNECT_TYPE) != CONNECT_STRUCT:
         raise ValueError("envelope schema is not a struct")
     fields = schema.get(CONNECT_FIELDS)

@@ -16,9 +16,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import pyarrow as pa
 
-from connectors.delta.arrow_types import connect_schema_to_types
+from connectors.delta.arrow_types import CONNECT_FIELDS, fields_to_types, row_image_schema
 from service.changes import DEBEZIUM_NET_KIND, ChangeKind, DebeziumOp, Envelope
 from service.errors import DecodeError
 
@@ -76,17 +77,42 @@ class DecodedChange:
     column_types: dict[str, str] | None
 
 
+# Built once: json.dumps with options builds a new encoder on every call.
+_CANONICAL_ENCODER = json.JSONEncoder(separators=COMPACT_SEPARATORS, sort_keys=True)
+_COMPACT_ENCODER = json.JSONEncoder(separators=COMPACT_SEPARATORS)
+_SCHEMA_CACHE_SIZE = 256
+# Every digit becomes "0"; a run of 19 of them may be an integer beyond 64 bits.
+_DIGITS_TO_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
+_LONG_DIGIT_RUN = b"0" * 19
+_types_by_schema: dict[str, dict[str, str]] = {}
+
+
 def canonical_json(value: Any) -> str:
     """Compact JSON with sorted object keys; ASCII-only so that any string survives UTF-8."""
-    return json.dumps(value, separators=COMPACT_SEPARATORS, sort_keys=True)
+    return _CANONICAL_ENCODER.encode(value)
 
 
 def compact_json(value: Any) -> str:
-    """Compact JSON keeping object key order (column order matters)."""
-    return json.dumps(value, separators=COMPACT_SEPARATORS)
+    """Compact JSON keeping object key order (column order matters); for text parsed again
+    as JSON, never compared as text (keys use `canonical_json`)."""
+    try:
+        return orjson.dumps(value).decode()
+    except (orjson.JSONEncodeError, UnicodeDecodeError):  # integers beyond 64 bits, lone surrogates
+        return _COMPACT_ENCODER.encode(value)
 
 
 def _parse_json(data: bytes, what: str) -> Any:
+    """Parse with orjson when that gives exactly what the standard parser would.
+
+    orjson turns integers beyond 64 bits into floats and rejects lone surrogates and NaN;
+    a long digit run or any orjson failure falls back to `json`, which is exact and gives
+    the precise error message.
+    """
+    if _LONG_DIGIT_RUN not in data.translate(_DIGITS_TO_ZERO):
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
     try:
         return json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -122,12 +148,22 @@ def _op(envelope: dict) -> DebeziumOp:
 
 
 def _column_types(schema: Any) -> dict[str, str] | None:
+    """Column types of a schema block; a topic repeats one block, so it is mapped once."""
     if schema is None:
         return None
     try:
-        return connect_schema_to_types(schema)
+        fields = row_image_schema(schema).get(CONNECT_FIELDS)
+        fingerprint = _COMPACT_ENCODER.encode(fields)
+        cached = _types_by_schema.get(fingerprint)
+        if cached is not None:
+            return cached
+        types = fields_to_types(fields)
     except ValueError as exc:
         raise DecodeError(f"schema block is not usable: {exc}") from None
+    if len(_types_by_schema) >= _SCHEMA_CACHE_SIZE:
+        _types_by_schema.clear()
+    _types_by_schema[fingerprint] = types
+    return types
 
 
 def _key_values(image: dict, primary_key: tuple[str, ...], where: str) -> list[Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from functools import partial
 from typing import Iterator
 
@@ -99,15 +100,18 @@ class IngestPipeline:
         if self.sink.already_committed(self.app_id, batch_id):
             log.info("pipeline %s: batch %d already in Delta, skipped", self.pipeline.name, batch_id)
             return
+        started = time.monotonic()
         decoder = partial(_decode_partition, self.pipeline.primary_key)
         decoded = raw.mapInArrow(decoder, _DECODED_SPARK_SCHEMA)
         net = net_changes(decoded).toArrow()
         raise_first_error(net)
+        reduced = time.monotonic()
         outcome = self.sink.apply(net, self.app_id, batch_id)
         self.outcomes.append(outcome)
         log.info(
-            "pipeline %s: batch %d -> %s: %d upserts, %d deletes",
+            "pipeline %s: batch %d -> %s: %d upserts, %d deletes (read+decode+reduce %.2fs, merge %.2fs)",
             self.pipeline.name, batch_id, self.table.uri, outcome.upserts, outcome.deletes,
+            reduced - started, time.monotonic() - reduced,
         )
 
     def start(self, until_idle: bool) -> StreamingQuery:
