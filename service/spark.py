@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
@@ -11,6 +12,7 @@ from service.settings import SparkSettings
 
 _ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 _QUIET_LOG_LEVEL = "ERROR"
+_LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 
 
 def _default_shuffle_partitions() -> int:
@@ -41,6 +43,7 @@ def build_spark(settings: SparkSettings | None = None) -> SparkSession:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.adaptive.enabled", "false")
         .config("spark.python.worker.reuse", "true")
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j.configurationFile=file:{_LOG4J_CONFIG}")
     )
     for key, value in settings.conf.items():
         builder = builder.config(key, value)

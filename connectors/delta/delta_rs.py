@@ -36,12 +36,18 @@ class DeltaRsTable:
     def __init__(self, uri: str, storage_options: dict[str, str] | None = None) -> None:
         self.uri = uri
         self.storage_options = storage_options or None
+        self._table: DeltaTable | None = None
 
     def _open(self) -> DeltaTable | None:
+        """The table at its latest version; reads only the log entries added since last time."""
+        if self._table is not None:
+            self._table.update_incremental()
+            return self._table
         try:
-            return DeltaTable(self.uri, storage_options=self.storage_options)
+            self._table = DeltaTable(self.uri, storage_options=self.storage_options)
         except TableNotFoundError:
             return None
+        return self._table
 
     def schema(self) -> pa.Schema | None:
         """The table's Arrow schema, or None when the table does not exist yet."""
