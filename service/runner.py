@@ -5,6 +5,10 @@ Stopping (SIGTERM / SIGINT): the running micro-batch is given time to finish; if
 not, the query is stopped under it. Either way no half batch is committed: a batch's
 Delta commit is atomic and carries its batch id, and Spark marks the batch done only
 after that commit, so an abandoned batch is simply replayed on the next start.
+
+Failures: a terminal one (bad input, bad config, data loss) stops the service with that
+error. A transient one restarts the failed pipeline from its checkpoint after a backoff,
+at most `recovery.max_attempts` times in a row without a committed batch in between.
 """
 
 from __future__ import annotations
@@ -13,10 +17,13 @@ import logging
 import signal
 import threading
 import time
+from dataclasses import dataclass
 
+from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from service.errors import ConfigError, TerminalError
+from service.failures import classify
 from service.kafka_to_delta.pipeline import IngestPipeline
 from service.settings import Settings
 from service.spark import build_spark
@@ -24,14 +31,7 @@ from service.spark import build_spark
 log = logging.getLogger(__name__)
 _POLL_S = 0.5
 _BATCH_GRACE_S = 60.0
-
-
 _INIT_TIMEOUT_S = 120.0
-
-
-class PipelineFailed(TerminalError):
-    """A streaming query ended with an error that did not come from our own code."""
-
 _INITIALIZING = "Initializing sources"
 
 
@@ -45,6 +45,18 @@ def _wait_initialized(query: StreamingQuery) -> None:
         time.sleep(_POLL_S / 5)
 
 
+@dataclass
+class _Supervised:
+    """One pipeline, its current query and its run of failures."""
+
+    pipeline: IngestPipeline
+    query: StreamingQuery | None = None
+    failures: int = 0
+    batches_at_failure: int = 0
+    restart_at: float | None = None
+    finished: bool = False
+
+
 class Runner:
     """Owns the Spark session and the streaming queries of one service process."""
 
@@ -53,8 +65,13 @@ class Runner:
             raise ConfigError("no pipelines configured: nothing to run")
         self.settings = settings
         self.stop_requested = threading.Event()
-        self.pipelines: list[IngestPipeline] = []
-        self.queries: list[StreamingQuery] = []
+        self.supervised: list[_Supervised] = []
+        self.until_idle = False
+
+    @property
+    def pipelines(self) -> list[IngestPipeline]:
+        """The pipelines this runner drives."""
+        return [s.pipeline for s in self.supervised]
 
     def install_signal_handlers(self) -> None:
         """SIGTERM and SIGINT request a graceful stop."""
@@ -63,35 +80,66 @@ class Runner:
 
     def start(self, until_idle: bool = False) -> None:
         """Start one streaming query per pipeline."""
-        spark = build_spark(self.settings.spark)
+        self.until_idle = until_idle
+        spark: SparkSession = build_spark(self.settings.spark)
         log.info("kafka: %s", self.settings.kafka.redacted())
         for config in self.settings.pipelines:
-            pipeline = IngestPipeline(spark, self.settings, config)
-            self.pipelines.append(pipeline)
-            query = pipeline.start(until_idle)
-            self.queries.append(query)
-            _wait_initialized(query)
+            entry = _Supervised(IngestPipeline(spark, self.settings, config))
+            self.supervised.append(entry)
+            self._start(entry)
+
+    def _start(self, entry: _Supervised) -> None:
+        entry.pipeline.failure = None
+        entry.query = entry.pipeline.start(self.until_idle)
+        entry.restart_at = None
+        _wait_initialized(entry.query)
 
     def wait(self) -> None:
-        """Block until all queries ended, one failed, or a stop was requested; then stop all.
+        """Supervise until every query finished or a stop was requested; then stop all.
 
-        A failed pipeline's own error is re-raised as it was raised in the batch.
+        Raises the terminal error of a pipeline (its own error object when our code raised it).
         """
-        while not self.stop_requested.is_set():
-            if not any(q.isActive for q in self.queries) or any(q.exception() for q in self.queries):
-                break
-            time.sleep(_POLL_S)
-        self.stop()
-        for pipeline, query in zip(self.pipelines, self.queries):
-            if pipeline.failure is not None:
-                raise pipeline.failure
-            if query.exception() is not None:
-                raise PipelineFailed(f"pipeline {pipeline.pipeline.name} failed: {query.exception().desc}")
+        try:
+            while not self.stop_requested.is_set() and not all(e.finished for e in self.supervised):
+                for entry in self.supervised:
+                    self._supervise(entry)
+                time.sleep(_POLL_S)
+        finally:
+            self.stop()
+
+    def _supervise(self, entry: _Supervised) -> None:
+        if entry.finished:
+            return
+        if entry.restart_at is not None:
+            if time.monotonic() >= entry.restart_at:
+                self._start(entry)
+            return
+        if entry.query.isActive:
+            return
+        exception = entry.query.exception()
+        if exception is None:
+            entry.finished = True
+            return
+        self._on_failure(entry, classify(entry.pipeline.pipeline.name, entry.pipeline.failure, str(exception)))
+
+    def _on_failure(self, entry: _Supervised, error: Exception) -> None:
+        batches = len(entry.pipeline.outcomes)
+        entry.failures = 1 if batches > entry.batches_at_failure else entry.failures + 1
+        entry.batches_at_failure = batches
+        recovery = self.settings.recovery
+        if isinstance(error, TerminalError) or entry.failures > recovery.max_attempts:
+            raise error
+        delay = recovery.backoff(entry.failures)
+        log.warning("%s; restart %d of %d in %.1fs", error, entry.failures, recovery.max_attempts, delay)
+        entry.restart_at = time.monotonic() + delay
 
     def stop(self) -> None:
         """Stop every query, letting an in-flight batch finish within a grace period."""
         deadline = time.monotonic() + _BATCH_GRACE_S
-        for query in self.queries:
+        for entry in self.supervised:
+            query = entry.query
+            if query is None:
+                continue
             while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
                 time.sleep(_POLL_S / 5)
             query.stop()

@@ -65,6 +65,22 @@ class SparkSettings(_Frozen):
     conf: dict[str, str] = Field(default_factory=dict)
 
 
+class RecoverySettings(_Frozen):
+    """Restarts of a pipeline after a transient failure (broker away, commit conflict).
+
+    The checkpoint and the idempotent Delta commits make a restart safe; terminal errors
+    (bad input, bad config, data loss) are never retried.
+    """
+
+    max_attempts: int = Field(default=5, ge=0)
+    initial_backoff_seconds: float = Field(default=1.0, ge=0)
+    max_backoff_seconds: float = Field(default=60.0, ge=0)
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds to wait before restart number `attempt` (1-based): doubling, capped."""
+        return min(self.max_backoff_seconds, self.initial_backoff_seconds * 2 ** (attempt - 1))
+
+
 class PipelineSettings(_Frozen):
     """One ingest pipeline: topics of one format into one Delta table."""
 
@@ -90,6 +106,7 @@ class Settings(_Frozen):
     checkpoint_root: str = "./.cdc-lakehouse/checkpoints"
     spark: SparkSettings = Field(default_factory=SparkSettings)
     trigger_interval_seconds: float = Field(default=1.0, ge=0)
+    recovery: RecoverySettings = Field(default_factory=RecoverySettings)
     pipelines: tuple[PipelineSettings, ...] = ()
 
     @model_validator(mode="after")
