@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from service import metrics
 from service.errors import ConfigError, TerminalError
 from service.failures import classify
 from service.kafka_to_delta.pipeline import IngestPipeline
@@ -81,6 +82,9 @@ class Runner:
     def start(self, until_idle: bool = False) -> None:
         """Start one streaming query per pipeline."""
         self.until_idle = until_idle
+        if self.settings.metrics_port:
+            metrics.serve(self.settings.metrics_port, self.settings.metrics_address)
+            log.info("metrics on http://%s:%d/metrics", self.settings.metrics_address, self.settings.metrics_port)
         spark: SparkSession = build_spark(self.settings.spark)
         log.info("kafka: %s", self.settings.kafka.redacted())
         for config in self.settings.pipelines:
@@ -123,13 +127,14 @@ class Runner:
         self._on_failure(entry, classify(entry.pipeline.pipeline.name, entry.pipeline.failure, str(exception)))
 
     def _on_failure(self, entry: _Supervised, error: Exception) -> None:
-        batches = len(entry.pipeline.outcomes)
+        batches = entry.pipeline.committed_batches
         entry.failures = 1 if batches > entry.batches_at_failure else entry.failures + 1
         entry.batches_at_failure = batches
         recovery = self.settings.recovery
         if isinstance(error, TerminalError) or entry.failures > recovery.max_attempts:
             raise error
         delay = recovery.backoff(entry.failures)
+        metrics.RESTARTS.labels(entry.pipeline.pipeline.name).inc()
         log.warning("%s; restart %d of %d in %.1fs", error, entry.failures, recovery.max_attempts, delay)
         entry.restart_at = time.monotonic() + delay
 

@@ -107,6 +107,8 @@ class Settings(_Frozen):
     spark: SparkSettings = Field(default_factory=SparkSettings)
     trigger_interval_seconds: float = Field(default=1.0, ge=0)
     recovery: RecoverySettings = Field(default_factory=RecoverySettings)
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    metrics_address: str = "0.0.0.0"
     pipelines: tuple[PipelineSettings, ...] = ()
 
     @model_validator(mode="after")

@@ -11,6 +11,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 NET_COLUMNS = ("key", "kind", "row", "types", "error", "topic", "partition", "offset")
+CHANGES_COLUMN = "changes"
 _ERROR_KEY_PREFIX = "\u0000error:"
 
 
@@ -23,9 +24,14 @@ def _group_key() -> Column:
 
 
 def net_changes(decoded: DataFrame) -> DataFrame:
-    """One row per key: the last change in source order, plus one row per decode error."""
+    """One row per key: the last change in source order, plus one row per decode error.
+
+    `changes` counts the decoded changes each row stands for.
+    """
     carried = [c for c in NET_COLUMNS if c != "key"]
     order = F.struct("topic", "partition", "offset")
     last = F.max_by(F.struct(*carried, F.col("key").alias("source_key")), order).alias("last")
-    grouped = decoded.groupBy(_group_key().alias("group_key")).agg(last)
-    return grouped.select(F.col("last.source_key").alias("key"), *[F.col(f"last.{c}") for c in carried])
+    grouped = decoded.groupBy(_group_key().alias("group_key")).agg(last, F.count("*").alias(CHANGES_COLUMN))
+    return grouped.select(
+        F.col("last.source_key").alias("key"), *[F.col(f"last.{c}") for c in carried], CHANGES_COLUMN
+    )

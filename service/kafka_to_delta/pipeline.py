@@ -27,7 +27,8 @@ from connectors.kafka.source import FORMAT_NAME, KafkaSource
 from service.errors import DecodeError, SourceCoordinates
 from service.kafka_to_delta.debezium_json import DECODED_SCHEMA, decode_batch
 from service.kafka_to_delta.merge_sink import MergeOutcome, MergeSink
-from service.kafka_to_delta.net_changes import net_changes
+from service import metrics
+from service.kafka_to_delta.net_changes import CHANGES_COLUMN, net_changes
 from service.settings import PipelineSettings, Settings
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,8 @@ class IngestPipeline:
         self.pipeline = pipeline
         self.table = DeltaRsTable(settings.lakehouse.table_uri(pipeline.table), settings.lakehouse.storage_options)
         self.sink = MergeSink(self.table, pipeline.primary_key)
-        self.outcomes: list[MergeOutcome] = []
+        self.committed_batches = 0
+        self.last_outcome: MergeOutcome | None = None
         self.failure: BaseException | None = None
         self._query_id: str | None = None
         self._started = threading.Event()
@@ -97,22 +99,36 @@ class IngestPipeline:
     def _process_batch(self, raw: DataFrame, batch_id: int) -> None:
         if not self._started.wait(_QUERY_ID_TIMEOUT_S):
             raise RuntimeError("streaming query id not known")
+        name = self.pipeline.name
         if self.sink.already_committed(self.app_id, batch_id):
-            log.info("pipeline %s: batch %d already in Delta, skipped", self.pipeline.name, batch_id)
+            log.info("pipeline %s: batch %d already in Delta, skipped", name, batch_id)
+            metrics.BATCHES.labels(name, "replay_skipped").inc()
             return
         started = time.monotonic()
         decoder = partial(_decode_partition, self.pipeline.primary_key)
-        decoded = raw.mapInArrow(decoder, _DECODED_SPARK_SCHEMA)
-        net = net_changes(decoded).toArrow()
+        net = net_changes(raw.mapInArrow(decoder, _DECODED_SPARK_SCHEMA)).toArrow()
+        metrics.DECODE_ERRORS.labels(name).inc(net.num_rows - net.column("error").null_count)
         raise_first_error(net)
         reduced = time.monotonic()
         outcome = self.sink.apply(net, self.app_id, batch_id)
-        self.outcomes.append(outcome)
+        merged = time.monotonic()
+        self._record(outcome, pc.sum(net.column(CHANGES_COLUMN)).as_py() or 0, merged - reduced, reduced - started)
         log.info(
             "pipeline %s: batch %d -> %s: %d upserts, %d deletes (read+decode+reduce %.2fs, merge %.2fs)",
-            self.pipeline.name, batch_id, self.table.uri, outcome.upserts, outcome.deletes,
-            reduced - started, time.monotonic() - reduced,
+            name, batch_id, self.table.uri, outcome.upserts, outcome.deletes, reduced - started, merged - reduced,
         )
+
+    def _record(self, outcome: MergeOutcome, changes: int, merge_s: float, reduce_s: float) -> None:
+        name = self.pipeline.name
+        self.committed_batches += 1
+        self.last_outcome = outcome
+        metrics.BATCHES.labels(name, "committed" if outcome.upserts + outcome.deletes else "empty").inc()
+        metrics.CHANGES.labels(name).inc(changes)
+        metrics.UPSERTS.labels(name).inc(outcome.upserts)
+        metrics.DELETES.labels(name).inc(outcome.deletes)
+        metrics.LAST_BATCH.labels(name).set(outcome.batch_id)
+        metrics.STAGE_SECONDS.labels(name, "read_decode_reduce").observe(reduce_s)
+        metrics.STAGE_SECONDS.labels(name, "merge").observe(merge_s)
 
     def start(self, until_idle: bool) -> StreamingQuery:
         """Start the streaming query; `until_idle` reads what is there now, then ends."""

@@ -1,0 +1,24 @@
+"""Prometheus metrics of the service, labelled by pipeline; served over HTTP when configured."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+PIPELINE = ("pipeline",)
+
+BATCHES = Counter("cdc_batches", "Micro-batches by result", PIPELINE + ("result",))
+CHANGES = Counter("cdc_changes", "Decoded changes read from Kafka (tombstones and messages excluded)", PIPELINE)
+UPSERTS = Counter("cdc_upserts", "Net upserts merged into Delta", PIPELINE)
+DELETES = Counter("cdc_deletes", "Net deletes merged into Delta", PIPELINE)
+DECODE_ERRORS = Counter("cdc_decode_errors", "Records that could not be decoded", PIPELINE)
+RESTARTS = Counter("cdc_pipeline_restarts", "Restarts after transient failures", PIPELINE)
+LAST_BATCH = Gauge("cdc_last_committed_batch", "Id of the last batch committed to Delta", PIPELINE)
+STAGE_SECONDS = Histogram(
+    "cdc_batch_stage_seconds", "Time per micro-batch stage", PIPELINE + ("stage",),
+    buckets=(0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128),
+)
+
+
+def serve(port: int, address: str) -> None:
+    """Expose /metrics on `address:port` (a daemon thread)."""
+    start_http_server(port, addr=address)
