@@ -12,6 +12,8 @@ from service.settings import SparkSettings
 
 _ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 _QUIET_LOG_LEVEL = "ERROR"
+# Spark masks option and conf values whose keys match this in logs, plans and the UI.
+_REDACTION = r"(?i)secret|password|token|access[.]?key|jaas|credential"
 _LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 
 
@@ -39,6 +41,7 @@ def build_spark(settings: SparkSettings | None = None) -> SparkSession:
         .config("spark.sql.streaming.stateStore.providerClass", _ROCKSDB_PROVIDER)
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.redaction.regex", _REDACTION)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.adaptive.enabled", "false")
