@@ -2,7 +2,7 @@
 
 A type name is a short string (`"int64"`, `"timestamp_us_utc"`, `"decimal(10,2)"`) so that it
 travels as JSON next to the decoded rows. Names come from a Kafka Connect schema
-(`connect_schema_to_types`) or from the data (`infer_types`); `arrow_type` resolves them and
+(`connectors.delta.connect_types`) or from the data (`infer_types`); `arrow_type` resolves them and
 `rows_to_table` converts JSON values (base64 bytes, epoch numbers, ISO text) into typed columns.
 Every column is nullable: a field's `optional` flag is deliberately ignored.
 """
@@ -46,57 +46,6 @@ class TypeName:
 DEFAULT_DECIMAL_PRECISION = 38
 MAX_DECIMAL128_PRECISION = 38
 DECIMAL_PATTERN = re.compile(r"^decimal\((\d+),(-?\d+)\)$")
-DECIMAL_SCALE_PARAM = "scale"
-DECIMAL_PRECISION_PARAM = "connect.decimal.precision"
-
-# Kafka Connect schema keys.
-CONNECT_TYPE = "type"
-CONNECT_NAME = "name"
-CONNECT_FIELD = "field"
-CONNECT_FIELDS = "fields"
-CONNECT_PARAMETERS = "parameters"
-CONNECT_STRUCT = "struct"
-ROW_IMAGE_FIELDS = ("after", "before")
-
-CONNECT_PRIMITIVES: dict[str, str] = {
-    "int8": TypeName.INT8,
-    "int16": TypeName.INT16,
-    "int32": TypeName.INT32,
-    "int64": TypeName.INT64,
-    "float32": TypeName.FLOAT32,
-    "float64": TypeName.FLOAT64,
-    "float": TypeName.FLOAT64,
-    "double": TypeName.FLOAT64,
-    "boolean": TypeName.BOOL,
-    "string": TypeName.STRING,
-    "bytes": TypeName.BINARY,
-    # Nested values are kept as JSON text.
-    "struct": TypeName.STRING,
-    "array": TypeName.STRING,
-    "map": TypeName.STRING,
-}
-
-CONNECT_DECIMAL = "org.apache.kafka.connect.data.Decimal"
-CONNECT_LOGICAL: dict[str, str] = {
-    "io.debezium.time.Date": TypeName.DATE32,
-    "org.apache.kafka.connect.data.Date": TypeName.DATE32,
-    "io.debezium.time.MicroTimestamp": TypeName.TIMESTAMP_US,
-    "io.debezium.time.Timestamp": TypeName.TIMESTAMP_MS,
-    "org.apache.kafka.connect.data.Timestamp": TypeName.TIMESTAMP_MS,
-    "io.debezium.time.NanoTimestamp": TypeName.TIMESTAMP_NS,
-    "io.debezium.time.ZonedTimestamp": TypeName.TIMESTAMP_US_UTC,
-    "io.debezium.time.Time": TypeName.INT64,
-    "io.debezium.time.MicroTime": TypeName.INT64,
-    "io.debezium.time.NanoTime": TypeName.INT64,
-    "org.apache.kafka.connect.data.Time": TypeName.INT64,
-    "io.debezium.data.VariableScaleDecimal": TypeName.STRING,
-    "io.debezium.data.Json": TypeName.STRING,
-    "io.debezium.data.Uuid": TypeName.STRING,
-    "io.debezium.data.Enum": TypeName.STRING,
-    "io.debezium.data.EnumSet": TypeName.STRING,
-    "io.debezium.data.Xml": TypeName.STRING,
-    "io.debezium.time.ZonedTime": TypeName.STRING,
-}
 
 ARROW_TYPES: dict[str, pa.DataType] = {
     TypeName.INT8: pa.int8(),
@@ -130,67 +79,6 @@ COMPACT_SEPARATORS = (",", ":")
 def decimal_type_name(precision: int, scale: int) -> str:
     """The type name of a decimal column: `decimal(p,s)`."""
     return f"decimal({precision},{scale})"
-
-
-def connect_schema_to_types(schema: dict) -> dict[str, str]:
-    """Column types from the Kafka Connect schema of a whole Debezium envelope.
-
-    Reads the `after` struct field (or `before` when `after` is absent). Raises `ValueError`
-    when the schema is not an envelope schema or a field cannot be mapped.
-    """
-    return fields_to_types(row_image_schema(schema).get(CONNECT_FIELDS))
-
-
-def fields_to_types(fields: Any) -> dict[str, str]:
-    """Column types from the `fields` list of a row image struct schema."""
-    if not isinstance(fields, list):
-        raise ValueError("row image schema has no 'fields' list")
-    types: dict[str, str] = {}
-    for field in fields:
-        if not isinstance(field, dict) or not isinstance(field.get(CONNECT_FIELD), str):
-            raise ValueError("row image schema has a field without a name")
-        types[field[CONNECT_FIELD]] = _field_type(field)
-    return types
-
-
-def row_image_schema(schema: Any) -> dict:
-    """The `after` (else `before`) struct schema of a Debezium envelope schema."""
-    if not isinstance(schema, dict) or schema.get(CONNECT_TYPE) != CONNECT_STRUCT:
-        raise ValueError("envelope schema is not a struct")
-    fields = schema.get(CONNECT_FIELDS)
-    if not isinstance(fields, list):
-        raise ValueError("envelope schema has no 'fields' list")
-    by_name = {f.get(CONNECT_FIELD): f for f in fields if isinstance(f, dict)}
-    for name in ROW_IMAGE_FIELDS:
-        image = by_name.get(name)
-        if isinstance(image, dict) and image.get(CONNECT_TYPE) == CONNECT_STRUCT:
-            return image
-    raise ValueError("envelope schema has no 'after' or 'before' struct field")
-
-
-def _field_type(field: dict) -> str:
-    name = field.get(CONNECT_NAME)
-    if name == CONNECT_DECIMAL:
-        return _decimal_field_type(field)
-    if isinstance(name, str) and name in CONNECT_LOGICAL:
-        return CONNECT_LOGICAL[name]
-    base = field.get(CONNECT_TYPE)
-    if isinstance(base, str) and base in CONNECT_PRIMITIVES:
-        return CONNECT_PRIMITIVES[base]
-    raise ValueError(f"field {field[CONNECT_FIELD]!r} has an unsupported Connect type")
-
-
-def _decimal_field_type(field: dict) -> str:
-    params = field.get(CONNECT_PARAMETERS)
-    params = params if isinstance(params, dict) else {}
-    try:
-        scale = int(params.get(DECIMAL_SCALE_PARAM, 0))
-        precision = int(params.get(DECIMAL_PRECISION_PARAM, DEFAULT_DECIMAL_PRECISION))
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"field {field[CONNECT_FIELD]!r} has invalid decimal parameters"
-        ) from None
-    return decimal_type_name(precision, scale)
 
 
 def arrow_type(name: str) -> pa.DataType:

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from connectors.delta.arrow_types import CONNECT_FIELDS, fields_to_types, row_image_schema
+from connectors.delta.connect_types import CONNECT_FIELDS, fields_to_types, row_image_schema
 from service.changes import DEBEZIUM_NET_KIND, ChangeKind, DebeziumOp, Envelope
 from service.errors import DecodeError
 

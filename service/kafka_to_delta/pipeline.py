@@ -24,10 +24,10 @@ from pyspark.sql.streaming import StreamingQuery
 
 from connectors.delta.delta_rs import DeltaRsTable
 from connectors.kafka.source import FORMAT_NAME, KafkaSource
+from service import metrics
 from service.errors import DecodeError, SourceCoordinates
 from service.kafka_to_delta.debezium_json import DECODED_SCHEMA, decode_batch
 from service.kafka_to_delta.merge_sink import MergeOutcome, MergeSink
-from service import metrics
 from service.kafka_to_delta.net_changes import CHANGES_COLUMN, net_changes
 from service.settings import PipelineSettings, Settings
 

@@ -9,13 +9,8 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 
-from connectors.delta.arrow_types import (
-    arrow_type,
-    connect_schema_to_types,
-    infer_types,
-    merge_types,
-    rows_to_table,
-)
+from connectors.delta.arrow_types import arrow_type, infer_types, merge_types, rows_to_table
+from connectors.delta.connect_types import connect_schema_to_types
 
 SECRET = "s3cr3t-personal-data"
 DECIMAL = "org.apache.kafka.connect.data.Decimal"
