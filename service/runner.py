@@ -36,11 +36,11 @@ _INIT_TIMEOUT_S = 120.0
 _INITIALIZING = "Initializing sources"
 
 
-def _wait_initialized(query: StreamingQuery) -> None:
+def _wait_initialized(query: StreamingQuery, stop: threading.Event) -> None:
     # Each query starts a Python planner process for its source; starting them all at
     # once on a small machine makes them miss Spark's connect-back timeout. One by one.
     deadline = time.monotonic() + _INIT_TIMEOUT_S
-    while query.isActive and time.monotonic() < deadline:
+    while query.isActive and time.monotonic() < deadline and not stop.is_set():
         if query.status.get("message") != _INITIALIZING and query.lastProgress is not None:
             return
         time.sleep(_POLL_S / 5)
@@ -96,7 +96,7 @@ class Runner:
         entry.pipeline.failure = None
         entry.query = entry.pipeline.start(self.until_idle)
         entry.restart_at = None
-        _wait_initialized(entry.query)
+        _wait_initialized(entry.query, self.stop_requested)
 
     def wait(self) -> None:
         """Supervise until every query finished or a stop was requested; then stop all.
