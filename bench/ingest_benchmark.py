@@ -121,9 +121,10 @@ def run_pipeline(config: Path, log_path: Path) -> dict[str, float]:
     ready, batches = _READY_LINE.search(text), _BATCH_LINE.findall(text)
     if not ready or not batches:
         raise SystemExit(f"FAILED: 'kafka:' or 'batch N ->' log lines missing; end of log:\n{text[-3000:]}")
-    ready_at, last_commit_at = (_log_time(t) for t in (ready.group(1), batches[-1]))
+    ready_at, first_commit_at, last_commit_at = (_log_time(t) for t in (ready.group(1), batches[0], batches[-1]))
     return {"wall": ended - started, "startup": ready_at - started, "ingest": last_commit_at - ready_at,
-            "shutdown": ended - last_commit_at, "batches": len(batches), "rss_mib": peak}
+            "shutdown": ended - last_commit_at, "batches": len(batches), "rss_mib": peak,
+            "after_first": last_commit_at - first_commit_at}
 
 
 def verify_table(uri: str, workload: DebeziumWorkload) -> int:
@@ -173,7 +174,8 @@ def delete_topic(bootstrap: str, topic: str) -> None:
         future.result()
 
 
-def report(events: int, produce_s: float, run: dict[str, float], consumed: int, consume_s: float) -> None:
+def report(events: int, produce_s: float, run: dict[str, float], consumed: int, consume_s: float,
+           max_offsets: int | None = None) -> None:
     """Print the figures as a small table."""
     end_to_end, ingest_only, plain = events / run["wall"], events / run["ingest"], consumed / consume_s
     rows = [
@@ -183,12 +185,22 @@ def report(events: int, produce_s: float, run: dict[str, float], consumed: int, 
         ("  ingest (excl. startup)", f"{run['ingest']:.2f} s",
          f"{ingest_only:,.0f} ev/s, {run['batches']} batch(es)"),
         ("  shutdown", f"{run['shutdown']:.2f} s", "last Delta commit -> exit"),
+        *_steady_state_row(events, run, max_offsets),
         ("plain consumer", f"{consume_s:.2f} s", f"{plain:,.0f} ev/s ({consumed} messages)"),
         ("ratio pipeline/consumer", f"{end_to_end / plain:.4f}", f"excl. startup {ingest_only / plain:.4f}"),
         ("pipeline peak RSS", f"{run['rss_mib']:,.0f} MiB", "sum over the process tree, sampled every 0.5 s"),
     ]
     for name, figure, note in rows:
         print(f"{name:<26}{figure:>14}   {note}")
+
+
+def _steady_state_row(events: int, run: dict[str, float], max_offsets: int | None) -> list[tuple[str, str, str]]:
+    """Batches after the first (warm workers) with admission control: events in them / their time."""
+    if not max_offsets or run["batches"] < 2 or run["after_first"] <= 0:
+        return []
+    warm_events = events - max_offsets
+    return [("  steady state", f"{run['after_first']:.2f} s",
+             f"{warm_events / run['after_first']:,.0f} ev/s over batches 2..{run['batches']}")]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -215,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
                 raise SystemExit(f"FAILED: plain consumer read {consumed} of {produced} records")
         finally:
             delete_topic(bootstrap, topic)
-    report(produced, produce_s, run, consumed, consume_s)
+    report(produced, produce_s, run, consumed, consume_s, args.max_offsets_per_trigger)
 
 
 if __name__ == "__main__":
