@@ -1,4 +1,4 @@
-"""Command line: `cdc-lakehouse run | validate | demo`."""
+"""Command line: `cdc-lakehouse run | validate | status | demo`."""
 
 from __future__ import annotations
 
@@ -53,6 +53,30 @@ def validate(config: Path = typer.Argument(..., help="YAML config file")) -> Non
     except CdcLakehouseError as error:
         _fail(error)
     typer.echo(f"{config}: valid, {len(settings.pipelines)} pipeline(s)")
+
+
+@app.command()
+def status(
+    config: Path = typer.Argument(..., help="YAML config file"),
+    as_json: bool = typer.Option(False, "--json", help="one JSON document instead of a table"),
+) -> None:
+    """Where each pipeline stands: checkpoint batch and offsets, lag, Delta version and batch."""
+    import json
+
+    from service.status import status as read_status
+
+    try:
+        found = read_status(load_settings(config))
+    except CdcLakehouseError as error:
+        _fail(error)
+    if as_json:
+        typer.echo(json.dumps([s.as_dict() for s in found], indent=2))
+        return
+    typer.echo(f"{'pipeline':<20}{'lag':>10}{'checkpoint batch':>18}{'delta batch':>13}{'version':>9}  table")
+    for item in found:
+        cells = [item.checkpoint_batch, item.delta_batch, item.table_version]
+        shown = ["-" if c is None else str(c) for c in cells]
+        typer.echo(f"{item.name:<20}{item.lag:>10}{shown[0]:>18}{shown[1]:>13}{shown[2]:>9}  {item.table_uri}")
 
 
 @app.command()

@@ -41,6 +41,11 @@ def _decode_partition(primary_key: tuple[str, ...], batches: Iterator[pa.RecordB
         yield decode_batch(batch, primary_key)
 
 
+def app_id(pipeline: PipelineSettings, query_id: str | None) -> str:
+    """Application id of a pipeline's Delta commits; the query id ties it to the checkpoint."""
+    return f"cdc-lakehouse/{pipeline.name}/{pipeline.table}/{query_id}"
+
+
 def raise_first_error(net: pa.Table) -> None:
     """Stop at the earliest record (topic, partition, offset) that failed to decode."""
     failed = net.filter(pc.is_valid(net.column("error")))
@@ -69,8 +74,8 @@ class IngestPipeline:
 
     @property
     def app_id(self) -> str:
-        """Application id of this pipeline's Delta commits; the query id ties it to the checkpoint."""
-        return f"cdc-lakehouse/{self.pipeline.name}/{self.pipeline.table}/{self._query_id}"
+        """Application id of this pipeline's Delta commits."""
+        return app_id(self.pipeline, self._query_id)
 
     def _source(self) -> DataFrame:
         reader = (

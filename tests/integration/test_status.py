@@ -1,0 +1,38 @@
+"""`status` reports checkpoint batch, Delta batch, table version and lag per pipeline."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from service.runner import Runner
+from service.settings import load_settings
+from service.workload import DebeziumWorkload, create_topics, produce
+from tests.pipeline_harness import CLI, write_config
+
+
+def test_status_before_and_after_a_run(spark, kafka_bootstrap, unique, workdir):
+    workload = DebeziumWorkload(f"status-{unique}", 3, "never", seed=2)
+    create_topics(kafka_bootstrap, [workload.topic], 3)
+    events = workload.generate(300, 40)
+    produce(kafka_bootstrap, events)
+    config = write_config(workdir / "c.yaml", kafka_bootstrap, workdir,
+                          [{"name": "s", "topics": [workload.topic], "table": "t", "primary_key": ["id"]}])
+
+    def status() -> dict:
+        result = subprocess.run([CLI, "status", str(config), "--json"], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        (only,) = json.loads(result.stdout)
+        return only
+
+    before = status()
+    assert before["lag"] == len(events) and before["checkpoint_batch"] is None and before["table_version"] is None
+    runner = Runner(load_settings(config))
+    runner.start(until_idle=True)
+    runner.wait()
+    after = status()
+    assert after["lag"] == 0 and after["checkpoint_batch"] == 0 and after["delta_batch"] == 0
+    assert after["table_version"] == 1 and after["committed_offsets"] == after["end_offsets"]
+    more = workload.next_events(0)
+    produce(kafka_bootstrap, more)
+    assert status()["lag"] == len(more)
