@@ -6,7 +6,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Callable
 
 import yaml
 from deltalake import DeltaTable
@@ -57,3 +59,18 @@ def table_rows(uri: str | Path, order_by: str = "id") -> list[dict]:
 def table_version(uri: str | Path) -> int:
     """Current Delta version of the table."""
     return DeltaTable(str(uri)).version()
+
+
+def wait_for_table(uri: str | Path, done: Callable[[], bool], process: subprocess.Popen, log: Path,
+                   timeout: float = 300) -> None:
+    """Poll until `done()` holds for the table while `process` keeps running."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, log.read_text()[-3000:]
+        try:
+            if done():
+                return
+        except Exception:  # noqa: BLE001 - the table may not exist yet
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{uri}: condition not reached in {timeout}s; log: {log.read_text()[-3000:]}")

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from service.workload import DebeziumWorkload, create_topics, produce
-from tests.pipeline_harness import CLI, start_cli, table_rows, table_version, write_config
+from tests.pipeline_harness import CLI, start_cli, table_rows, table_version, wait_for_table, write_config
 
 PIPELINE = {"name": "p", "topics": ["t"], "table": "t", "primary_key": ["id"]}
 
@@ -33,10 +33,11 @@ def test_run_stops_gracefully_on_sigterm_and_resumes(kafka_bootstrap, unique, wo
                           [{**PIPELINE, "topics": [workload.topic], "max_offsets_per_trigger": 500}])
     uri = workdir / "tables" / "t"
     process = start_cli(config, log=workdir / "run.log")
-    _wait_until_equal(uri, workload, process, workdir / "run.log")
+    wait_for_table(uri, lambda: table_rows(uri) == workload.expected_rows(), process, workdir / "run.log")
     versions_before = table_version(uri)
     produce(kafka_bootstrap, [e for key in range(300) for e in workload.next_events(key)])
-    _wait_until_equal(uri, workload, process, workdir / "run.log")  # the running service picks up new data
+    # The running service picks up new data.
+    wait_for_table(uri, lambda: table_rows(uri) == workload.expected_rows(), process, workdir / "run.log")
     assert table_version(uri) > versions_before
     produce(kafka_bootstrap, [e for key in range(300) for e in workload.next_events(key)])
     time.sleep(2)  # most likely inside a micro-batch now
@@ -45,19 +46,6 @@ def test_run_stops_gracefully_on_sigterm_and_resumes(kafka_bootstrap, unique, wo
     rerun = subprocess.run([CLI, "run", str(config), "--until-idle"], capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert table_rows(uri) == workload.expected_rows()
-
-
-def _wait_until_equal(uri, workload, process, log, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert process.poll() is None, log.read_text()[-3000:]
-        try:
-            if table_rows(uri) == workload.expected_rows():
-                return
-        except Exception:  # noqa: BLE001 - the table may not exist yet
-            pass
-        time.sleep(0.5)
-    raise AssertionError("the running service never caught up with the topic")
 
 
 @pytest.mark.slow

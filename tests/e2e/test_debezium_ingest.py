@@ -3,12 +3,18 @@ to a dictionary replay; idempotent re-runs; SIGKILL in the middle loses and doub
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from service.workload import DebeziumWorkload, create_topics, produce
-from tests.pipeline_harness import kill_group, run_cli, start_cli, table_rows, table_version, write_config
+from tests.pipeline_harness import (
+    kill_group,
+    run_cli,
+    start_cli,
+    table_rows,
+    table_version,
+    wait_for_table,
+    write_config,
+)
 
 pytestmark = pytest.mark.slow
 SCHEMA_MODES = ("always", "never", "mixed")
@@ -56,26 +62,13 @@ def test_until_idle_matches_replay_and_reruns_change_nothing(kafka_bootstrap, un
     assert {w.topic: table_version(workdir / "tables" / f"t_{w.schema_mode}") for w in workloads} == versions
 
 
-def _wait_for_version(uri, version: int, process, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "the run ended before it could be killed"
-        try:
-            if table_version(uri) >= version:
-                return
-        except Exception:  # noqa: BLE001 - the table may not exist yet
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"{uri} never reached version {version}")
-
-
 def test_sigkill_mid_run_then_restart_ends_exactly_equal(kafka_bootstrap, unique, workdir):
     workloads = _workloads(unique, 0, 0)[:1]
     _load(kafka_bootstrap, workloads, 8_000, 1_000)
     config = write_config(workdir / "config.yaml", kafka_bootstrap, workdir, _pipelines(workloads, 700))
     uri = workdir / "tables" / f"t_{workloads[0].schema_mode}"
     process = start_cli(config, log=workdir / "killed.log")
-    _wait_for_version(uri, 3, process)
+    wait_for_table(uri, lambda: table_version(uri) >= 3, process, workdir / "killed.log")
     kill_group(process)
     assert table_rows(uri) != workloads[0].expected_rows(), "killed too late to test anything"
     restarted = run_cli(config, "--until-idle")

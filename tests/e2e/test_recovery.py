@@ -10,23 +10,10 @@ import pytest
 
 from connectors.kafka.local_broker import LocalBroker
 from service.workload import DebeziumWorkload, create_topics, produce
-from tests.pipeline_harness import start_cli, table_rows, write_config
+from tests.pipeline_harness import start_cli, table_rows, wait_for_table, write_config
 
 pytestmark = pytest.mark.slow
 OUTAGE_S = 25  # longer than the source's 15 s metadata timeout: the query does fail
-
-
-def _wait_equal(uri, workload, process, log, timeout=300):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert process.poll() is None, log.read_text()[-3000:]
-        try:
-            if table_rows(uri) == workload.expected_rows():
-                return
-        except Exception:  # noqa: BLE001 - not created yet
-            pass
-        time.sleep(0.5)
-    raise AssertionError("never caught up: " + log.read_text()[-3000:])
 
 
 def test_broker_outage_is_survived(tmp_path, unique):
@@ -43,12 +30,12 @@ def test_broker_outage_is_survived(tmp_path, unique):
         )
         uri, log = tmp_path / "tables" / "t", tmp_path / "run.log"
         process = start_cli(config, log=log)
-        _wait_equal(uri, workload, process, log)
+        wait_for_table(uri, lambda: table_rows(uri) == workload.expected_rows(), process, log)
         broker.stop()
         time.sleep(OUTAGE_S)
         broker.start()
         produce(broker.bootstrap_servers, [e for key in range(200) for e in workload.next_events(key)])
-        _wait_equal(uri, workload, process, log)
+        wait_for_table(uri, lambda: table_rows(uri) == workload.expected_rows(), process, log)
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=120) == 0, log.read_text()[-3000:]
         assert "interrupted" in log.read_text() and "restart 1 of 30" in log.read_text()
