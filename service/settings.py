@@ -21,6 +21,7 @@ _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SECRET_HINTS = ("password", "secret", "token", "jaas", "key.pem", "credentials")
 _NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$"
 
+DEFAULT_MAX_OFFSETS_PER_TRIGGER = 200_000
 StartingOffsets = Literal["earliest", "latest"]
 InputFormat = Literal["debezium-json"]
 
@@ -90,7 +91,8 @@ class PipelineSettings(_Frozen):
     table: str = Field(pattern=_NAME)
     primary_key: tuple[str, ...] = Field(min_length=1)
     starting_offsets: StartingOffsets | dict[str, dict[str, int]] = "earliest"
-    max_offsets_per_trigger: int | None = Field(default=None, ge=1)
+    # Bounds each micro-batch (and the driver memory its net changes need); null = no bound.
+    max_offsets_per_trigger: int | None = Field(default=DEFAULT_MAX_OFFSETS_PER_TRIGGER, ge=1)
 
     @field_validator("topics", "primary_key", mode="before")
     @classmethod
