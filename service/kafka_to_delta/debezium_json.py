@@ -22,6 +22,7 @@ import pyarrow as pa
 from connectors.delta.connect_types import CONNECT_FIELDS, fields_to_types, row_image_schema
 from service.changes import DEBEZIUM_NET_KIND, ChangeKind, DebeziumOp, Envelope
 from service.errors import DecodeError
+from service.kafka_to_delta.connect_wrapper import KnownSchemas
 
 UNAVAILABLE_VALUE = "__debezium_unavailable_value"
 """Debezium's stand-in for an unchanged value it could not read (e.g. a PostgreSQL TOAST column)."""
@@ -101,20 +102,24 @@ def compact_json(value: Any) -> str:
         return _COMPACT_ENCODER.encode(value)
 
 
-def _parse_json(data: bytes, what: str) -> Any:
+def _loads(data: bytes) -> Any:
     """Parse with orjson when that gives exactly what the standard parser would.
 
     orjson turns integers beyond 64 bits into floats and rejects lone surrogates and NaN;
-    a long digit run or any orjson failure falls back to `json`, which is exact and gives
-    the precise error message.
+    a long digit run or any orjson failure falls back to `json`, which is exact. Raises
+    `ValueError` (including `UnicodeDecodeError`) for anything that is not JSON.
     """
     if _LONG_DIGIT_RUN not in data.translate(_DIGITS_TO_ZERO):
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
             pass
+    return json.loads(data.decode("utf-8"))
+
+
+def _parse_json(data: bytes, what: str) -> Any:
     try:
-        return json.loads(data.decode("utf-8"))
+        return _loads(data)
     except UnicodeDecodeError as exc:
         raise DecodeError(f"{what} is not valid JSON: not UTF-8 ({exc.reason})") from None
     except json.JSONDecodeError as exc:
@@ -122,6 +127,9 @@ def _parse_json(data: bytes, what: str) -> Any:
         raise DecodeError(f"{what} is not valid JSON: {reason}") from None
     except RecursionError:
         raise DecodeError(f"{what} is not valid JSON: nested too deeply") from None
+
+
+_known_schemas: KnownSchemas[dict[str, str]] = KnownSchemas(_loads)
 
 
 def _is_wrapper(document: Any) -> bool:
@@ -215,10 +223,16 @@ def decode_debezium(
     """
     if value is None:
         return None
-    document = _parse_json(value, "value")
-    if _is_wrapper(document) and document[Envelope.PAYLOAD] is None:
-        return None  # The Connect wrapper of a null value: a tombstone too.
-    envelope, schema = _unwrap(document)
+    known = _known_schemas.split(value)
+    if known is None:
+        document = _parse_json(value, "value")
+        if _is_wrapper(document) and document[Envelope.PAYLOAD] is None:
+            return None  # The Connect wrapper of a null value: a tombstone too.
+        envelope, schema = _unwrap(document)
+    else:
+        envelope, types = known
+        if envelope is None:
+            return None
     if not isinstance(envelope, dict):
         raise DecodeError(f"envelope is not an object (got {type(envelope).__name__})")
     op = _op(envelope)
@@ -227,7 +241,11 @@ def decode_debezium(
     if op is DebeziumOp.TRUNCATE:
         raise DecodeError(TRUNCATE_UNSUPPORTED)
     values, row = _change(op, envelope, key, primary_key)
-    return DecodedChange(DEBEZIUM_NET_KIND[op], canonical_json(values), row, _column_types(schema))
+    if known is None:
+        types = _column_types(schema)
+        if types is not None:
+            _known_schemas.learn(value, schema, types)
+    return DecodedChange(DEBEZIUM_NET_KIND[op], canonical_json(values), row, types)
 
 
 def _error_key(key: bytes | None) -> str | None:
