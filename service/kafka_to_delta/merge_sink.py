@@ -32,10 +32,12 @@ class MergeOutcome:
 
 
 def _batch_types(net: pa.Table, rows: list[dict]) -> dict[str, str]:
+    """Column types: the schema blocks' types win; the data only types columns they lack."""
     types: dict[str, str] = {}
     for text in pc.unique(net.column("types").drop_null()).to_pylist():
         types = merge_types(types, json.loads(text))
-    return merge_types(types, infer_types(rows)) if rows else types
+    inferred = infer_types(rows) if rows else {}
+    return {**types, **{column: kind for column, kind in inferred.items() if column not in types}}
 
 
 def _conform(batch: pa.Table, existing: pa.Schema | None, table_uri: str) -> pa.Table:
