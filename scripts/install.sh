@@ -4,11 +4,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+SUDO=$([ "$(id -u)" -eq 0 ] && echo "" || echo sudo)
 java_major() { java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1; }
 if ! command -v java >/dev/null || [ "$(java_major)" -lt 17 ]; then
   echo "installing Java 17 (Spark needs it)" >&2
-  SUDO=$([ "$(id -u)" -eq 0 ] && echo "" || echo sudo)
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+fi
+# The real change-capture tests run a private PostgreSQL cluster (any version with pg_ctl).
+if [ "${1:-}" = "test" ] && ! compgen -G "/usr/lib/postgresql/*/bin/pg_ctl" >/dev/null; then
+  echo "installing PostgreSQL (the change-capture tests need it)" >&2
+  $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
 fi
 
 PYTHON=${PYTHON:-python3}

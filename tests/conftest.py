@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.schema_registry_double import schema_registry_url  # noqa: F401  (session fixture)
+
 KAFKA_IMAGE = "apache/kafka:3.9.1"
 
 

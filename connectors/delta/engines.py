@@ -1,0 +1,61 @@
+"""The Delta engines behind one interface, and the factory that picks one by name.
+
+`delta-rs` (default) writes from the driver with no JVM jars; `delta-spark` runs MERGE and
+change-feed reads as Spark jobs, for tables one driver cannot handle, where the Delta
+jars are on the Spark classpath.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal, Protocol, get_args
+
+import pyarrow as pa
+
+from service.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+Engine = Literal["delta-rs", "delta-spark"]
+ENGINES: tuple[str, ...] = get_args(Engine)
+
+
+class DeltaEngineTable(Protocol):
+    """What the sinks and the change-feed reader need from one Delta table."""
+
+    uri: str
+
+    def schema(self) -> pa.Schema | None:
+        """The table's Arrow schema, or None when the table does not exist yet."""
+
+    def last_batch(self, app_id: str) -> int | None:
+        """The highest batch id committed under `app_id`, if any."""
+
+    def version(self) -> int | None:
+        """Current table version, or None when the table does not exist."""
+
+    def create(self, schema: pa.Schema) -> None:
+        """Create the table (change data feed on) unless it exists."""
+
+    def merge(self, changes: pa.Table, primary_key: tuple[str, ...], app_id: str, batch_id: int) -> None:
+        """Apply one batch of net changes under the application transaction (app_id, batch_id)."""
+
+
+def open_table(
+    engine: Engine,
+    uri: str,
+    storage_options: dict[str, str] | None = None,
+    spark: "SparkSession | None" = None,
+) -> DeltaEngineTable:
+    """The table at `uri` written by `engine`; delta-spark needs the running `spark` session."""
+    if engine == "delta-rs":
+        from connectors.delta.delta_rs import DeltaRsTable
+
+        return DeltaRsTable(uri, storage_options)
+    if engine == "delta-spark":
+        if spark is None:
+            raise ConfigError(f"lakehouse.engine delta-spark needs a Spark session to open {uri}")
+        from connectors.delta.delta_spark import DeltaSparkTable
+
+        return DeltaSparkTable(spark, uri, storage_options)
+    raise ConfigError(f"lakehouse.engine {engine!r} is not one of {', '.join(ENGINES)}")
