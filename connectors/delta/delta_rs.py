@@ -12,9 +12,10 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
+from connectors.delta.merge_plan import DELETE_FLAG, plan_merge
 from service.errors import TerminalError, TransientError
 
-DELETE_FLAG = "_cdc_delete"
+__all__ = ["DELETE_FLAG", "DeltaRsTable", "DeltaSchemaError", "DeltaWriteError"]
 CDF_ENABLED = {"delta.enableChangeDataFeed": "true"}
 
 
@@ -24,10 +25,6 @@ class DeltaWriteError(TransientError):
 
 class DeltaSchemaError(TerminalError):
     """The batch cannot be written to the table's schema."""
-
-
-def _quote(column: str) -> str:
-    return "`" + column.replace("`", "``") + "`"
 
 
 class DeltaRsTable:
@@ -72,22 +69,22 @@ class DeltaRsTable:
         )
 
     def merge(self, changes: pa.Table, primary_key: tuple[str, ...], app_id: str, batch_id: int) -> None:
-        """Apply net changes: delete where flagged, update where matched, insert where new."""
+        """Apply net changes (see `merge_plan`): delete where flagged, update where matched (kept
+        columns keep their stored value), insert where new."""
         table = self._open()
         if table is None:
             raise DeltaSchemaError(f"table {self.uri} does not exist; create it first")
-        predicate = " AND ".join(f"t.{_quote(c)} = s.{_quote(c)}" for c in primary_key)
-        flag = f"s.{_quote(DELETE_FLAG)}"
+        plan = plan_merge(changes.schema, primary_key, pa.schema(table.schema().to_arrow()))
         commit = CommitProperties(app_transactions=[Transaction(app_id, int(batch_id))])
         try:
             (
                 table.merge(
-                    changes, predicate, source_alias="s", target_alias="t",
+                    changes, plan.predicate, source_alias=plan.source_alias, target_alias=plan.target_alias,
                     merge_schema=True, commit_properties=commit,
                 )
-                .when_matched_delete(predicate=flag)
-                .when_matched_update_all(predicate=f"NOT {flag}", except_cols=[DELETE_FLAG])
-                .when_not_matched_insert_all(predicate=f"NOT {flag}", except_cols=[DELETE_FLAG])
+                .when_matched_delete(predicate=plan.delete.condition)
+                .when_matched_update(updates=plan.update.mapping(), predicate=plan.update.condition)
+                .when_not_matched_insert(updates=plan.insert.mapping(), predicate=plan.insert.condition)
                 .execute()
             )
         except DeltaError as error:

@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 
 from connectors.delta.arrow_types import infer_types, merge_types, rows_to_table
 from connectors.delta.delta_rs import DELETE_FLAG, DeltaRsTable, DeltaSchemaError
+from connectors.delta.merge_plan import keep_flag
 from service.changes import ChangeKind
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,19 @@ def _conform(batch: pa.Table, existing: pa.Schema | None, table_uri: str) -> pa.
     return pa.Table.from_arrays(columns, schema=pa.schema(fields))
 
 
+def _with_keep_flags(batch: pa.Table, net: pa.Table, primary_key: tuple[str, ...]) -> pa.Table:
+    """One `_cdc_keep__<column>` flag per column some row left unchanged (a TOAST placeholder)."""
+    if "unchanged" not in net.column_names or net.column("unchanged").null_count == net.num_rows:
+        return batch
+    per_row = [set(json.loads(text)) if text else set() for text in net.column("unchanged").to_pylist()]
+    columns = sorted(set().union(*per_row) - set(primary_key))
+    for column in columns:
+        if column not in batch.column_names:
+            batch = batch.append_column(column, pa.nulls(batch.num_rows, pa.string()))
+        batch = batch.append_column(keep_flag(column), pa.array([column in row for row in per_row], pa.bool_()))
+    return batch
+
+
 class MergeSink:
     """Writes net changes of one pipeline into one Delta table, idempotently per batch."""
 
@@ -83,8 +97,13 @@ class MergeSink:
             return MergeOutcome(batch_id, 0, 0, skipped_replay=True)
         if net.num_rows == 0:
             return MergeOutcome(batch_id, 0, 0)
-        rows = [json.loads(text) for text in net.column("row").to_pylist()]
         deletes = pc.equal(net.column("kind"), ChangeKind.DELETE.value)
+        rows = [
+            dict(zip(self.primary_key, json.loads(key))) if deleted or text is None else json.loads(text)
+            for key, text, deleted in zip(
+                net.column("key").to_pylist(), net.column("row").to_pylist(), deletes.to_pylist()
+            )
+        ]
         upsert_rows = [r for r, d in zip(rows, deletes.to_pylist()) if not d]
         types = _batch_types(net, upsert_rows or rows)
         missing = [c for c in self.primary_key if c not in types]
@@ -94,6 +113,7 @@ class MergeSink:
         typed = _conform(rows_to_table(rows, types), existing, self.table.uri)
         if existing is None:
             self.table.create(typed.schema)
-        self.table.merge(typed.append_column(DELETE_FLAG, deletes), self.primary_key, app_id, batch_id)
+        typed = _with_keep_flags(typed.append_column(DELETE_FLAG, deletes), net, self.primary_key)
+        self.table.merge(typed, self.primary_key, app_id, batch_id)
         n_deletes = pc.sum(deletes).as_py() or 0
         return MergeOutcome(batch_id, net.num_rows - n_deletes, n_deletes)

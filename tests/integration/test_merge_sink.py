@@ -61,3 +61,16 @@ def test_missing_primary_key_column_is_refused(tmp_path):
     sink = MergeSink(DeltaRsTable(str(tmp_path / "t")), ("tenant", "id"))
     with pytest.raises(DeltaSchemaError, match=r"\['tenant'\]"):
         sink.apply(_net((ChangeKind.INSERT, {"id": 1}, None)), APP, 0)
+
+
+def test_unchanged_toast_column_keeps_the_stored_value(tmp_path):
+    uri = tmp_path / "t"
+    sink = MergeSink(DeltaRsTable(str(uri)), ("id",))
+    types = {"id": "int32", "body": "string", "rev": "int32"}
+    sink.apply(_net((ChangeKind.INSERT, {"id": 1, "body": "large text", "rev": 1}, types),
+                    (ChangeKind.INSERT, {"id": 2, "body": "other", "rev": 1}, types)), APP, 0)
+    net = _net((ChangeKind.UPDATE_AFTER, {"id": 1, "rev": 2}, types),
+               (ChangeKind.UPDATE_AFTER, {"id": 2, "body": "new", "rev": 2}, types))
+    net = net.append_column("unchanged", pa.array([json.dumps(["body"]), None]))
+    sink.apply(net, APP, 1)
+    assert _rows(uri) == [{"id": 1, "body": "large text", "rev": 2}, {"id": 2, "body": "new", "rev": 2}]
