@@ -7,10 +7,23 @@ from prometheus_client import Counter, Gauge, Histogram, start_http_server
 PIPELINE = ("pipeline",)
 
 BATCHES = Counter("cdc_batches", "Micro-batches by result", PIPELINE + ("result",))
-CHANGES = Counter("cdc_changes", "Decoded changes read from Kafka (tombstones and messages excluded)", PIPELINE)
+CHANGES = Counter("cdc_changes", "Changelog rows decoded from Kafka (an update with before image: -U, +U)", PIPELINE)
 UPSERTS = Counter("cdc_upserts", "Net upserts merged into Delta", PIPELINE)
 DELETES = Counter("cdc_deletes", "Net deletes merged into Delta", PIPELINE)
-DECODE_ERRORS = Counter("cdc_decode_errors", "Records that could not be decoded", PIPELINE)
+DECODE_ERRORS = Counter(
+    "cdc_decode_errors", "Records that could not become changes (any policy)", PIPELINE
+)
+BAD_RECORDS = Counter(
+    "cdc_bad_records", "Records dropped or dead-lettered by policy", PIPELINE + ("handling", "stage")
+)
+CONFLICTS = Counter("cdc_conflicts", "Primary-key conflicts resolved by on_conflict", PIPELINE + ("strategy",))
+ROLLBACKS = Counter("cdc_rollbacks", "Rollbacks to a previous live row (deduplicate)", PIPELINE)
+STALE_DROPPED = Counter("cdc_stale_changes_dropped", "Changes older than the stored sequence", PIPELINE)
+CLEARED_STATE = Counter(
+    "cdc_cleared_state_warnings", "Retractions that found no state (expired or never seen)", PIPELINE
+)
+STATE_ROWS = Gauge("cdc_state_rows", "Rows in the pipeline's state store", PIPELINE)
+STATE_BYTES = Gauge("cdc_state_memory_bytes", "Memory used by the pipeline's state store", PIPELINE)
 RESTARTS = Counter("cdc_pipeline_restarts", "Restarts after transient failures", PIPELINE)
 LAST_BATCH = Gauge("cdc_last_committed_batch", "Id of the last batch committed to Delta", PIPELINE)
 STAGE_SECONDS = Histogram(

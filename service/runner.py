@@ -1,6 +1,9 @@
 """Runs every configured pipeline in one Spark session until told to stop or, with
 `until_idle`, until everything available at start has been processed.
 
+With `until_idle`, exports start once every ingest pipeline has finished, so they publish
+what this run ingested (an export's run ends at the table version it finds when it starts).
+
 Stopping (SIGTERM / SIGINT): the running micro-batch is given time to finish; if it does
 not, the query is stopped under it. Either way no half batch is committed: a batch's
 Delta commit is atomic and carries its batch id, and Spark marks the batch done only
@@ -25,6 +28,8 @@ from pyspark.sql.streaming import StreamingQuery
 from service import metrics
 from service.errors import ConfigError, TerminalError
 from service.failures import classify
+from service.delta_to_kafka.exports import export_pipeline
+from service.delta_to_kafka.pipeline import ExportPipeline
 from service.kafka_to_delta.pipeline import IngestPipeline
 from service.settings import Settings
 from service.spark import build_spark
@@ -46,11 +51,17 @@ def _wait_initialized(query: StreamingQuery, stop: threading.Event) -> None:
         time.sleep(_POLL_S / 5)
 
 
+def _close(entry: "_Supervised") -> None:
+    close = getattr(entry.pipeline, "close", None)
+    if close is not None:
+        close()
+
+
 @dataclass
 class _Supervised:
     """One pipeline, its current query and its run of failures."""
 
-    pipeline: IngestPipeline
+    pipeline: IngestPipeline | ExportPipeline
     query: StreamingQuery | None = None
     failures: int = 0
     batches_at_failure: int = 0
@@ -62,16 +73,18 @@ class Runner:
     """Owns the Spark session and the streaming queries of one service process."""
 
     def __init__(self, settings: Settings) -> None:
-        if not settings.pipelines:
-            raise ConfigError("no pipelines configured: nothing to run")
+        if not settings.pipelines and not settings.exports:
+            raise ConfigError("no pipelines or exports configured: nothing to run")
         self.settings = settings
         self.stop_requested = threading.Event()
         self.supervised: list[_Supervised] = []
         self.until_idle = False
+        self._spark: SparkSession | None = None
+        self._exports_started = False
 
     @property
-    def pipelines(self) -> list[IngestPipeline]:
-        """The pipelines this runner drives."""
+    def pipelines(self) -> list[IngestPipeline | ExportPipeline]:
+        """The ingest pipelines and exports this runner drives."""
         return [s.pipeline for s in self.supervised]
 
     def install_signal_handlers(self) -> None:
@@ -85,10 +98,19 @@ class Runner:
         if self.settings.metrics_port:
             metrics.serve(self.settings.metrics_port, self.settings.metrics_address)
             log.info("metrics on http://%s:%d/metrics", self.settings.metrics_address, self.settings.metrics_port)
-        spark: SparkSession = build_spark(self.settings.spark)
+        self._spark = build_spark(self.settings.spark)
         log.info("kafka: %s", self.settings.kafka.redacted())
         for config in self.settings.pipelines:
-            entry = _Supervised(IngestPipeline(spark, self.settings, config))
+            entry = _Supervised(IngestPipeline(self._spark, self.settings, config))
+            self.supervised.append(entry)
+            self._start(entry)
+        if not (until_idle and self.settings.pipelines):
+            self._start_exports()
+
+    def _start_exports(self) -> None:
+        self._exports_started = True
+        for export in self.settings.exports:
+            entry = _Supervised(export_pipeline(self._spark, self.settings, export))
             self.supervised.append(entry)
             self._start(entry)
 
@@ -104,9 +126,14 @@ class Runner:
         Raises the terminal error of a pipeline (its own error object when our code raised it).
         """
         try:
-            while not self.stop_requested.is_set() and not all(e.finished for e in self.supervised):
+            while not self.stop_requested.is_set():
                 for entry in self.supervised:
                     self._supervise(entry)
+                if all(e.finished for e in self.supervised):
+                    if self._exports_started:
+                        break
+                    log.info("every ingest pipeline is idle: starting the exports")
+                    self._start_exports()
                 time.sleep(_POLL_S)
         finally:
             self.stop()
@@ -123,8 +150,9 @@ class Runner:
         exception = entry.query.exception()
         if exception is None:
             entry.finished = True
+            _close(entry)
             return
-        self._on_failure(entry, classify(entry.pipeline.pipeline.name, entry.pipeline.failure, str(exception)))
+        self._on_failure(entry, classify(entry.pipeline.name, entry.pipeline.failure, str(exception)))
 
     def _on_failure(self, entry: _Supervised, error: Exception) -> None:
         batches = entry.pipeline.committed_batches
@@ -134,7 +162,7 @@ class Runner:
         if isinstance(error, TerminalError) or entry.failures > recovery.max_attempts:
             raise error
         delay = recovery.backoff(entry.failures)
-        metrics.RESTARTS.labels(entry.pipeline.pipeline.name).inc()
+        metrics.RESTARTS.labels(entry.pipeline.name).inc()
         log.warning("%s; restart %d of %d in %.1fs", error, entry.failures, recovery.max_attempts, delay)
         entry.restart_at = time.monotonic() + delay
 
@@ -148,6 +176,7 @@ class Runner:
             while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
                 time.sleep(_POLL_S / 5)
             query.stop()
+            _close(entry)
 
 
 def run(settings: Settings, until_idle: bool = False) -> Runner:

@@ -15,7 +15,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from service.delta_to_kafka.export_settings import ExportSettings
 from service.errors import ConfigError
+from service.kafka_to_delta.dead_letters import DeadLetterSettings
+from service.kafka_to_delta.from_changelog_settings import FromChangelogSettings
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SECRET_HINTS = ("password", "secret", "token", "jaas", "key.pem", "credentials")
@@ -23,7 +26,17 @@ _NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$"
 
 DEFAULT_MAX_OFFSETS_PER_TRIGGER = 200_000
 StartingOffsets = Literal["earliest", "latest"]
-InputFormat = Literal["debezium-json"]
+InputFormat = Literal["json", "debezium-json", "avro-confluent"]
+OnConflict = Literal["error", "nothing", "deduplicate"]
+UpsertMaterialize = Literal["auto", "none", "force"]
+Compaction = Literal["batch", "watermark"]
+NO_ON_CONFLICT = (
+    "pipeline {name}: {why}, so two sources can claim one row of table {table!r}; choose what happens "
+    "then with `on_conflict`: `error` (stop the pipeline naming the key and both sources: the rows "
+    "should never collide), `nothing` (the first live row wins, later claimants are ignored until it "
+    "is retracted) or `deduplicate` (keep every live row, show the latest, roll back when it is "
+    "retracted; state grows with history, bound it with `state_ttl_seconds`)"
+)
 
 
 class _Frozen(BaseModel):
@@ -49,7 +62,7 @@ class LakehouseSettings(_Frozen):
     """Where the Delta tables live and which engine writes them."""
 
     root: str = "./.cdc-lakehouse/tables"
-    engine: Literal["delta-rs"] = "delta-rs"
+    engine: Literal["delta-rs", "delta-spark"] = "delta-rs"
     storage_options: dict[str, str] = Field(default_factory=dict)
 
     def table_uri(self, table: str) -> str:
@@ -82,22 +95,96 @@ class RecoverySettings(_Frozen):
         return min(self.max_backoff_seconds, self.initial_backoff_seconds * 2 ** (attempt - 1))
 
 
+class SchemaRegistrySettings(_Frozen):
+    """A Confluent-compatible Schema Registry (REST)."""
+
+    url: str
+    username: str | None = None
+    password: str | None = None
+
+
 class PipelineSettings(_Frozen):
     """One ingest pipeline: topics of one format into one Delta table."""
 
     name: str = Field(pattern=_NAME)
     topics: tuple[str, ...] = Field(min_length=1)
-    format: InputFormat = "debezium-json"
+    format: InputFormat = "json"
+    schema_registry: SchemaRegistrySettings | None = None
+    from_changelog: FromChangelogSettings = Field(default_factory=lambda: FromChangelogSettings(preset="debezium"))
+    dead_letters: DeadLetterSettings | None = None
     table: str = Field(pattern=_NAME)
     primary_key: tuple[str, ...] = Field(min_length=1)
     starting_offsets: StartingOffsets | dict[str, dict[str, int]] = "earliest"
     # Bounds each micro-batch (and the driver memory its net changes need); null = no bound.
     max_offsets_per_trigger: int | None = Field(default=DEFAULT_MAX_OFFSETS_PER_TRIGGER, ge=1)
+    # Keyed-state materializer (spec: sink upsert materializer, ON CONFLICT).
+    upsert_key: tuple[str, ...] | None = None
+    upsert_materialize: UpsertMaterialize = "auto"
+    on_conflict: OnConflict | None = None
+    compaction: Compaction = "batch"
+    watermark_delay_seconds: float = Field(default=0.0, ge=0)
+    sequence_by: tuple[str, ...] = ()
+    tombstone_retention_seconds: float = Field(default=86_400.0, ge=0)
+    state_ttl_seconds: float = Field(default=0.0, ge=0)
+    materializer_state_ttl_seconds: float | None = Field(default=None, ge=0)
 
-    @field_validator("topics", "primary_key", mode="before")
+    @field_validator("topics", "primary_key", "upsert_key", "sequence_by", mode="before")
     @classmethod
     def _one_or_many(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
+
+    @property
+    def changelog_settings(self) -> FromChangelogSettings:
+        """FROM_CHANGELOG settings with the pipeline's `sequence_by` (the values the materializer orders by)."""
+        if not self.sequence_by:
+            return self.from_changelog
+        return self.from_changelog.model_copy(update={"sequence_by": self.sequence_by})
+
+    @property
+    def effective_upsert_key(self) -> tuple[str, ...]:
+        """The upsert key of the input: as configured, else the primary key; empty = whole row."""
+        return self.primary_key if self.upsert_key is None else self.upsert_key
+
+    def _materializer_reason(self) -> str | None:
+        if self.effective_upsert_key != self.primary_key:
+            shown = ", ".join(self.effective_upsert_key) or "(none: the whole row)"
+            return f"the upsert key ({shown}) differs from the primary key ({', '.join(self.primary_key)})"
+        if len(self.topics) > 1:
+            return f"{len(self.topics)} topics feed one table"
+        return None
+
+    @property
+    def materialized(self) -> bool:
+        """Whether the keyed-state materializer runs (`auto`: keys differ or several inputs)."""
+        if self.upsert_materialize != "auto":
+            return self.upsert_materialize == "force"
+        return self._materializer_reason() is not None
+
+    @property
+    def materializer_ttl_seconds(self) -> float:
+        """The materializer's state TTL: its own setting, else the pipeline's (0 = forever)."""
+        own = self.materializer_state_ttl_seconds
+        return self.state_ttl_seconds if own is None else own
+
+    @model_validator(mode="after")
+    def _conflict_choice(self) -> "PipelineSettings":
+        reason = self._materializer_reason()
+        if self.upsert_materialize != "none" and reason and self.on_conflict is None:
+            raise ValueError(NO_ON_CONFLICT.format(name=self.name, why=reason, table=self.table))
+        if self.format == "avro-confluent" and self.schema_registry is None:
+            raise ValueError("format avro-confluent needs `schema_registry: {url: ...}`")
+        if self.from_changelog.invalid_op_handling == "DEAD_LETTER" or self.from_changelog.decode_error_handling == (
+            "DEAD_LETTER"
+        ) or self.from_changelog.late_handling == "dead_letter":
+            if self.dead_letters is None:
+                raise ValueError("a DEAD_LETTER policy needs `dead_letters: {topic: ..., table: ...}`")
+        if self.from_changelog.truncate_handling == "truncate" and self.materialized:
+            raise ValueError(
+                "truncate_handling: truncate cannot be combined with the materializer (its state is per key)"
+            )
+        if self.compaction == "watermark" and not self.materialized:
+            raise ValueError("compaction: watermark needs the materializer (upsert_materialize: force or auto)")
+        return self
 
 
 class Settings(_Frozen):
@@ -112,13 +199,15 @@ class Settings(_Frozen):
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
     metrics_address: str = "0.0.0.0"
     pipelines: tuple[PipelineSettings, ...] = ()
+    exports: tuple[ExportSettings, ...] = ()
 
     @model_validator(mode="after")
     def _unique_names(self) -> "Settings":
-        names = [p.name for p in self.pipelines]
+        # Names key checkpoints, Spark query names and Kafka transactional ids: one namespace.
+        names = [p.name for p in self.pipelines] + [e.name for e in self.exports]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
-            raise ValueError(f"pipeline names must be unique; repeated: {', '.join(dupes)}")
+            raise ValueError(f"pipeline and export names must be unique; repeated: {', '.join(dupes)}")
         return self
 
     def checkpoint_dir(self, pipeline: str) -> str:

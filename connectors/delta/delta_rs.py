@@ -68,7 +68,20 @@ class DeltaRsTable:
             storage_options=self.storage_options,
         )
 
-    def merge(self, changes: pa.Table, primary_key: tuple[str, ...], app_id: str, batch_id: int) -> None:
+    def truncate(self, app_id: str, batch_id: int) -> None:
+        """Delete every row, committed with the batch's application transaction."""
+        table = self._open()
+        if table is None:
+            return
+        commit = CommitProperties(app_transactions=[Transaction(app_id, int(batch_id))])
+        try:
+            table.delete(commit_properties=commit)
+        except DeltaError as error:
+            raise DeltaWriteError(f"truncate of {self.uri} failed: {error}") from None
+
+    def merge(
+        self, changes: pa.Table, primary_key: tuple[str, ...], app_id: str, batch_id: int, truncate: bool = False
+    ) -> None:
         """Apply net changes (see `merge_plan`): delete where flagged, update where matched (kept
         columns keep their stored value), insert where new."""
         table = self._open()
@@ -77,7 +90,7 @@ class DeltaRsTable:
         plan = plan_merge(changes.schema, primary_key, pa.schema(table.schema().to_arrow()))
         commit = CommitProperties(app_transactions=[Transaction(app_id, int(batch_id))])
         try:
-            (
+            merger = (
                 table.merge(
                     changes, plan.predicate, source_alias=plan.source_alias, target_alias=plan.target_alias,
                     merge_schema=True, commit_properties=commit,
@@ -85,7 +98,9 @@ class DeltaRsTable:
                 .when_matched_delete(predicate=plan.delete.condition)
                 .when_matched_update(updates=plan.update.mapping(), predicate=plan.update.condition)
                 .when_not_matched_insert(updates=plan.insert.mapping(), predicate=plan.insert.condition)
-                .execute()
             )
+            if truncate:
+                merger = merger.when_not_matched_by_source_delete()
+            merger.execute()
         except DeltaError as error:
             raise DeltaWriteError(f"MERGE into {self.uri} failed: {error}") from None

@@ -30,6 +30,7 @@ class MergeOutcome:
     upserts: int
     deletes: int
     skipped_replay: bool = False
+    truncated: bool = False
 
 
 def _batch_types(net: pa.Table, rows: list[dict]) -> dict[str, str]:
@@ -91,12 +92,18 @@ class MergeSink:
         last = self.table.last_batch(app_id)
         return last is not None and last >= batch_id
 
-    def apply(self, net: pa.Table, app_id: str, batch_id: int) -> MergeOutcome:
-        """MERGE the net changes (columns key, kind, row, types) unless already committed."""
+    def apply(self, net: pa.Table, app_id: str, batch_id: int, truncate: bool = False) -> MergeOutcome:
+        """MERGE the net changes (columns key, kind, row, types) unless already committed.
+
+        `truncate`: every stored row the batch does not upsert is deleted in the same commit
+        (a source TRUNCATE followed by the batch's later changes).
+        """
         if self.already_committed(app_id, batch_id):
             return MergeOutcome(batch_id, 0, 0, skipped_replay=True)
         if net.num_rows == 0:
-            return MergeOutcome(batch_id, 0, 0)
+            if truncate and self.table.schema() is not None:
+                self.table.truncate(app_id, batch_id)
+            return MergeOutcome(batch_id, 0, 0, truncated=truncate)
         deletes = pc.equal(net.column("kind"), ChangeKind.DELETE.value)
         rows = [
             dict(zip(self.primary_key, json.loads(key))) if deleted or text is None else json.loads(text)
@@ -114,6 +121,6 @@ class MergeSink:
         if existing is None:
             self.table.create(typed.schema)
         typed = _with_keep_flags(typed.append_column(DELETE_FLAG, deletes), net, self.primary_key)
-        self.table.merge(typed, self.primary_key, app_id, batch_id)
+        self.table.merge(typed, self.primary_key, app_id, batch_id, truncate=truncate)
         n_deletes = pc.sum(deletes).as_py() or 0
-        return MergeOutcome(batch_id, net.num_rows - n_deletes, n_deletes)
+        return MergeOutcome(batch_id, net.num_rows - n_deletes, n_deletes, truncated=truncate)

@@ -1,37 +1,96 @@
-"""Reduce one micro-batch of decoded changes to at most one net change per primary key.
+"""Reduce one micro-batch of changelog rows to at most one net change per primary key.
 
-The last change of a key in source order (topic, partition, offset) wins: its kind
-says whether the key ends deleted or upserted, its row is the final image. Records
-that failed to decode are kept, one row each, so the driver can report them.
+This is the path without the materializer (`upsert_materialize: none`, or `auto` when the
+upsert key is the primary key and one input feeds the table): the last change of a key in
+source order (topic, partition, offset, change_index: a record may hold a -U and its +U) wins.
+A retraction (-U, -D) as the last change deletes the key. Rows that failed an earlier stage
+are kept, one row each, so the driver can act on them.
+
+Both this reduction and the materializer produce `NET_SCHEMA`.
 """
 
 from __future__ import annotations
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import ArrayType, BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
-NET_COLUMNS = ("key", "kind", "row", "types", "error", "topic", "partition", "offset")
+from service.changes import ChangeKind
+
 CHANGES_COLUMN = "changes"
 _ERROR_KEY_PREFIX = "\u0000error:"
+_TRUNCATE_KEY_PREFIX = "\u0000truncate:"
+TRUNCATE = "TRUNCATE"
+_HEADERS = "headers"
+
+NET_SCHEMA = StructType(
+    [
+        StructField("key", StringType()),
+        StructField("kind", StringType()),
+        StructField("row", StringType()),
+        StructField("types", StringType()),
+        StructField("unchanged", StringType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", LongType()),
+        StructField(CHANGES_COLUMN, LongType()),
+        StructField("error", StringType()),
+        StructField("handling", StringType()),
+        StructField("stage", StringType()),
+        StructField("raw_key", BinaryType()),
+        StructField("raw_value", BinaryType()),
+        StructField(_HEADERS, ArrayType(StructType([StructField("key", StringType()),
+                                                     StructField("value", BinaryType())]))),
+        StructField("conflicts", LongType()),
+        StructField("rollbacks", LongType()),
+        StructField("stale_dropped", LongType()),
+        StructField("cleared_state_warnings", LongType()),
+        StructField("state_bytes", LongType()),
+    ]
+)
+"""Net changes (kind +U upsert or -D delete; null kind for error rows and counter-only rows)."""
+
+_CARRIED = ("kind", "row", "types", "unchanged", "topic", "partition", "offset", "timestamp")
+_ERROR_CARRIED = ("error", "handling", "stage", "raw_key", "raw_value", _HEADERS)
+
+
+def error_group_key(coordinates: str) -> str:
+    """Group key of a failed row: its own, so that it is never merged with another."""
+    return _ERROR_KEY_PREFIX + coordinates
 
 
 def _group_key() -> Column:
-    # A record that failed to decode has no trustworthy key: give it one of its own.
     coordinates = F.concat_ws(":", F.col("topic"), F.col("partition"), F.col("offset"))
-    return F.when(F.col("error").isNull(), F.col("key")).otherwise(
-        F.concat(F.lit(_ERROR_KEY_PREFIX), coordinates)
+    return (
+        F.when(F.col("error").isNotNull(), F.concat(F.lit(_ERROR_KEY_PREFIX), coordinates))
+        .when(F.col("kind") == TRUNCATE, F.concat(F.lit(_TRUNCATE_KEY_PREFIX), coordinates))
+        .otherwise(F.col("key"))
     )
 
 
-def net_changes(decoded: DataFrame) -> DataFrame:
-    """One row per key: the last change in source order, plus one row per decode error.
-
-    `changes` counts the decoded changes each row stands for.
-    """
-    carried = [c for c in NET_COLUMNS if c != "key"]
-    order = F.struct("topic", "partition", "offset")
-    last = F.max_by(F.struct(*carried, F.col("key").alias("source_key")), order).alias("last")
-    grouped = decoded.groupBy(_group_key().alias("group_key")).agg(last, F.count("*").alias(CHANGES_COLUMN))
-    return grouped.select(
-        F.col("last.source_key").alias("key"), *[F.col(f"last.{c}") for c in carried], CHANGES_COLUMN
+def _net_kind(kind: Column) -> Column:
+    retraction = kind.isin(ChangeKind.UPDATE_BEFORE.value, ChangeKind.DELETE.value)
+    return F.when(kind.isNull() | (kind == TRUNCATE), kind).when(retraction, F.lit(ChangeKind.DELETE.value)).otherwise(
+        F.lit(ChangeKind.UPDATE_AFTER.value)
     )
+
+
+def net_changes(changelog: DataFrame) -> DataFrame:
+    """One row per key: the last change in source order, plus one row per failed record."""
+    order = F.struct("topic", "partition", "offset", "change_index")
+    carried = [F.col(c) for c in _CARRIED + _ERROR_CARRIED]
+    last = F.max_by(F.struct(*carried, F.col("key").alias("source_key")), order)
+    grouped = changelog.groupBy(_group_key().alias("group_key")).agg(
+        last.alias("last"), F.count("*").alias(CHANGES_COLUMN)
+    )
+    zero = F.lit(0).cast("long")
+    columns = {
+        "key": F.col("last.source_key"),
+        "kind": _net_kind(F.col("last.kind")),
+        CHANGES_COLUMN: F.col(CHANGES_COLUMN).cast("long"),
+        **{c: F.col(f"last.{c}") for c in _CARRIED if c != "kind"},
+        **{c: F.col(f"last.{c}") for c in _ERROR_CARRIED},
+        **{c: zero for c in ("conflicts", "rollbacks", "stale_dropped", "cleared_state_warnings", "state_bytes")},
+    }
+    return grouped.select(*[columns[f.name].cast(f.dataType).alias(f.name) for f in NET_SCHEMA.fields])

@@ -1,10 +1,13 @@
-"""One ingest pipeline as a Spark streaming query: Kafka -> decode -> net changes -> Delta MERGE.
+"""One ingest pipeline as a Spark streaming query: Kafka -> changelog -> net changes -> Delta MERGE.
 
-Per micro-batch (the barrier): skip it if Delta already holds its commit (replay after a
-crash); decode on the executors; reduce to one net change per key; stop on the first
-record that failed to decode (nothing of the batch is committed, its offsets are not
-marked done, so a restart meets the same record); MERGE with the batch id as the
-application transaction version.
+The streaming plan: decode on the executors (`decode_stage`), then either the keyed-state
+materializer (`materializer_stage`, when the upsert key differs from the primary key or
+several topics feed the table) or, per micro-batch, the plain reduction (`net_changes`).
+
+Per micro-batch (the barrier): apply the bad-record policies (FAIL stops before anything of
+the batch is committed); skip the MERGE if Delta already holds the batch's commit (a replay
+after a crash; the plan is still executed so the state store advances exactly as before);
+MERGE with the batch id as the application transaction version.
 """
 
 from __future__ import annotations
@@ -13,32 +16,31 @@ import json
 import logging
 import threading
 import time
-from functools import partial
-from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.streaming import StreamingQuery
 
 from connectors.delta.delta_rs import DeltaRsTable
 from connectors.kafka.source import FORMAT_NAME, KafkaSource
 from service import metrics
-from service.errors import DecodeError, SourceCoordinates
-from service.kafka_to_delta.debezium_json import DECODED_SCHEMA, decode_batch
+from service.kafka_to_delta.bad_records import (
+    DeadLetterStore,
+    failed_rows,
+    handle_bad_records,
+)
+from service.kafka_to_delta.dead_letters import DeadLetterSink
+from service.kafka_to_delta.decode_stage import changelog_stream
+from service.kafka_to_delta.from_changelog_stage import stateful_changelog
+from service.kafka_to_delta.materializer import MaterializerConfig
+from service.kafka_to_delta.materializer_stage import StageConfig, materialize
 from service.kafka_to_delta.merge_sink import MergeOutcome, MergeSink
-from service.kafka_to_delta.net_changes import CHANGES_COLUMN, net_changes
+from service.kafka_to_delta.net_changes import CHANGES_COLUMN, TRUNCATE, net_changes
 from service.settings import PipelineSettings, Settings
 
 log = logging.getLogger(__name__)
-_DECODED_SPARK_SCHEMA = from_arrow_schema(DECODED_SCHEMA)
 _QUERY_ID_TIMEOUT_S = 60.0
-
-
-def _decode_partition(primary_key: tuple[str, ...], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    for batch in batches:
-        yield decode_batch(batch, primary_key)
 
 
 def app_id(pipeline: PipelineSettings, query_id: str | None) -> str:
@@ -46,15 +48,41 @@ def app_id(pipeline: PipelineSettings, query_id: str | None) -> str:
     return f"cdc-lakehouse/{pipeline.name}/{pipeline.table}/{query_id}"
 
 
-def raise_first_error(net: pa.Table) -> None:
-    """Stop at the earliest record (topic, partition, offset) that failed to decode."""
-    failed = net.filter(pc.is_valid(net.column("error")))
-    if failed.num_rows == 0:
-        return
-    first = min(failed.to_pylist(), key=lambda r: (r["topic"], r["partition"], r["offset"]))
-    where = SourceCoordinates(first["topic"], first["partition"], first["offset"], first["key"])
-    more = f"; {failed.num_rows - 1} more bad record(s) in this batch" if failed.num_rows > 1 else ""
-    raise DecodeError(first["error"] + more, where)
+def stage_config(pipeline: PipelineSettings) -> StageConfig:
+    """The materializer's configuration for one pipeline."""
+    rules = MaterializerConfig(
+        table=pipeline.table,
+        primary_key=pipeline.primary_key,
+        on_conflict=pipeline.on_conflict or "error",
+        tombstone_retention_ms=int(pipeline.tombstone_retention_seconds * 1000),
+    )
+    ttl_ms = int(pipeline.materializer_ttl_seconds * 1000)
+    return StageConfig(
+        rules=rules, compaction=pipeline.compaction, state_ttl_ms=ttl_ms,
+        whole_row_key=not pipeline.effective_upsert_key,
+    )
+
+
+def _split_truncates(changes: pa.Table) -> tuple[pa.Table, bool]:
+    """(the changes that survive the batch's source TRUNCATEs, whether the table is truncated).
+
+    A change before a TRUNCATE in the same topic partition is wiped by it; changes in other
+    partitions have no order relative to it and are applied after it.
+    """
+    is_truncate = pc.equal(changes.column("kind"), TRUNCATE)
+    truncates = changes.filter(is_truncate)
+    if truncates.num_rows == 0:
+        return changes, False
+    kept = changes.filter(pc.invert(is_truncate))
+    last: dict[tuple[str, int], int] = {}
+    for row in truncates.select(["topic", "partition", "offset"]).to_pylist():
+        where = (row["topic"], row["partition"])
+        last[where] = max(last.get(where, -1), row["offset"])
+    survives = [
+        offset > last.get((topic, partition), -1)
+        for topic, partition, offset in zip(*(kept.column(c).to_pylist() for c in ("topic", "partition", "offset")))
+    ]
+    return kept.filter(pa.array(survives, pa.bool_())), True
 
 
 class IngestPipeline:
@@ -69,8 +97,18 @@ class IngestPipeline:
         self.committed_batches = 0
         self.last_outcome: MergeOutcome | None = None
         self.failure: BaseException | None = None
+        self.dead_letters: DeadLetterStore | None = None
+        if pipeline.dead_letters is not None:
+            sink = DeadLetterSink.for_pipeline(settings, pipeline.name, pipeline.dead_letters)
+            self.dead_letters = lambda rows, batch_id: sink.store(rows, batch_id, app_id=self.app_id)
+        self.materializer_totals: dict[str, int] = {}
         self._query_id: str | None = None
         self._started = threading.Event()
+
+    @property
+    def name(self) -> str:
+        """The pipeline's name."""
+        return self.pipeline.name
 
     @property
     def app_id(self) -> str:
@@ -93,35 +131,54 @@ class IngestPipeline:
             reader = reader.option("maxOffsetsPerTrigger", str(self.pipeline.max_offsets_per_trigger))
         return reader.load()
 
-    def process_batch(self, raw: DataFrame, batch_id: int) -> None:
+    def process_batch(self, batch: DataFrame, batch_id: int) -> None:
         """One micro-batch; a failure is kept so the runner can report it as raised."""
         try:
-            self._process_batch(raw, batch_id)
+            self._process_batch(batch, batch_id)
         except BaseException as error:
             self.failure = error
             raise
 
-    def _process_batch(self, raw: DataFrame, batch_id: int) -> None:
+    def _net(self, batch: DataFrame) -> pa.Table:
+        # Exactly one action on the batch: a second one would run the stateful plan again.
+        net = batch if self.pipeline.materialized else net_changes(batch)
+        return net.toArrow()
+
+    def _process_batch(self, batch: DataFrame, batch_id: int) -> None:
         if not self._started.wait(_QUERY_ID_TIMEOUT_S):
             raise RuntimeError("streaming query id not known")
         name = self.pipeline.name
+        started = time.monotonic()
+        net = self._net(batch)
+        self._count_materializer(net)
+        failed = failed_rows(net)
+        metrics.DECODE_ERRORS.labels(name).inc(failed.num_rows)
+        handle_bad_records(name, failed, batch_id, self.dead_letters)
+        changes, truncate = _split_truncates(net.filter(pc.is_valid(net.column("kind"))))
+        reduced = time.monotonic()
         if self.sink.already_committed(self.app_id, batch_id):
             log.info("pipeline %s: batch %d already in Delta, skipped", name, batch_id)
             metrics.BATCHES.labels(name, "replay_skipped").inc()
             return
-        started = time.monotonic()
-        decoder = partial(_decode_partition, self.pipeline.primary_key)
-        net = net_changes(raw.mapInArrow(decoder, _DECODED_SPARK_SCHEMA)).toArrow()
-        metrics.DECODE_ERRORS.labels(name).inc(net.num_rows - net.column("error").null_count)
-        raise_first_error(net)
-        reduced = time.monotonic()
-        outcome = self.sink.apply(net, self.app_id, batch_id)
+        outcome = self.sink.apply(changes, self.app_id, batch_id, truncate=truncate)
         merged = time.monotonic()
         self._record(outcome, pc.sum(net.column(CHANGES_COLUMN)).as_py() or 0, merged - reduced, reduced - started)
         log.info(
             "pipeline %s: batch %d -> %s: %d upserts, %d deletes (read+decode+reduce %.2fs, merge %.2fs)",
             name, batch_id, self.table.uri, outcome.upserts, outcome.deletes, reduced - started, merged - reduced,
         )
+
+    def _count_materializer(self, net: pa.Table) -> None:
+        if not self.pipeline.materialized or net.num_rows == 0:
+            return
+        name = self.pipeline.name
+        total = {c: pc.sum(net.column(c)).as_py() or 0 for c in ("conflicts", "rollbacks", "stale_dropped",
+                                                                 "cleared_state_warnings")}
+        metrics.CONFLICTS.labels(name, self.pipeline.on_conflict or "error").inc(total["conflicts"])
+        metrics.ROLLBACKS.labels(name).inc(total["rollbacks"])
+        metrics.STALE_DROPPED.labels(name).inc(total["stale_dropped"])
+        metrics.CLEARED_STATE.labels(name).inc(total["cleared_state_warnings"])
+        self.materializer_totals = {k: self.materializer_totals.get(k, 0) + v for k, v in total.items()}
 
     def _record(self, outcome: MergeOutcome, changes: int, merge_s: float, reduce_s: float) -> None:
         name = self.pipeline.name
@@ -138,9 +195,13 @@ class IngestPipeline:
     def start(self, until_idle: bool) -> StreamingQuery:
         """Start the streaming query; `until_idle` reads what is there now, then ends."""
         self.spark.dataSource.register(KafkaSource)
+        stream = stateful_changelog(changelog_stream(self._source(), self.pipeline), self.pipeline)
+        if self.pipeline.materialized:
+            stream = materialize(stream, stage_config(self.pipeline), self.pipeline.watermark_delay_seconds)
         writer = (
-            self._source()
+            stream
             .writeStream.queryName(self.pipeline.name)
+            .outputMode("update")
             .foreachBatch(self.process_batch)
             .option("checkpointLocation", self.settings.checkpoint_dir(self.pipeline.name))
         )

@@ -27,7 +27,8 @@ pipelines:
     assert settings.kafka.client_config() == {"security.protocol": "SASL_SSL", "bootstrap.servers": "b:9092"}
     (pipeline,) = settings.pipelines
     assert pipeline.topics == ("t1",) and pipeline.primary_key == ("id",)
-    assert pipeline.format == "debezium-json" and pipeline.starting_offsets == "earliest"
+    assert pipeline.format == "json" and pipeline.starting_offsets == "earliest"
+    assert pipeline.from_changelog.preset == "debezium" and not pipeline.materialized
     assert settings.checkpoint_dir("c").endswith("/c")
     with pytest.raises(ValidationError):
         settings.checkpoint_root = "elsewhere"  # frozen
@@ -76,3 +77,41 @@ def test_unreadable_and_invalid_yaml(tmp_path):
         load_settings(_write(tmp_path, "pipelines: [\n"))
     with pytest.raises(ConfigError, match="must be a mapping"):
         load_settings(_write(tmp_path, "- a\n- b\n"))
+
+
+def _pipeline(**fields) -> dict:
+    return {"pipelines": [{"name": "p", "topics": ["t"], "table": "t", "primary_key": ["id"], **fields}]}
+
+
+@pytest.mark.parametrize("fields, why", [
+    ({"upsert_key": ["email"]}, "the upsert key (email) differs from the primary key (id)"),
+    ({"upsert_key": []}, "the upsert key ((none: the whole row))"),
+    ({"topics": ["a", "b"]}, "2 topics feed one table"),
+])
+def test_keys_that_differ_without_on_conflict_refuse_to_start_listing_the_choices(fields, why):
+    with pytest.raises(ConfigError) as raised:
+        settings_from_mapping(_pipeline(**fields))
+    message = str(raised.value)
+    assert why in message
+    assert all(f"`{choice}`" in message for choice in ("error", "nothing", "deduplicate"))
+
+
+def test_materializer_runs_when_keys_differ_or_forced_and_not_when_disabled():
+    assert settings_from_mapping(_pipeline(upsert_key="email", on_conflict="error")).pipelines[0].materialized
+    assert settings_from_mapping(_pipeline(upsert_materialize="force", on_conflict="nothing")).pipelines[0].materialized
+    assert not settings_from_mapping(_pipeline(upsert_key="email", upsert_materialize="none")).pipelines[0].materialized
+
+
+def test_invalid_op_mapping_is_rejected_naming_the_entry():
+    with pytest.raises(ConfigError, match="op_mapping entry 'x, y': 'INSERT, DELETE'"):
+        settings_from_mapping(_pipeline(from_changelog={"op_mapping": {"x, y": "INSERT, DELETE"}}))
+
+
+@pytest.mark.parametrize("fields, needle", [
+    ({"from_changelog": {"preset": "debezium", "invalid_op_handling": "DEAD_LETTER"}}, "dead_letters"),
+    ({"format": "avro-confluent"}, "schema_registry"),
+    ({"compaction": "watermark"}, "needs the materializer"),
+])
+def test_policies_need_their_stores(fields, needle):
+    with pytest.raises(ConfigError, match=needle):
+        settings_from_mapping(_pipeline(**fields))

@@ -1,0 +1,312 @@
+"""The Delta change data feed as a Spark streaming source (Python Data Source API), on delta-rs.
+
+`spark.readStream.format("delta_cdf")` yields the table's change feed: its columns plus
+`_change_type` (insert / update_preimage / update_postimage / delete), `_commit_version` and
+`_commit_timestamp`, read with `DeltaTable.load_cdf` on the executors. The source offset is
+`{"version": n}`, the next commit version to read; Spark keeps it in the checkpoint's offset
+log. One input partition reads a run of at most `versionsPerPartition` versions; its rows are
+sorted by `_commit_version`, in feed order within a version.
+
+Options (keys are case-insensitive):
+  path                    required: the table URI
+  storageOptions          JSON object of delta-rs storage options (endpoint, credentials)
+  startingVersion         first version to read: a number (default 0: the whole history) or
+                          `latest` (only versions committed after the query first started)
+  startingTimestamp       ISO-8601, instead of startingVersion: the first version committed at
+                          or after that instant
+  maxVersionsPerTrigger   admission control: at most this many versions per micro-batch
+  versionsPerPartition    versions one Spark task reads (default 16)
+
+Types handed to Spark: string and binary views or large variants become string / binary,
+zoned timestamps `timestamp[us, UTC]`, naive ones `timestamp[us]` (timestamp_ntz), unsigned
+integers the next wider signed type; `_commit_version` is int64.
+
+Schema: the table's schema when the query starts. delta-rs reads every version with the
+table's latest schema, so an older version has nulls in columns added later. When columns
+appear while the query runs (or the table is created after the query started), the source
+raises `ChangeFeedSchemaChanged`, a transient error: restarting the query reads the new
+schema and carries on from the checkpoint. A table that does not exist yet gives no batches.
+
+Missing history is never skipped silently: a version whose log entry was cleaned up, a gap
+in the log, or data files removed by VACUUM raise `ChangeFeedUnavailable` (terminal), naming
+the table and the versions.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError, TableNotFoundError
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.types import StructType
+
+from connectors.delta.delta_rs import DeltaRsTable
+from service.errors import ConfigError, TerminalError, TransientError
+
+FORMAT_NAME = "delta_cdf"
+CHANGE_TYPE = "_change_type"
+COMMIT_VERSION = "_commit_version"
+COMMIT_TIMESTAMP = "_commit_timestamp"
+FEED_COLUMNS = pa.schema(
+    [(CHANGE_TYPE, pa.string()), (COMMIT_VERSION, pa.int64()), (COMMIT_TIMESTAMP, pa.timestamp("us", tz="UTC"))]
+)
+LATEST = "latest"
+DEFAULT_VERSIONS_PER_PARTITION = 16
+_VERSION = "version"
+# Parts of delta-rs error texts that mean "this history is gone", as opposed to a storage hiccup.
+_GONE_MARKERS = ("Invalid table version", "Expected contiguous commit files", "not found", "NotFound")
+
+
+class ChangeFeedUnavailable(TerminalError):
+    """Versions the query still needs can no longer be read (log cleanup, VACUUM, a gap)."""
+
+
+class ChangeFeedSchemaChanged(TransientError):
+    """The table has columns the running query does not know; a restart picks them up."""
+
+
+class ChangeFeedReadError(TransientError):
+    """Reading the change feed failed in a way a retry may fix (storage unreachable)."""
+
+
+def spark_arrow_type(data_type: pa.DataType) -> pa.DataType:
+    """The Arrow type Spark accepts for a delta-rs column type (see the module docstring)."""
+    if pa.types.is_string(data_type) or pa.types.is_large_string(data_type) or pa.types.is_string_view(data_type):
+        return pa.string()
+    if pa.types.is_large_binary(data_type) or pa.types.is_binary_view(data_type):
+        return pa.binary()
+    if pa.types.is_timestamp(data_type):
+        return pa.timestamp("us", tz="UTC" if data_type.tz else None)
+    if pa.types.is_unsigned_integer(data_type):
+        return {8: pa.int16(), 16: pa.int32()}.get(data_type.bit_width, pa.int64())
+    if pa.types.is_struct(data_type):
+        return pa.struct([f.with_type(spark_arrow_type(f.type)) for f in data_type])
+    if pa.types.is_map(data_type):
+        return pa.map_(spark_arrow_type(data_type.key_type), spark_arrow_type(data_type.item_type))
+    if pa.types.is_list(data_type) or pa.types.is_large_list(data_type) or pa.types.is_list_view(data_type):
+        return pa.list_(spark_arrow_type(data_type.value_type))
+    return data_type
+
+
+def feed_schema(table_schema: pa.Schema | None) -> pa.Schema:
+    """The source's Arrow schema: the table's columns (Spark types) and the feed columns."""
+    columns = [] if table_schema is None else [f.with_type(spark_arrow_type(f.type)) for f in table_schema]
+    return pa.schema(columns + list(FEED_COLUMNS))
+
+
+def _describe(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0][:300] if lines else type(error).__name__
+
+
+def read_error(uri: str, first: int, last: int, error: BaseException) -> Exception:
+    """A delta-rs failure while reading versions first..last as one of our errors."""
+    text = str(error)
+    if isinstance(error, TableNotFoundError) or any(marker in text for marker in _GONE_MARKERS):
+        return ChangeFeedUnavailable(
+            f"table {uri}: the change feed of versions {first}..{last} can no longer be read; its log entries "
+            f"or data files were removed (log retention, VACUUM) before they were exported ({_describe(error)})"
+        )
+    return ChangeFeedReadError(f"table {uri}: reading the change feed of versions {first}..{last} failed: "
+                               f"{_describe(error)}")
+
+
+def conform(feed: pa.Table, schema: pa.Schema, uri: str, first: int, last: int) -> pa.Table:
+    """The feed with exactly the columns and types of `schema`; later-added columns are null."""
+    unknown = [name for name in feed.column_names if schema.get_field_index(name) < 0]
+    if unknown:
+        raise ChangeFeedSchemaChanged(
+            f"table {uri}: columns {', '.join(unknown)} appeared by version {last}; "
+            "restart the query to read them"
+        )
+    columns = []
+    for field in schema:
+        if field.name not in feed.column_names:
+            columns.append(pa.nulls(feed.num_rows, field.type))
+            continue
+        try:
+            columns.append(feed.column(field.name).cast(field.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            raise ChangeFeedSchemaChanged(
+                f"table {uri}: column {field.name} changed type by version {last}; restart the query to read it"
+            ) from None
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def read_versions(
+    uri: str, storage_options: dict[str, str] | None, first: int, last: int, schema: pa.Schema
+) -> pa.Table:
+    """The change feed of versions first..last (inclusive), sorted by version, in `schema`."""
+    try:
+        table = DeltaTable(uri, storage_options=storage_options or None)
+        # The arro3 reader is lazy: missing files surface while it is drained.
+        feed = pa.table(table.load_cdf(starting_version=first, ending_version=last))
+    except (DeltaError, TableNotFoundError, pa.ArrowException, OSError) as error:
+        raise read_error(uri, first, last, error) from None
+    conformed = conform(feed, schema, uri, first, last)
+    # sort_indices is stable: feed order within a version is kept.
+    return conformed.take(pc.sort_indices(conformed, [(COMMIT_VERSION, "ascending")]))
+
+
+class VersionRange(InputPartition):
+    """Commit versions [start, end) of one table for one Spark task."""
+
+    def __init__(self, start: int, end: int) -> None:
+        super().__init__((start, end))
+        self.start, self.end = start, end
+
+
+def _storage_options(lowered: dict[str, str]) -> dict[str, str]:
+    raw = lowered.get("storageoptions")
+    if not raw:
+        return {}
+    try:
+        parsed = json.loads(raw)
+    except json.JSONDecodeError:
+        raise ConfigError("the delta_cdf option 'storageOptions' must be a JSON object") from None
+    if not isinstance(parsed, dict):
+        raise ConfigError("the delta_cdf option 'storageOptions' must be a JSON object")
+    return {str(k): str(v) for k, v in parsed.items()}
+
+
+def _positive(lowered: dict[str, str], key: str, default: int | None) -> int | None:
+    raw = lowered.get(key)
+    if raw is None or raw == "":
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"the delta_cdf option '{key}' must be a positive integer")
+    return int(raw)
+
+
+class DeltaChangeFeedSource(DataSource):
+    """`spark.readStream.format("delta_cdf").option("path", uri)`: a Delta table's change feed."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def _lowered(self) -> dict[str, str]:
+        lowered = {k.lower(): v for k, v in self.options.items()}
+        if not lowered.get("path"):
+            raise ConfigError("the delta_cdf source needs the option 'path'")
+        return lowered
+
+    def schema(self) -> StructType:
+        lowered = self._lowered()
+        table = DeltaRsTable(lowered["path"], _storage_options(lowered))
+        return from_arrow_schema(feed_schema(table.schema()))
+
+    def streamReader(self, schema: StructType) -> "ChangeFeedStreamReader":
+        return ChangeFeedStreamReader(self._lowered(), to_arrow_schema(schema, timezone="UTC"))
+
+
+class ChangeFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Plans version ranges on the driver; reads them on executors."""
+
+    def __init__(self, lowered: dict[str, str], schema: pa.Schema) -> None:
+        self.uri = lowered["path"]
+        self.storage_options = _storage_options(lowered)
+        self.schema = schema
+        self.starting_version = lowered.get("startingversion", "0").strip().lower()
+        self.starting_timestamp = lowered.get("startingtimestamp")
+        if self.starting_version != LATEST and not self.starting_version.isdigit():
+            raise ConfigError("the delta_cdf option 'startingVersion' must be a version number or 'latest'")
+        self.max_versions = _positive(lowered, "maxversionspertrigger", None)
+        self.per_partition = _positive(lowered, "versionsperpartition", DEFAULT_VERSIONS_PER_PARTITION)
+        self.target: int | None = None
+        self._table: DeltaRsTable | None = None
+
+    def __getstate__(self) -> dict:
+        # Executors get a copy of the reader for read(); the driver's table handle stays behind.
+        return {**self.__dict__, "_table": None}
+
+    @property
+    def table(self) -> DeltaRsTable:
+        if self._table is None:
+            self._table = DeltaRsTable(self.uri, self.storage_options)
+        return self._table
+
+    def _next_version(self) -> int | None:
+        """One past the table's latest version; None while the table does not exist."""
+        try:
+            version = self.table.version()
+        except DeltaError as error:
+            raise ChangeFeedReadError(f"table {self.uri}: cannot read its latest version: {_describe(error)}") from None
+        return None if version is None else version + 1
+
+    def initialOffset(self) -> dict:
+        following = self._next_version()
+        if self.starting_timestamp:
+            return {_VERSION: self._first_version_at(self.starting_timestamp, following)}
+        if self.starting_version == LATEST:
+            return {_VERSION: following or 0}
+        return {_VERSION: int(self.starting_version)}
+
+    def _first_version_at(self, iso: str, following: int | None) -> int:
+        try:
+            instant = datetime.fromisoformat(iso.replace("Z", "+00:00"))
+        except ValueError:
+            raise ConfigError(f"the delta_cdf option 'startingTimestamp' is not ISO-8601: {iso!r}") from None
+        if following is None:
+            return 0
+        if instant.tzinfo is None:
+            instant = instant.replace(tzinfo=timezone.utc)
+        millis = int(instant.timestamp() * 1000)
+        history = DeltaTable(self.uri, storage_options=self.storage_options or None).history()
+        later = [c["version"] for c in history if c.get("timestamp", 0) >= millis]
+        return min(later) if later else following
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        # The unit of admission control is a commit version.
+        return ReadMaxRows(self.max_versions) if self.max_versions else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = self._next_version()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        begin = int(start[_VERSION])
+        following = self._next_version()
+        if following is None:
+            return {_VERSION: begin}
+        self._check_schema()
+        if self.target is not None:
+            following = min(following, self.target)
+        max_versions = getattr(limit, "max_rows", None) if isinstance(limit, ReadMaxRows) else None
+        end = following if max_versions is None else min(following, begin + max_versions)
+        return {_VERSION: max(end, begin)}
+
+    def _check_schema(self) -> None:
+        table_schema = self.table.schema()
+        unknown = [] if table_schema is None else [
+            f.name for f in table_schema if self.schema.get_field_index(f.name) < 0
+        ]
+        if unknown:
+            raise ChangeFeedSchemaChanged(
+                f"table {self.uri}: columns {', '.join(unknown)} appeared after the query started; "
+                "restart the query to read them"
+            )
+
+    def reportLatestOffset(self) -> dict | None:
+        following = self._next_version()
+        return None if following is None else {_VERSION: following}
+
+    def partitions(self, start: dict, end: dict) -> list[VersionRange]:
+        first, stop = int(start[_VERSION]), int(end[_VERSION])
+        return [VersionRange(s, min(s + self.per_partition, stop)) for s in range(first, stop, self.per_partition)]
+
+    def read(self, partition: VersionRange) -> Iterator[pa.RecordBatch]:
+        table = read_versions(self.uri, self.storage_options, partition.start, partition.end - 1, self.schema)
+        yield from table.to_batches()
+
+    def commit(self, end: dict) -> None:
+        """Nothing to do: progress lives in the Spark checkpoint."""
+
+    def stop(self) -> None:
+        self._table = None

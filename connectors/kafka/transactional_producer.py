@@ -1,0 +1,205 @@
+"""Exactly-once publishing: a batch of records and its position record in one Kafka transaction.
+
+A `TransactionalProducer` owns one `transactional.id`. `open()` calls `init_transactions`,
+which fences any older producer with the same id (a zombie of a crashed process) and aborts
+its open transaction, so afterwards this instance is the only writer for that id.
+
+`send_batch(records, position)` publishes the records to the output topic and the position
+record to the positions topic in ONE transaction: a read_committed consumer sees both or
+neither. `last_committed_position(key)` reads the positions topic back (read_committed, to
+its end); call it after `open()` so no transaction of our own id is still pending.
+
+Errors: fatal librdkafka errors (fenced by a newer instance, authorization) raise
+`TransactionFatal` (terminal); abortable and retriable ones abort the transaction and raise
+`TransactionAborted` (transient). After any error the producer must be closed and a new one
+opened: the outcome of a commit that timed out is only known by reading the position back.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterable
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from connectors.kafka.cluster import client_config
+from connectors.kafka.errors import KafkaUnavailable
+from service.errors import TerminalError, TransientError
+
+KafkaRecord = tuple[bytes | None, bytes | None, list[tuple[str, bytes]] | None]
+COMPACTED = {"cleanup.policy": "compact"}
+DEFAULT_TIMEOUT_S = 60.0
+_POLL_S = 0.5
+_BROKER_DEFAULT_REPLICATION = -1
+
+
+class TransactionAborted(TransientError):
+    """A transaction was aborted (or its outcome is unknown); publishing it again may succeed."""
+
+
+class TransactionFatal(TerminalError):
+    """The producer cannot go on: fenced by a newer instance with the same id, or not allowed."""
+
+
+@dataclass(frozen=True)
+class PositionRecord:
+    """The record committed next to a batch: `key` names the writer, `value` says how far it got."""
+
+    key: str
+    value: bytes
+
+
+def _error_of(exception: KafkaException) -> KafkaError | None:
+    error = exception.args[0] if exception.args else None
+    return error if isinstance(error, KafkaError) else None
+
+
+_FENCED_CODES = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED)
+# Not always flagged fatal by librdkafka, but retrying cannot help.
+_TERMINAL_CODES = _FENCED_CODES + (
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, KafkaError.TOPIC_AUTHORIZATION_FAILED,
+)
+
+
+class TransactionalProducer:
+    """One transactional producer writing batches to `output_topic`, positions to `positions_topic`."""
+
+    def __init__(
+        self,
+        config: dict[str, str],
+        transactional_id: str,
+        output_topic: str,
+        positions_topic: str,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        self.config = dict(config)
+        self.transactional_id = transactional_id
+        self.output_topic = output_topic
+        self.positions_topic = positions_topic
+        self.timeout_s = timeout_s
+        self._producer: Producer | None = None
+
+    def _where(self) -> str:
+        return f"transactional.id={self.transactional_id} topic={self.output_topic}"
+
+    def _wrap(self, exception: KafkaException, action: str) -> Exception:
+        error = _error_of(exception)
+        reason = error.str() if error is not None else str(exception)
+        if error is not None and (error.fatal() or error.code() in _TERMINAL_CODES):
+            fenced = error.code() in _FENCED_CODES
+            hint = " (a newer instance with the same transactional.id took over)" if fenced else ""
+            return TransactionFatal(f"{self._where()}: {action} failed: {reason}{hint}")
+        return TransactionAborted(f"{self._where()}: {action} failed: {reason}")
+
+    def open(self) -> None:
+        """Register the transactional id (fencing older instances) and make sure the positions topic exists."""
+        if self._producer is not None:
+            return
+        ensure_compacted_topic(self.config, self.positions_topic, self.timeout_s)
+        producer = Producer({
+            **self.config,
+            "transactional.id": self.transactional_id,
+            "enable.idempotence": True,
+            "acks": "all",
+        })
+        try:
+            producer.init_transactions(self.timeout_s)
+        except KafkaException as exception:
+            raise self._wrap(exception, "init_transactions") from None
+        self._producer = producer
+
+    def send_batch(self, records: Iterable[KafkaRecord], position: PositionRecord) -> None:
+        """Publish `records` and `position` atomically; on any error abort the transaction and raise."""
+        self.open()
+        producer = self._producer
+        try:
+            producer.begin_transaction()
+            for key, value, headers in records:
+                self._produce(self.output_topic, key, value, list(headers) if headers else None)
+            self._produce(self.positions_topic, position.key.encode(), position.value, None)
+            producer.commit_transaction(self.timeout_s)
+        except KafkaException as exception:
+            wrapped = self._wrap(exception, "publishing a batch")
+            self._abort_quietly()
+            raise wrapped from None
+        except BaseException:
+            self._abort_quietly()
+            raise
+
+    def _produce(self, topic: str, key: bytes | None, value: bytes | None, headers) -> None:
+        while True:
+            try:
+                self._producer.produce(topic, value=value, key=key, headers=headers)
+                return
+            except BufferError:
+                # The local queue is full: let librdkafka send some before queueing more.
+                self._producer.poll(_POLL_S)
+
+    def _abort_quietly(self) -> None:
+        try:
+            self._producer.abort_transaction(self.timeout_s)
+        except KafkaException:
+            pass  # fatal or unknown state: the next open() fences and aborts it anyway
+
+    def last_committed_position(self, key: str) -> bytes | None:
+        """The value of the last committed position record for `key`, or None if there is none."""
+        ensure_compacted_topic(self.config, self.positions_topic, self.timeout_s)
+        # Only committed positions count, whatever the configured options say.
+        committed_only = {"isolation.level": "read_committed", "enable.partition.eof": "true"}
+        consumer = Consumer({**client_config(self.config, "positions"), **committed_only})
+        try:
+            return _latest_value(consumer, self.positions_topic, key.encode(), self.timeout_s)
+        except KafkaException as exception:
+            raise KafkaUnavailable(f"topic={self.positions_topic}: cannot read positions: {exception}") from None
+        finally:
+            consumer.close()
+
+    def close(self) -> None:
+        """Release the producer; a later `open()` starts a fresh one (and fences this one)."""
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            producer.close()
+
+
+def _latest_value(consumer: Consumer, topic: str, key: bytes, timeout_s: float) -> bytes | None:
+    """Read every partition of `topic` to its end (read_committed); the last value for `key` wins."""
+    partitions = sorted(consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions)
+    ends = {
+        p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s, cached=False)[1]
+        for p in partitions
+    }
+    pending = {p for p, end in ends.items() if end > 0}
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(pending)])
+    latest: bytes | None = None
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        if time.monotonic() > deadline:
+            # An open transaction of another writer holds the stable offset below the end.
+            raise KafkaUnavailable(f"topic={topic}: positions not readable to their end within {timeout_s:.0f}s")
+        message = consumer.poll(_POLL_S)
+        if message is not None and message.error() is None and message.key() == key:
+            latest = message.value()
+        if message is not None and message.error() is not None and message.error().code() != KafkaError._PARTITION_EOF:
+            raise KafkaException(message.error())
+        # The position moves past transaction markers too, so it reaches the end offset.
+        positions = consumer.position([TopicPartition(topic, p) for p in pending])
+        pending -= {tp.partition for tp in positions if tp.offset >= ends[tp.partition]}
+    return latest
+
+
+def ensure_compacted_topic(config: dict[str, str], topic: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """Create `topic` (one partition, compacted) unless it exists."""
+    admin = AdminClient({**config})
+    try:
+        if topic in admin.list_topics(timeout=timeout_s).topics:
+            return
+        futures = admin.create_topics(
+            [NewTopic(topic, 1, _BROKER_DEFAULT_REPLICATION, config=COMPACTED)], operation_timeout=timeout_s
+        )
+        futures[topic].result(timeout_s)
+    except KafkaException as exception:
+        error = _error_of(exception)
+        if error is None or error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise KafkaUnavailable(f"topic={topic}: cannot create it: {exception}") from None

@@ -1,0 +1,29 @@
+"""Builds the export pipelines of a service configuration (Delta change feed -> Kafka)."""
+
+from __future__ import annotations
+
+from pyspark.sql import SparkSession
+
+from service.delta_to_kafka.avro_serializers import avro_serializers
+from service.delta_to_kafka.export_settings import ExportSettings
+from service.delta_to_kafka.output_formats import ExportEncoder
+from service.delta_to_kafka.pipeline import ExportPipeline
+from service.settings import Settings
+
+
+def export_pipeline(spark: SparkSession, settings: Settings, export: ExportSettings) -> ExportPipeline:
+    """One configured export as a supervised streaming query."""
+    uri = settings.lakehouse.table_uri(export.table)
+    storage = dict(settings.lakehouse.storage_options)
+    serializers = avro_serializers(export, uri, storage) if export.format == "avro-confluent" else (None, None)
+    encoder = ExportEncoder(export, *serializers)
+    return ExportPipeline(
+        spark, export.name, uri, export.topic, settings.kafka.client_config(), settings.checkpoint_dir(export.name),
+        encoder,
+        storage_options=storage,
+        starting_version=export.starting_version or 0,
+        starting_timestamp=export.starting_timestamp,
+        max_versions_per_trigger=export.max_versions_per_trigger,
+        trigger_interval_seconds=settings.trigger_interval_seconds,
+        encoder_state=encoder,
+    )

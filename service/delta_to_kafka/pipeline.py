@@ -1,0 +1,215 @@
+"""One export as a Spark streaming query: Delta change feed -> encoder -> Kafka, exactly once.
+
+Per micro-batch (the barrier): collect the batch's feed rows on the driver, sorted by
+`_commit_version` (feed order within a version); drop versions at or below the position
+committed in Kafka; encode the rest; publish the records and the new position (the last
+version the batch covers, from Spark's offset log) in one Kafka transaction.
+
+Commit order, enforced by `_process_batch` returning only after the Kafka commit:
+  1. the Kafka transaction commits the batch's records AND the export position;
+  2. Spark then marks the batch done in its checkpoint's commit log.
+A crash between 1 and 2 makes Spark replay the batch (the same versions, from its offset
+log) on restart; they are at or below the committed position, so the batch is skipped. A
+crash before 1 leaves the transaction open or aborted: the restarted producer's
+`init_transactions` aborts it and the replayed batch is published anew. Because only
+versions above the committed position are ever published, a lost checkpoint restarted from
+an older starting version publishes no version twice either. To publish a table again from
+the start, use a new export name (it is the transactional id and the position key).
+
+An optional encoder state (`EncoderState`) is snapshotted into the position record of every
+transaction and restored from the committed position whenever the producer is (re)opened,
+so state and published records never diverge.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import datetime
+from typing import Callable, Literal, Protocol
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from connectors.delta.change_feed import COMMIT_VERSION, FORMAT_NAME, DeltaChangeFeedSource
+from connectors.kafka.transactional_producer import KafkaRecord, TransactionalProducer
+from service import metrics
+from service.delta_to_kafka.export_position import ExportPosition, PositionStore, batch_end_version
+
+log = logging.getLogger(__name__)
+
+Encoder = Callable[[pa.Table], list[KafkaRecord]]
+DEFAULT_POSITIONS_TOPIC = "cdc-lakehouse.export-positions"
+DEFAULT_MAX_VERSIONS_PER_TRIGGER = 100
+TRANSACTIONAL_ID_PREFIX = "cdc-lakehouse-export-"
+
+
+class EncoderState(Protocol):
+    """State an encoder keeps between flushes (previous images, pending updates)."""
+
+    def snapshot(self) -> bytes:
+        """The state after the last encoded flush."""
+
+    def restore(self, snapshot: bytes | None) -> None:
+        """Continue from a snapshot (None: from empty state)."""
+
+
+def sort_feed(feed: pa.Table) -> pa.Table:
+    """Rows by commit version; sort_indices is stable, so feed order within a version is kept."""
+    return feed.take(pc.sort_indices(feed, [(COMMIT_VERSION, "ascending")]))
+
+
+def after_position(feed: pa.Table, committed: int | None) -> pa.Table:
+    """The rows of versions after the committed one (all rows when nothing is committed)."""
+    if committed is None:
+        return feed
+    return feed.filter(pc.greater(feed.column(COMMIT_VERSION), committed))
+
+
+class ExportPipeline:
+    """Runs one export of a Delta table's change feed to a Kafka topic as a streaming query."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        name: str,
+        table_uri: str,
+        output_topic: str,
+        kafka_config: dict[str, str],
+        checkpoint_dir: str,
+        encode: Encoder,
+        *,
+        storage_options: dict[str, str] | None = None,
+        starting_version: int | Literal["latest"] = 0,
+        starting_timestamp: datetime | None = None,
+        max_versions_per_trigger: int | None = DEFAULT_MAX_VERSIONS_PER_TRIGGER,
+        positions_topic: str = DEFAULT_POSITIONS_TOPIC,
+        trigger_interval_seconds: float = 1.0,
+        encoder_state: EncoderState | None = None,
+    ) -> None:
+        self.spark = spark
+        self.name = name
+        self.table_uri = table_uri
+        self.output_topic = output_topic
+        self.kafka_config = dict(kafka_config)
+        self.checkpoint_dir = checkpoint_dir
+        self.encode = encode
+        self.storage_options = dict(storage_options or {})
+        self.starting_version = starting_version
+        self.starting_timestamp = starting_timestamp
+        self.max_versions_per_trigger = max_versions_per_trigger
+        self.positions_topic = positions_topic
+        self.trigger_interval_seconds = trigger_interval_seconds
+        self.encoder_state = encoder_state
+        self.committed_batches = 0
+        self.skipped_batches = 0
+        self.position: ExportPosition | None = None
+        self.failure: BaseException | None = None
+        self._store: PositionStore | None = None
+
+    @property
+    def transactional_id(self) -> str:
+        """The Kafka transactional id of this export (one writer at a time)."""
+        return f"{TRANSACTIONAL_ID_PREFIX}{self.name}"
+
+    def _open_store(self) -> PositionStore:
+        """The position store with a freshly opened producer; state restored from Kafka."""
+        if self._store is None:
+            producer = TransactionalProducer(
+                self.kafka_config, self.transactional_id, self.output_topic, self.positions_topic
+            )
+            store = PositionStore(producer, self.name, self.table_uri)
+            self.position = store.committed()
+            if self.encoder_state is not None:
+                self.encoder_state.restore(None if self.position is None else self.position.state)
+            self._store = store
+            log.info("export %s: committed position %s", self.name,
+                     "none" if self.position is None else self.position.version)
+        return self._store
+
+    def _discard_store(self) -> None:
+        # After any failure the outcome of the last commit is unknown: it is re-read on reopen.
+        self.position = None
+        self.close()
+
+    def process_batch(self, feed: DataFrame, batch_id: int) -> None:
+        """One micro-batch; a failure is kept so the runner can report it as raised."""
+        try:
+            self._process_batch(feed, batch_id)
+        except BaseException as error:
+            self.failure = error
+            self._discard_store()
+            raise
+
+    def _process_batch(self, feed: DataFrame, batch_id: int) -> None:
+        store = self._open_store()
+        started = time.monotonic()
+        rows = sort_feed(feed.toArrow())
+        last = self._last_version(feed.sparkSession, batch_id, rows)
+        committed = None if self.position is None else self.position.version
+        if last is None or last < 0:
+            return  # no version covered yet (the table does not exist): nothing to publish
+        if committed is not None and last <= committed:
+            log.info("export %s: batch %d (to version %d) already in Kafka, skipped", self.name, batch_id, last)
+            self.skipped_batches += 1
+            metrics.BATCHES.labels(self.name, "replay_skipped").inc()
+            return
+        fresh = after_position(rows, committed)
+        records = self.encode(fresh)
+        state = None if self.encoder_state is None else self.encoder_state.snapshot()
+        encoded = time.monotonic()
+        self.position = store.publish(records, last, state)
+        self.committed_batches += 1
+        self._record(batch_id, fresh.num_rows, len(records), encoded - started, time.monotonic() - encoded)
+
+    def _last_version(self, spark: SparkSession, batch_id: int, rows: pa.Table) -> int | None:
+        """The last version the batch covers: from Spark's offset log, else the last feed row's."""
+        end = batch_end_version(spark, self.checkpoint_dir, batch_id)
+        if end is not None:
+            return end - 1
+        return pc.max(rows.column(COMMIT_VERSION)).as_py() if rows.num_rows else None
+
+    def _record(self, batch_id: int, rows: int, records: int, encode_s: float, publish_s: float) -> None:
+        metrics.BATCHES.labels(self.name, "committed" if records else "empty").inc()
+        metrics.STAGE_SECONDS.labels(self.name, "read_encode").observe(encode_s)
+        metrics.STAGE_SECONDS.labels(self.name, "publish").observe(publish_s)
+        log.info(
+            "export %s: batch %d -> %s: versions to %d, %d feed rows, %d records (read+encode %.2fs, publish %.2fs)",
+            self.name, batch_id, self.output_topic, self.position.version, rows, records, encode_s, publish_s,
+        )
+
+    def close(self) -> None:
+        """Release the Kafka producer (call once the query has stopped); a later batch opens a new one."""
+        store, self._store = self._store, None
+        if store is not None:
+            store.producer.close()
+
+    def _source(self) -> DataFrame:
+        reader = self.spark.readStream.format(FORMAT_NAME).option("path", self.table_uri)
+        if self.starting_timestamp is not None:
+            reader = reader.option("startingTimestamp", self.starting_timestamp.isoformat())
+        else:
+            reader = reader.option("startingVersion", str(self.starting_version))
+        if self.storage_options:
+            reader = reader.option("storageOptions", json.dumps(self.storage_options))
+        if self.max_versions_per_trigger:
+            reader = reader.option("maxVersionsPerTrigger", str(self.max_versions_per_trigger))
+        return reader.load()
+
+    def start(self, until_idle: bool) -> StreamingQuery:
+        """Start the streaming query; `until_idle` exports what is there now, then ends."""
+        self.spark.dataSource.register(DeltaChangeFeedSource)
+        writer = (
+            self._source()
+            .writeStream.queryName(self.name)
+            .foreachBatch(self.process_batch)
+            .option("checkpointLocation", self.checkpoint_dir)
+        )
+        if until_idle:
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(processingTime=f"{self.trigger_interval_seconds} seconds")
+        return writer.start()

@@ -1,0 +1,62 @@
+"""Kafka records -> changelog rows, on the executors (`mapInArrow`), under the pipeline's
+FROM_CHANGELOG configuration and input format (JSON, or Avro in the Confluent wire format).
+
+When several topics feed one table, each upsert key is prefixed with its topic: two sources
+claiming the same key are different upsert keys, which is what the materializer's
+`on_conflict` is about.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from connectors.schema_registry import ConfluentAvroDecoder, SchemaRegistryClient
+from service.kafka_to_delta.changelog_batch import CHANGELOG_SCHEMA, ChangelogBatchDecoder, Column
+from service.settings import PipelineSettings
+
+CHANGELOG_SPARK_SCHEMA = from_arrow_schema(CHANGELOG_SCHEMA)
+__all__ = ["CHANGELOG_SCHEMA", "CHANGELOG_SPARK_SCHEMA", "batch_decoder", "changelog_stream"]
+
+
+def batch_decoder(pipeline: PipelineSettings) -> ChangelogBatchDecoder:
+    """The picklable decoder of one pipeline (its format and FROM_CHANGELOG settings)."""
+    value_decoder = None
+    if pipeline.format == "avro-confluent":
+        registry = pipeline.schema_registry
+        auth = (registry.username, registry.password) if registry.username else None
+        value_decoder = ConfluentAvroDecoder(SchemaRegistryClient(registry.url, auth=auth))
+    return ChangelogBatchDecoder(
+        pipeline.changelog_settings, pipeline.primary_key, pipeline.effective_upsert_key, value_decoder=value_decoder
+    )
+
+
+def _topic_scoped(batch: pa.RecordBatch) -> pa.RecordBatch:
+    topics = batch.column(Column.TOPIC).to_pylist()
+    keys = batch.column(Column.UPSERT_KEY).to_pylist()
+    scoped = [None if k is None else json.dumps([t, json.loads(k)], separators=(",", ":"))
+              for t, k in zip(topics, keys)]
+    index = batch.schema.get_field_index(Column.UPSERT_KEY)
+    return batch.set_column(index, Column.UPSERT_KEY, pa.array(scoped, pa.string()))
+
+
+class _Decode:
+    """The `mapInArrow` function (a picklable callable)."""
+
+    def __init__(self, decoder: ChangelogBatchDecoder, scope_by_topic: bool) -> None:
+        self.decoder = decoder
+        self.scope_by_topic = scope_by_topic
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            decoded = self.decoder(batch)
+            yield _topic_scoped(decoded) if self.scope_by_topic else decoded
+
+
+def changelog_stream(raw: DataFrame, pipeline: PipelineSettings) -> DataFrame:
+    """The changelog rows (`CHANGELOG_SCHEMA`) of a Kafka record stream."""
+    return raw.mapInArrow(_Decode(batch_decoder(pipeline), len(pipeline.topics) > 1), CHANGELOG_SPARK_SCHEMA)

@@ -1,0 +1,233 @@
+"""The keyed-state materializer inside Spark: `transformWithState` over the sink primary key.
+
+The rules live in `service.kafka_to_delta.materializer` (pure Python); this module only moves
+rows between Spark and those rules and keeps each key's state in the RocksDB state store, so
+the state is checkpointed with the query and scales with Spark partitions.
+
+Barriers (`compaction`):
+- `batch`: every micro-batch is a barrier; a key's changes in the batch are applied in
+  arrival order (Kafka timestamp, then topic, partition, offset, change index) and collapse
+  into one net change.
+- `watermark`: a change waits in state until the event-time watermark (the largest event time
+  of the earlier micro-batches, minus the configured delay) has reached it; then every waiting
+  change of the key up to the watermark collapses, in arrival order, into one net change. The
+  event time is the change's own (FROM_CHANGELOG `order_by`), else its Kafka timestamp: the two
+  halves of one source transaction share it, so a barrier never falls between them as long as
+  no partition lags the others by more than the delay. A change that arrives already behind
+  the watermark is not dropped: it is applied at once, together with whatever of its key is due.
+
+Every compaction emits one row for the key (kind null when nothing changes) carrying the counters
+and the number of changes it applied. Rows that failed earlier stages pass through untouched
+(each under a key of its own), so the driver sees them with the net changes of the same batch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Literal
+
+import orjson
+from pyspark.sql import DataFrame, Row
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle, TimerValues
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from service.changes import ChangeKind
+from service.kafka_to_delta.materializer import Change, Materializer, MaterializerConfig, Outcome
+from service.kafka_to_delta.net_changes import NET_SCHEMA, error_group_key
+
+Compaction = Literal["batch", "watermark"]
+GROUP = "_group"
+EVENT_TIME = "event_time"
+_WATERMARK_COLUMN = "_event_ts"
+_STATE_SCHEMA = StructType([StructField("state", StringType())])
+_WAITING_FIELDS = (
+    ("kind", StringType()), ("upsert_key", StringType()), ("row", StringType()), ("types", StringType()),
+    ("unchanged", StringType()), ("sequence", StringType()), (EVENT_TIME, LongType()),
+    ("topic", StringType()), ("partition", LongType()), ("offset", LongType()), ("change_index", LongType()),
+    ("timestamp", LongType()),
+)
+_WAITING_SCHEMA = StructType([StructField(name, kind) for name, kind in _WAITING_FIELDS])
+_WAITING_NAMES = tuple(name for name, _ in _WAITING_FIELDS)
+_STAGE_COLUMNS = (GROUP, *_WAITING_NAMES)
+COUNTER_COLUMNS = ("conflicts", "rollbacks", "stale_dropped", "cleared_state_warnings", "state_bytes")
+ARRIVAL_ORDER = ("timestamp", "topic", "partition", "offset", "change_index")
+_NET_NAMES = tuple(NET_SCHEMA.names)
+_ERROR_PREFIX = error_group_key("")
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    """What the Spark adapter needs besides the rules' own config."""
+
+    rules: MaterializerConfig
+    compaction: Compaction = "batch"
+    state_ttl_ms: int = 0
+    whole_row_key: bool = False  # retract mode: no upsert key, the whole row identifies a change
+
+
+def _arrival(record: dict) -> tuple:
+    return tuple(record[name] for name in ARRIVAL_ORDER)
+
+
+def waiting_item(record: dict) -> tuple:
+    """A changelog record as an item of the `waiting` list state."""
+    return tuple(record.get(name) for name in _WAITING_NAMES)
+
+
+def _change(record: dict, whole_row_key: bool) -> Change:
+    sequence = record.get("sequence")
+    return Change(
+        key_mode="whole_row" if whole_row_key else "upsert_key",
+        kind=ChangeKind(record["kind"]),
+        upsert_key=record["upsert_key"],
+        row=record["row"],
+        position=(record["topic"], int(record["partition"]), int(record["offset"])),
+        sequence=None if sequence is None else tuple(orjson.loads(sequence)),
+    )
+
+
+def net_row(key: str, records: list[dict], outcome: Outcome) -> Row:
+    """The output row of one compaction of `key` (NET_SCHEMA); kind null when nothing changes."""
+    net, counters = outcome.net, outcome.counters
+    kind = row = unchanged = None
+    if net is not None:
+        kind = ChangeKind.DELETE.value if net.kind == "delete" else ChangeKind.UPDATE_AFTER.value
+        row = net.row
+        # A winner from an earlier barrier (a rollback) has no record here: its unchanged columns are unknown.
+        winner = next((r for r in reversed(records) if r["row"] == row), None) if row is not None else None
+        unchanged = winner.get("unchanged") if winner else None
+    last = records[-1]
+    values = dict.fromkeys(_NET_NAMES)
+    values.update(
+        key=key, kind=kind, row=row, unchanged=unchanged,
+        types=next((r["types"] for r in reversed(records) if r.get("types")), None),
+        topic=last["topic"], partition=int(last["partition"]), offset=int(last["offset"]),
+        timestamp=last.get("timestamp"), changes=len(records),
+        **{name: getattr(counters, name) for name in COUNTER_COLUMNS},
+    )
+    return Row(**values)
+
+
+def _passthrough(rows: Iterable[Row]) -> Iterator[Row]:
+    for source in rows:
+        record = source.asDict()
+        yield Row(**{name: record.get(name) for name in _NET_NAMES})
+
+
+class MaterializerProcessor(StatefulProcessor):
+    """Applies the rules per primary key; state: the rules' state text and the waiting changes."""
+
+    def __init__(self, config: StageConfig) -> None:
+        self.config = config
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        """Declare the state variables (with the stage's TTL, if any)."""
+        ttl = self.config.state_ttl_ms or None
+        self.handle = handle
+        self.rules = Materializer(self.config.rules)
+        self.state = handle.getValueState("rules", _STATE_SCHEMA, ttl)
+        if self.config.compaction == "watermark":
+            self.waiting = handle.getListState("waiting", _WAITING_SCHEMA, ttl)
+
+    def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: TimerValues) -> Iterator[Row]:
+        """Compact the key's changes of this micro-batch (batch), or those the watermark reached."""
+        group = key[0]
+        if group.startswith(_ERROR_PREFIX):
+            yield from _passthrough(rows)
+            return
+        records = sorted((row.asDict() for row in rows), key=_arrival)
+        if self.config.compaction == "batch":
+            yield self._compact(group, records, timerValues)
+            return
+        due = self._due(records, timerValues.getCurrentWatermarkInMs())
+        if due:
+            yield self._compact(group, due, timerValues)
+
+    def handleExpiredTimer(self, key: Any, timerValues: TimerValues, expiredTimerInfo: Any) -> Iterator[Row]:
+        """Watermark: compact what the watermark reached. Batch: prune tombstones past their retention."""
+        group = key[0]
+        if self.config.compaction == "batch":
+            self._prune(group, timerValues)
+            return
+        due = self._due([], timerValues.getCurrentWatermarkInMs())
+        if due:
+            yield self._compact(group, due, timerValues)
+
+    def _due(self, arrived: list[dict], watermark: int) -> list[dict]:
+        """The waiting and arrived changes the watermark reached, in arrival order; the rest wait."""
+        waiting = [dict(zip(_WAITING_NAMES, item)) for item in self.waiting.get()]
+        still = [r for r in waiting if r[EVENT_TIME] > watermark]
+        later = [r for r in arrived if r[EVENT_TIME] > watermark]
+        due = [r for r in waiting if r[EVENT_TIME] <= watermark] + [r for r in arrived if r[EVENT_TIME] <= watermark]
+        if len(still) == len(waiting):
+            if later:
+                self.waiting.appendList([waiting_item(r) for r in later])
+        elif still or later:
+            self.waiting.put([waiting_item(r) for r in still + later])
+        else:
+            self.waiting.clear()
+        for event_time in sorted({r[EVENT_TIME] for r in later}):
+            self.handle.registerTimer(int(event_time))
+        return sorted(due, key=_arrival)
+
+    def _compact(self, group: str, records: list[dict], timerValues: TimerValues) -> Row:
+        stored = self.state.get()
+        previous = stored[0] if stored is not None else None
+        changes = [_change(r, self.config.whole_row_key) for r in records]
+        outcome = self.rules.apply(group, previous, changes, _now_ms(timerValues))
+        self._keep(outcome, previous)
+        if outcome.wake_at_ms is not None and self.config.compaction == "batch":
+            self.handle.registerTimer(outcome.wake_at_ms)
+        return net_row(group, records, outcome)
+
+    def _prune(self, group: str, timerValues: TimerValues) -> None:
+        stored = self.state.get()
+        if stored is not None:
+            self._keep(self.rules.apply(group, stored[0], [], _now_ms(timerValues)), stored[0])
+
+    def _keep(self, outcome: Outcome, previous: str | None) -> None:
+        if outcome.new_state is None:
+            if previous is not None:
+                self.state.clear()
+        elif outcome.new_state != previous:
+            self.state.update((outcome.new_state,))
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def _now_ms(timerValues: TimerValues) -> int:
+    now = timerValues.getCurrentProcessingTimeInMs()
+    return now if now > 0 else int(time.time() * 1000)
+
+
+def _grouped(changelog: DataFrame, compaction: Compaction) -> DataFrame:
+    group = F.when(F.col("error").isNull(), F.col("key")).otherwise(
+        F.concat(F.lit(_ERROR_PREFIX), F.concat_ws(":", "topic", "partition", "offset"))
+    )
+    grouped = changelog.withColumn(GROUP, group)
+    if compaction == "watermark":
+        grouped = grouped.withColumn(EVENT_TIME, F.coalesce(F.col(EVENT_TIME), F.col("timestamp")))
+    return grouped
+
+
+def materialize(changelog: DataFrame, config: StageConfig, watermark_delay_seconds: float = 0.0) -> DataFrame:
+    """Net changes per primary key (NET_SCHEMA) through the keyed-state materializer.
+
+    With watermark compaction the watermark is declared on a column that is dropped before the
+    stateful operator: the query's watermark still advances (and fires the timers), but Spark
+    does not filter "late" rows out of the operator's input, which would silently lose changes.
+    """
+    grouped = _grouped(changelog, config.compaction)
+    time_mode = "ProcessingTime"
+    if config.compaction == "watermark":
+        grouped = grouped.withColumn(_WATERMARK_COLUMN, F.timestamp_millis(F.col(EVENT_TIME))).withWatermark(
+            _WATERMARK_COLUMN, f"{int(watermark_delay_seconds * 1000)} milliseconds"
+        )
+        time_mode = "EventTime"
+    carried = [*_STAGE_COLUMNS, "key", "error", "handling", "stage", "raw_key", "raw_value", "headers"]
+    return grouped.select(*carried).groupBy(GROUP).transformWithState(
+        MaterializerProcessor(config), NET_SCHEMA, "Update", time_mode
+    )
