@@ -26,10 +26,10 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from service import metrics
-from service.errors import ConfigError, TerminalError
-from service.failures import classify
 from service.delta_to_kafka.exports import export_pipeline
 from service.delta_to_kafka.pipeline import ExportPipeline
+from service.errors import ConfigError, TerminalError
+from service.failures import classify
 from service.kafka_to_delta.pipeline import IngestPipeline
 from service.settings import Settings
 from service.spark import build_spark

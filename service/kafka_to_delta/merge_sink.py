@@ -15,7 +15,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from connectors.delta.arrow_types import infer_types, merge_types, rows_to_table
-from connectors.delta.delta_rs import DELETE_FLAG, DeltaRsTable, DeltaSchemaError
+from connectors.delta.delta_rs import DELETE_FLAG, DeltaSchemaError
+from connectors.delta.engines import DeltaEngineTable
 from connectors.delta.merge_plan import keep_flag
 from service.changes import ChangeKind
 
@@ -83,7 +84,7 @@ def _with_keep_flags(batch: pa.Table, net: pa.Table, primary_key: tuple[str, ...
 class MergeSink:
     """Writes net changes of one pipeline into one Delta table, idempotently per batch."""
 
-    def __init__(self, table: DeltaRsTable, primary_key: tuple[str, ...]) -> None:
+    def __init__(self, table: DeltaEngineTable, primary_key: tuple[str, ...]) -> None:
         self.table = table
         self.primary_key = primary_key
 
@@ -121,6 +122,9 @@ class MergeSink:
         if existing is None:
             self.table.create(typed.schema)
         typed = _with_keep_flags(typed.append_column(DELETE_FLAG, deletes), net, self.primary_key)
-        self.table.merge(typed, self.primary_key, app_id, batch_id, truncate=truncate)
+        if truncate:
+            self.table.merge(typed, self.primary_key, app_id, batch_id, truncate=True)
+        else:
+            self.table.merge(typed, self.primary_key, app_id, batch_id)
         n_deletes = pc.sum(deletes).as_py() or 0
         return MergeOutcome(batch_id, net.num_rows - n_deletes, n_deletes, truncated=truncate)

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from connectors.delta.delta_rs import DeltaRsTable
+from connectors.delta.engines import open_table
 from connectors.kafka.source import FORMAT_NAME, KafkaSource
 from service import metrics
 from service.kafka_to_delta.bad_records import (
@@ -92,7 +92,8 @@ class IngestPipeline:
         self.spark = spark
         self.settings = settings
         self.pipeline = pipeline
-        self.table = DeltaRsTable(settings.lakehouse.table_uri(pipeline.table), settings.lakehouse.storage_options)
+        lakehouse = settings.lakehouse
+        self.table = open_table(lakehouse.engine, lakehouse.table_uri(pipeline.table), lakehouse.storage_options, spark)
         self.sink = MergeSink(self.table, pipeline.primary_key)
         self.committed_batches = 0
         self.last_outcome: MergeOutcome | None = None

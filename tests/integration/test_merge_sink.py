@@ -74,3 +74,17 @@ def test_unchanged_toast_column_keeps_the_stored_value(tmp_path):
     net = net.append_column("unchanged", pa.array([json.dumps(["body"]), None]))
     sink.apply(net, APP, 1)
     assert _rows(uri) == [{"id": 1, "body": "large text", "rev": 2}, {"id": 2, "body": "new", "rev": 2}]
+
+
+def test_truncate_empties_the_table_in_the_same_commit_as_the_later_changes(tmp_path):
+    uri = tmp_path / "t"
+    sink = MergeSink(DeltaRsTable(str(uri)), ("id",))
+    types = {"id": "int32", "name": "string"}
+    sink.apply(_net(*[(ChangeKind.INSERT, {"id": i, "name": "x"}, types) for i in range(5)]), APP, 0)
+    before = DeltaTable(str(uri)).version()
+    outcome = sink.apply(_net((ChangeKind.INSERT, {"id": 9, "name": "after"}, types)), APP, 1, truncate=True)
+    assert outcome.truncated and DeltaTable(str(uri)).version() == before + 1
+    assert _rows(uri) == [{"id": 9, "name": "after"}]
+    empty = _net((ChangeKind.INSERT, {"id": 1, "name": "y"}, types)).slice(0, 0)
+    sink.apply(empty, APP, 2, truncate=True)
+    assert _rows(uri) == [] and DeltaTable(str(uri)).transaction_version(APP) == 2
