@@ -130,7 +130,7 @@ class Runner:
                 for entry in self.supervised:
                     self._supervise(entry)
                 if all(e.finished for e in self.supervised):
-                    if self._exports_started:
+                    if self._exports_started or not self.settings.exports:
                         break
                     log.info("every ingest pipeline is idle: starting the exports")
                     self._start_exports()

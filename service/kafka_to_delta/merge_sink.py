@@ -19,6 +19,7 @@ from connectors.delta.delta_rs import DELETE_FLAG, DeltaSchemaError
 from connectors.delta.engines import DeltaEngineTable
 from connectors.delta.merge_plan import keep_flag
 from service.changes import ChangeKind
+from service.kafka_to_delta.net_changes import EARLIER_IMAGES
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,34 @@ def _conform(batch: pa.Table, existing: pa.Schema | None, table_uri: str) -> pa.
     return pa.Table.from_arrays(columns, schema=pa.schema(fields))
 
 
+def fill_unchanged(row: dict, unchanged: list[str], images: list[dict]) -> tuple[dict, list[str]]:
+    """(row, columns still unchanged): each unchanged column taken from the latest of the key's
+    earlier `images` (source order, `row` JSON text without its own unchanged columns) holding it."""
+    known: dict = {}
+    for image in images:
+        if image["row"] is not None:
+            known.update(json.loads(image["row"]))
+    filled = {c for c in unchanged if c in known}
+    ordered = {**known, **row}  # the complete image's column order
+    return ({c: v for c, v in ordered.items() if c in row or c in filled},
+            [c for c in unchanged if c not in filled])
+
+
+def _filled(net: pa.Table) -> pa.Table:
+    """Net rows whose unchanged columns an earlier image of the batch holds, filled from it."""
+    if EARLIER_IMAGES not in net.column_names or net.column(EARLIER_IMAGES).null_count == net.num_rows:
+        return net
+    texts, lefts = [], []
+    for text, unchanged, images in zip(*(net.column(c).to_pylist() for c in ("row", "unchanged", EARLIER_IMAGES))):
+        if images and unchanged and text is not None:
+            row, left = fill_unchanged(json.loads(text), json.loads(unchanged), images)
+            text, unchanged = json.dumps(row, separators=(",", ":")), json.dumps(left) if left else None
+        texts.append(text)
+        lefts.append(unchanged)
+    net = net.set_column(net.schema.get_field_index("row"), "row", pa.array(texts, pa.string()))
+    return net.set_column(net.schema.get_field_index("unchanged"), "unchanged", pa.array(lefts, pa.string()))
+
+
 def _with_keep_flags(batch: pa.Table, net: pa.Table, primary_key: tuple[str, ...]) -> pa.Table:
     """One `_cdc_keep__<column>` flag per column some row left unchanged (a TOAST placeholder)."""
     if "unchanged" not in net.column_names or net.column("unchanged").null_count == net.num_rows:
@@ -101,6 +130,7 @@ class MergeSink:
         """
         if self.already_committed(app_id, batch_id):
             return MergeOutcome(batch_id, 0, 0, skipped_replay=True)
+        net = _filled(net)
         if net.num_rows == 0:
             if truncate and self.table.schema() is not None:
                 self.table.truncate(app_id, batch_id)

@@ -6,6 +6,10 @@ source order (topic, partition, offset, change_index: a record may hold a -U and
 A retraction (-U, -D) as the last change deletes the key. Rows that failed an earlier stage
 are kept, one row each, so the driver can act on them.
 
+When the last change leaves columns unchanged (Debezium could not read them: a TOAST value),
+the key's row images of the batch from its last complete one on travel along in
+`EARLIER_IMAGES`: the stored value may only exist in this batch, the sink fills it from there.
+
 Both this reduction and the materializer produce `NET_SCHEMA`.
 """
 
@@ -22,6 +26,8 @@ _ERROR_KEY_PREFIX = "\u0000error:"
 _TRUNCATE_KEY_PREFIX = "\u0000truncate:"
 TRUNCATE = "TRUNCATE"
 _HEADERS = "headers"
+EARLIER_IMAGES = "earlier_images"
+_IMAGE_KINDS = (ChangeKind.INSERT.value, ChangeKind.UPDATE_BEFORE.value, ChangeKind.UPDATE_AFTER.value)
 
 NET_SCHEMA = StructType(
     [
@@ -47,6 +53,8 @@ NET_SCHEMA = StructType(
         StructField("stale_dropped", LongType()),
         StructField("cleared_state_warnings", LongType()),
         StructField("state_bytes", LongType()),
+        StructField(EARLIER_IMAGES, ArrayType(StructType([StructField("row", StringType()),
+                                                           StructField("unchanged", StringType())]))),
     ]
 )
 """Net changes (kind +U upsert or -D delete; null kind for error rows and counter-only rows)."""
@@ -76,13 +84,32 @@ def _net_kind(kind: Column) -> Column:
     )
 
 
+def _image_aggregates(order: Column) -> list[Column]:
+    """The key's last complete row image and its images that left columns unchanged."""
+    image = F.struct(order.alias("order"), F.col("row"), F.col("unchanged"))
+    is_image = F.col("kind").isin(*_IMAGE_KINDS)
+    complete = F.max_by(image, F.when(is_image & F.col("unchanged").isNull(), order))
+    partial = F.collect_list(F.when(is_image & F.col("unchanged").isNotNull(), image))
+    return [complete.alias("complete"), partial.alias("partial")]
+
+
+def _earlier_images() -> Column:
+    """Row images from the last complete one on, in source order; null unless the net row lacks columns."""
+    complete = F.col("complete")
+    since = F.filter(F.col("partial"), lambda image: complete.isNull() | (image["order"] > complete["order"]))
+    images = F.array_sort(F.when(complete.isNull(), since).otherwise(F.concat(F.array(complete), since)))
+    shown = F.transform(images, lambda image: F.struct(image["row"].alias("row"),
+                                                       image["unchanged"].alias("unchanged")))
+    return F.when(F.col("last.unchanged").isNotNull(), shown)
+
+
 def net_changes(changelog: DataFrame) -> DataFrame:
     """One row per key: the last change in source order, plus one row per failed record."""
     order = F.struct("topic", "partition", "offset", "change_index")
     carried = [F.col(c) for c in _CARRIED + _ERROR_CARRIED]
     last = F.max_by(F.struct(*carried, F.col("key").alias("source_key")), order)
     grouped = changelog.groupBy(_group_key().alias("group_key")).agg(
-        last.alias("last"), F.count("*").alias(CHANGES_COLUMN)
+        last.alias("last"), F.count("*").alias(CHANGES_COLUMN), *_image_aggregates(order)
     )
     zero = F.lit(0).cast("long")
     columns = {
@@ -92,5 +119,6 @@ def net_changes(changelog: DataFrame) -> DataFrame:
         **{c: F.col(f"last.{c}") for c in _CARRIED if c != "kind"},
         **{c: F.col(f"last.{c}") for c in _ERROR_CARRIED},
         **{c: zero for c in ("conflicts", "rollbacks", "stale_dropped", "cleared_state_warnings", "state_bytes")},
+        EARLIER_IMAGES: _earlier_images(),
     }
     return grouped.select(*[columns[f.name].cast(f.dataType).alias(f.name) for f in NET_SCHEMA.fields])

@@ -7,6 +7,7 @@ The cases it always contains:
 - `tags` without a primary key (REPLICA IDENTITY FULL; its rows are kept distinct, so it is a set);
 - `documents` whose large, incompressible `body` (> 8 KB, stored out of line) stays unchanged
   while `revision` changes: Debezium sends its unavailable-value placeholder for `body`;
+- a `TRUNCATE tags` a third of the way through the streaming phase, right followed by new rows;
 - NULLs, negative and extreme numbers, dates before 1970, non-UTC offsets, quotes and non-ASCII text.
 """
 
@@ -74,6 +75,9 @@ STREAMED_STATEMENTS = {
     ("documents", "delete"): 3,
 }
 BULK_UPDATE = "UPDATE orders SET shipped = TRUE, note = 'bulk' WHERE status = 'paid' AND NOT shipped"
+TRUNCATED_TABLE = "tags"
+REFILL_ROWS = 60
+"""Rows inserted right after the truncate, so that the table's later updates and deletes find rows."""
 LARGE_BODY_CHARS = (9_000, 14_000)
 SMALL_BODY_CHARS = (40, 400)
 BODY_ALPHABET = string.ascii_letters + string.digits + " "
@@ -250,6 +254,11 @@ class Workload:
             self.large_documents.add(rid)
         return self._update("documents", {**changes, "body": self._text(LARGE_BODY_CHARS)}, {"id": rid})
 
+    def _truncate_tags(self) -> str:
+        self.tags = _Pool()
+        refill = self._insert(TRUNCATED_TABLE, [self._tag() for _ in range(REFILL_ROWS)])
+        return f"TRUNCATE {TRUNCATED_TABLE};\n{refill}"
+
     def _statement(self, table: str, op: str) -> str:
         if op == "insert":
             return self._insert(table, [self._new_row(table, large=self.rng.random() < 0.5)])
@@ -281,7 +290,11 @@ class Workload:
         """The streamed phase: shuffled single-row statements, some alone, most in transactions."""
         ops = [key for key, count in STREAMED_STATEMENTS.items() for _ in range(count)]
         self.rng.shuffle(ops)
-        statements = [self._statement(table, op) for table, op in ops]
+        statements = []
+        for index, (table, op) in enumerate(ops):
+            if index == len(ops) // 3:
+                statements.append(self._truncate_tags())
+            statements.append(self._statement(table, op))
         statements.insert(len(statements) // 2, BULK_UPDATE + ";")
         script, position = [], 0
         while position < len(statements):

@@ -1,0 +1,195 @@
+"""The bad-record policies through the real pipeline: Kafka (2 partitions) -> `cdc-lakehouse run` -> Delta.
+
+Every partition holds 5 good changes, 1 bad record, 5 good changes: partition 0's bad record is
+not JSON (`decode_error_handling`), partition 1's has an unknown op code (`invalid_op_handling`).
+Both carry a marker standing for personal data that must never reach an error or a log line.
+
+- FAIL stops at the earliest bad record naming topic, partition and offset; nothing of its batch
+  is committed, and a second run stops at the same record.
+- LOG and SKIP keep every good change; LOG warns with the coordinates (never the payload), SKIP
+  says nothing.
+- DEAD_LETTER keeps every good change and stores the bad records byte for byte, with their
+  headers and the error metadata, in the dead-letter topic (read read_committed) and table.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from deltalake import DeltaTable
+
+from service.errors import DecodeError
+from service.kafka_to_delta.dead_letters import DlqHeader
+from service.runner import Runner
+from service.settings import settings_from_mapping
+from service.workload import create_topics
+from tests.pipeline_harness import run_cli, table_rows, table_version, write_config
+
+pytestmark = pytest.mark.slow
+PII = "pii-secret-4711"
+PARTITIONS = 2
+GOOD_BEFORE = GOOD_AFTER = 5
+BAD_OFFSET = GOOD_BEFORE
+BAD_HEADERS = [("trace-id", b"t-\xff\x00"), ("source", b"crm")]
+# partition -> (Kafka key, value, the reason the error names, the stage that rejects it)
+BAD = {
+    0: (b'{"id":900}', b'{"id": 900, "email": "' + PII.encode() + b'" not json', "is not valid JSON", "decode"),
+    1: (b'{"id":901}', json.dumps({"before": None, "after": {"id": 901, "name": PII}, "op": "z"}).encode(),
+        "unknown op code 'z'", "from_changelog"),
+}
+POLICIES = ("LOG", "SKIP", "DEAD_LETTER")
+
+
+def _envelope(op: str, row: dict | None, before: dict | None = None) -> bytes:
+    return json.dumps({"before": before, "after": row, "op": op}).encode()
+
+
+def _good(partition: int, count: int, start: int, table: dict[int, dict]) -> list[tuple[bytes, bytes]]:
+    """`count` good changes of partition `partition` (new keys, and updates of earlier ones), applied to `table`."""
+    records = []
+    for n in range(start, start + count):
+        key = partition * 100 + n
+        op, before = "c", None
+        if n >= GOOD_BEFORE and n % 2:  # some changes after the bad record update a key from before it
+            key, op = partition * 100 + n - GOOD_BEFORE, "u"
+            before = table[key]
+        row = {"id": key, "name": f"{op}-{partition}-{n}", "score": n * 10 + partition}
+        table[key] = row
+        records.append((json.dumps({"id": key}).encode(), _envelope(op, row, before)))
+    return records
+
+
+def _produce(bootstrap: str, topic: str) -> list[dict]:
+    """5 good, 1 bad, 5 good in each partition; the table a correct pipeline ends with."""
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    table: dict[int, dict] = {}
+    for partition in range(PARTITIONS):
+        key, value, _, _ = BAD[partition]
+        before = _good(partition, GOOD_BEFORE, 0, table)
+        after = _good(partition, GOOD_AFTER, GOOD_BEFORE, table)
+        for record_key, record_value in before:
+            producer.produce(topic, key=record_key, value=record_value, partition=partition)
+        producer.produce(topic, key=key, value=value, partition=partition, headers=BAD_HEADERS)
+        for record_key, record_value in after:
+            producer.produce(topic, key=record_key, value=record_value, partition=partition)
+    assert producer.flush(30) == 0
+    return [table[k] for k in sorted(table)]
+
+
+def _produce_one(bootstrap: str, topic: str, key: bytes, value: bytes) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap})
+    producer.produce(topic, key=key, value=value, partition=1)
+    assert producer.flush(30) == 0
+
+
+def _pipeline(name: str, topic: str, policy: str, **extra) -> dict:
+    return {"name": name, "topics": [topic], "table": name, "primary_key": ["id"],
+            "from_changelog": {"preset": "debezium", "decode_error_handling": policy, "invalid_op_handling": policy},
+            **extra}
+
+
+def _run_in_process(bootstrap: str, workdir: Path, pipeline: dict) -> None:
+    settings = settings_from_mapping({
+        "kafka": {"bootstrap_servers": bootstrap}, "lakehouse": {"root": str(workdir / "tables")},
+        "checkpoint_root": str(workdir / "checkpoints"), "pipelines": [pipeline],
+    })
+    runner = Runner(settings)
+    runner.start(until_idle=True)
+    runner.wait()
+
+
+def _read_committed(bootstrap: str, topic: str, timeout_s: float = 30.0) -> list:
+    """Every committed record of `topic`, each partition read to its end."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{topic}",
+                         "isolation.level": "read_committed", "enable.auto.commit": "false",
+                         "session.timeout.ms": "6000"})
+    try:
+        partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+                for p in partitions}
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        pending, records, deadline = {p for p, end in ends.items() if end > 0}, [], time.monotonic() + timeout_s
+        while pending and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                records.append(message)
+            done = consumer.position([TopicPartition(topic, p) for p in pending])
+            pending -= {tp.partition for tp in done if tp.offset >= ends[tp.partition]}
+        assert not pending, f"partitions {pending} of {topic} not read to their end"
+        return records
+    finally:
+        consumer.close()
+
+
+def test_fail_stops_at_the_first_bad_record_and_commits_nothing_of_its_batch(spark, kafka_bootstrap, unique, workdir):
+    topic = f"policy-fail-{unique}"
+    create_topics(kafka_bootstrap, [topic], PARTITIONS)
+    earlier = {"id": 999, "name": "committed before", "score": 0}
+    _produce_one(kafka_bootstrap, topic, b'{"id":999}', _envelope("c", earlier))
+    pipeline = _pipeline("p_fail", topic, "FAIL")
+    _run_in_process(kafka_bootstrap, workdir, pipeline)
+    uri = workdir / "tables" / "p_fail"
+    version = table_version(uri)
+    assert table_rows(uri) == [earlier]
+
+    _produce(kafka_bootstrap, topic)
+    for _attempt in range(2):  # nothing of the batch was committed, so a restart meets the same record
+        with pytest.raises(DecodeError) as raised:
+            _run_in_process(kafka_bootstrap, workdir, pipeline)
+        message = str(raised.value)
+        assert f"topic={topic} partition=0 offset={BAD_OFFSET} key={{\"id\":900}}" in message, message
+        assert BAD[0][2] in message and "1 more bad record(s) in this batch" in message, message
+        assert PII not in message
+        assert table_rows(uri) == [earlier] and table_version(uri) == version
+
+
+def _dead_letter_config(unique: str) -> dict:
+    return {"topic": f"dlq-{unique}", "table": "p_dead_letter_dlq", "positions_topic": f"dlq-positions-{unique}"}
+
+
+def _assert_dead_letters(bootstrap: str, workdir: Path, topic: str, dlq: dict) -> None:
+    messages = {int(dict(m.headers())[DlqHeader.PARTITION]): m for m in _read_committed(bootstrap, dlq["topic"])}
+    stored = {row["partition"]: row for row in DeltaTable(str(workdir / "tables" / dlq["table"])).to_pyarrow_table()
+              .to_pylist()}
+    assert sorted(messages) == sorted(stored) == list(BAD)
+    for partition, (key, value, reason, stage) in BAD.items():
+        message, row = messages[partition], stored[partition]
+        assert (message.key(), message.value()) == (row["key"], row["value"]) == (key, value)
+        headers = message.headers()
+        assert headers[:len(BAD_HEADERS)] == BAD_HEADERS
+        assert [(h["key"], h["value"]) for h in row["headers"]] == BAD_HEADERS
+        metadata = dict(headers[len(BAD_HEADERS):])
+        assert metadata[DlqHeader.TOPIC] == topic.encode() and metadata[DlqHeader.OFFSET] == str(BAD_OFFSET).encode()
+        assert metadata[DlqHeader.STAGE] == stage.encode() and metadata[DlqHeader.PIPELINE] == b"p_dead_letter"
+        assert reason in metadata[DlqHeader.ERROR].decode() and PII not in metadata[DlqHeader.ERROR].decode()
+        assert (row["topic"], row["offset"], row["stage"], row["pipeline"]) == (topic, BAD_OFFSET, stage,
+                                                                                "p_dead_letter")
+        assert row["error"] == metadata[DlqHeader.ERROR].decode()
+        assert str(row["batch_id"]).encode() == metadata[DlqHeader.BATCH]
+
+
+def test_log_skip_and_dead_letter_keep_every_good_change(kafka_bootstrap, unique, workdir):
+    topics = {policy: f"policy-{policy.lower()}-{unique}" for policy in POLICIES}
+    dlq = _dead_letter_config(unique)
+    create_topics(kafka_bootstrap, topics.values(), PARTITIONS)
+    create_topics(kafka_bootstrap, [dlq["topic"]], 1)
+    expected = {policy: _produce(kafka_bootstrap, topic) for policy, topic in topics.items()}
+    pipelines = [_pipeline(f"p_{policy.lower()}", topics[policy], policy) for policy in POLICIES]
+    pipelines[-1]["dead_letters"] = dlq
+    config = write_config(workdir / "config.yaml", kafka_bootstrap, workdir, pipelines)
+    result = run_cli(config, "--until-idle")
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    for policy in POLICIES:
+        assert table_rows(workdir / "tables" / f"p_{policy.lower()}") == expected[policy], policy
+    warnings = [line for line in result.stderr.splitlines() if "dropped a bad record" in line]
+    assert len(warnings) == PARTITIONS and all("pipeline p_log:" in line for line in warnings), warnings
+    for partition, (key, _, reason, stage) in BAD.items():
+        where = f"topic={topics['LOG']} partition={partition} offset={BAD_OFFSET} key={key.decode()}"
+        assert any(where in line and reason in line and f"[stage {stage}]" in line for line in warnings), where
+    assert PII not in result.stderr and PII not in result.stdout, "a payload reached the output"
+    _assert_dead_letters(kafka_bootstrap, workdir, topics["DEAD_LETTER"], dlq)
