@@ -130,8 +130,9 @@ def error_coordinates(row: Mapping[str, Any]) -> SourceCoordinates:
 class _Output:
     """Output rows (computed columns) and, per row, the input record they came from."""
 
-    def __init__(self, decode_handling: str) -> None:
+    def __init__(self, decode_handling: str, keep_raw: bool = False) -> None:
         self.decode_handling = decode_handling
+        self.keep_raw = keep_raw  # every row keeps its record's bytes (late rows may be dead-lettered)
         self.rows: list[tuple] = []
         self.source: list[int] = []
         self.error_source: list[int | None] = []
@@ -175,7 +176,7 @@ class _Output:
         transposed = list(zip(*self.rows)) or [()] * len(_COMPUTED)
         for field, values in zip(_COMPUTED, transposed):
             columns[field.name] = pa.array(values, field.type)
-        failed = pa.array(self.error_source, pa.int64())
+        failed = source if self.keep_raw else pa.array(self.error_source, pa.int64())
         for name, raw in ((Column.RAW_KEY, KafkaColumn.KEY), (Column.RAW_VALUE, KafkaColumn.VALUE),
                           (Column.HEADERS, KafkaColumn.HEADERS)):
             columns[name] = records.column(raw).take(failed)
@@ -199,7 +200,8 @@ class ChangelogBatchDecoder:
 
     def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """Convert one batch in `RAW_SCHEMA` to one in `CHANGELOG_SCHEMA`, in source order."""
-        out = _Output(self.settings.decode_error_handling)
+        keep_raw = self.settings.order_by is not None and self.settings.late_handling == "dead_letter"
+        out = _Output(self.settings.decode_error_handling, keep_raw)
         keys = batch.column(KafkaColumn.KEY).to_pylist()
         values = batch.column(KafkaColumn.VALUE).to_pylist()
         for index, (key, value) in enumerate(zip(keys, values)):

@@ -7,8 +7,7 @@ group and micro-batch, in this order:
   event time of the earlier micro-batches minus `watermark_delay_seconds`) reaches them, then
   leave in event-time order. A row already behind the watermark when it arrives is late: it
   becomes an error row (stage 'late'), handling SKIP (`late_handling: drop`: counted, not
-  applied) or DEAD_LETTER. Without ORDER BY the watermark follows the Kafka record time and
-  only drives the state cleanup below.
+  applied) or DEAD_LETTER.
 - Upsert unzip (`state_ttl_seconds`): the previous image per key decides +I / -U / +U
   (`UpsertUnzip`). Its TTL is processing time since the key's last access and is checked on
   every access, so an expired image is never used; state TTL of the store itself is refused in
@@ -23,9 +22,13 @@ compacted key take the position of its last row; `change_index` is renumbered to
 `_INDEX_STRIDE * change_index + n` (n counting the rows sharing a position) so that this order
 is the order the stage emitted them in.
 
-Error rows and TRUNCATE markers pass through untouched, each under a group of its own. The
-Spark watermark is declared on a column dropped before the operator, so Spark itself never
-filters rows as late: this stage decides, and can dead-letter them.
+Error rows and TRUNCATE markers pass through untouched, each under a group of its own.
+
+Time: event-time mode always. Processing-time mode would make Spark run a micro-batch on every
+trigger forever (an `--until-idle` run would never end) and would not hand the watermark on to
+a materializer behind this stage. The query's one watermark is declared here (see
+`stateful_changelog`) on a column dropped before the operator, so Spark itself never filters
+rows as late: this stage decides, and can dead-letter them.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle, TimerValues
@@ -45,7 +49,7 @@ from service.kafka_to_delta.dead_letters import Stage
 from service.kafka_to_delta.decode_stage import CHANGELOG_SPARK_SCHEMA
 from service.kafka_to_delta.event_time_order import EventTimeBuffer, compact
 from service.kafka_to_delta.from_changelog import Marker
-from service.kafka_to_delta.from_changelog_settings import FromChangelogSettings, LateHandling
+from service.kafka_to_delta.from_changelog_settings import FromChangelogSettings, LateHandling, RecordHandling
 from service.kafka_to_delta.upsert_unzip import UpsertUnzip
 from service.settings import PipelineSettings
 
@@ -64,7 +68,7 @@ _INDEX_STRIDE = 4
 # Columns a late row keeps: where it came from and its original bytes (the rest is nulled, as on
 # the error rows of the decode stage, so that no later stage takes it for a change).
 _LATE_KEPT = (*_POSITION, *_RAW)
-LATE_HANDLING: dict[str, str] = {"drop": "SKIP", "dead_letter": "DEAD_LETTER"}
+LATE_HANDLING: dict[LateHandling, RecordHandling] = {"drop": "SKIP", "dead_letter": "DEAD_LETTER"}
 """`late_handling` -> the `handling` of the late row's error row."""
 
 
@@ -92,7 +96,7 @@ def _watermark(timer_values: TimerValues) -> int | None:
     return watermark if watermark > 0 else None
 
 
-def _late_row(row: dict, handling: str, reason: str) -> dict:
+def _late_row(row: dict, handling: RecordHandling, reason: str) -> dict:
     late = {name: row.get(name) for name in _LATE_KEPT}
     return {**late, Column.ERROR: reason, Column.HANDLING: handling, Column.STAGE: Stage.LATE.value}
 
@@ -227,7 +231,7 @@ def needs_state(pipeline: PipelineSettings) -> bool:
     return settings.stateful or settings.order_by is not None
 
 
-def _group_key() -> Any:
+def _group_key() -> SparkColumn:
     position = F.concat_ws(":", Column.TOPIC, Column.PARTITION, Column.OFFSET, Column.CHANGE_INDEX)
     passthrough = F.col(Column.ERROR).isNotNull() | (F.col(Column.KIND) == Marker.TRUNCATE.value)
     return F.when(passthrough, F.concat(F.lit(PASSTHROUGH_PREFIX), position)).otherwise(
@@ -235,26 +239,32 @@ def _group_key() -> Any:
     )
 
 
-def _with_watermark(changelog: DataFrame, settings: FromChangelogSettings) -> DataFrame:
+def _with_watermark(changelog: DataFrame, pipeline: PipelineSettings) -> DataFrame:
+    """The query's one watermark (a second one after this operator would stall its releases)."""
+    settings = pipeline.from_changelog
     if settings.order_by is not None:
-        column, delay_ms = Column.EVENT_TIME, int(settings.watermark_delay_seconds * 1000)
+        moment, delay_s = F.col(Column.EVENT_TIME), settings.watermark_delay_seconds
+    elif pipeline.materialized and pipeline.compaction == "watermark":
+        moment, delay_s = F.coalesce(Column.EVENT_TIME, Column.TIMESTAMP), pipeline.watermark_delay_seconds
     else:
-        column, delay_ms = Column.TIMESTAMP, 0  # only drives the cleanup timers of expired images
-    moment = F.timestamp_millis(F.col(column))
-    return changelog.withColumn(_WATERMARK_COLUMN, moment).withWatermark(_WATERMARK_COLUMN, f"{delay_ms} milliseconds")
+        moment, delay_s = F.col(Column.TIMESTAMP), 0.0  # drives only the cleanup of expired images
+    delay = f"{int(delay_s * 1000)} milliseconds"
+    return changelog.withColumn(_WATERMARK_COLUMN, F.timestamp_millis(moment)).withWatermark(_WATERMARK_COLUMN, delay)
 
 
 def stateful_changelog(changelog: DataFrame, pipeline: PipelineSettings) -> DataFrame:
     """The changelog after FROM_CHANGELOG's stateful steps (unchanged when none is configured).
 
     Output schema: `CHANGELOG_SCHEMA`, so the materializer or the per-batch reduction follows
-    unchanged. The operator runs in event-time mode and declares the query's watermark.
+    unchanged. The operator runs in event-time mode and declares the query's watermark: on
+    `order_by` with its delay; else, when the materializer compacts on a watermark, on the
+    column and delay it uses; else on the Kafka record time. A materializer behind it uses
+    this watermark and must not declare its own.
     """
     if not needs_state(pipeline):
         return changelog
-    settings = pipeline.from_changelog
-    grouped = _with_watermark(changelog, settings).withColumn(GROUP, _group_key())
-    processor = OrderAndUnzipProcessor(OrderAndUnzipConfig.of(settings))
+    grouped = _with_watermark(changelog, pipeline).withColumn(GROUP, _group_key())
+    processor = OrderAndUnzipProcessor(OrderAndUnzipConfig.of(pipeline.from_changelog))
     return grouped.select(*_NAMES, GROUP).groupBy(GROUP).transformWithState(
         processor, CHANGELOG_SPARK_SCHEMA, "Update", "EventTime"
     )
