@@ -7,7 +7,8 @@ Value layouts follow the export's record layout (`output_formats`):
 - before/after images (`before` and `after` set, or -U/+U combined): op, passthrough fields,
   and one nullable record per image field (one record when both name the same field);
 - flat: op, the columns and the passthrough change-feed columns.
-Every column is nullable, so partial deletes (key columns only) fit the same schema.
+Every column is nullable with default null, so partial deletes (key columns only) fit the
+same schema; a reader decodes the columns they leave out as null (Avro has no absent fields).
 
 The schema is derived from the table when the first record is encoded (so an export may be
 configured before its table exists) and derived again when a record carries a column the

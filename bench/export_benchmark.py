@@ -1,0 +1,280 @@
+"""Export benchmark: a Delta table's change feed -> TO_CHANGELOG -> Kafka, exactly once.
+
+Builds a Delta table with `--changes` change-feed rows in a few large commits (delta-rs
+directly: 40 % inserts in the first commit, then three MERGE commits of updates and
+deletes), exports it once with `ExportPipeline` until idle, one version per micro-batch (the
+service's export path: change feed source, TO_CHANGELOG with per-flush compaction, the
+record layout, one Kafka transaction per micro-batch), checks that a
+read_committed consumer sees exactly the records the plan implies, and prints the figures.
+The output topic is deleted at the end (the embedded broker keeps everything in memory).
+
+Figures: feed rows and records; export seconds from query start to its end (Spark is
+already up) and from the first to the last committed batch; feed rows per second; peak
+RSS of this process tree (driver, JVM, Python workers; the broker is measured apart).
+
+    .venv/bin/python bench/export_benchmark.py --changes 100000
+    .venv/bin/python bench/export_benchmark.py                      # 1,000,000 feed rows
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import tempfile
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka.admin import AdminClient
+from deltalake import DeltaTable, write_deltalake
+
+from connectors.kafka.local_broker import LocalBroker
+from service.delta_to_kafka.exports import export_pipeline
+from service.settings import SparkSettings, settings_from_mapping
+from service.spark import build_spark
+from service.workload import create_topics
+
+TABLE = "bench_export"
+BROKER_COMMAND = "noida-db"
+UPDATE_COMMITS = 3
+INSERT_SHARE = 0.4
+SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("amount", pa.float64()), ("active", pa.bool_())])
+_RSS_SAMPLE_S = 0.5
+_CONSUME_BATCH = 10_000
+_MAX_RESPONSE_BYTES = 1 << 30
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command line flags."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--changes", type=int, default=1_000_000, help="change-feed rows in the table")
+    parser.add_argument("--preset", choices=["debezium", "flat"], default="debezium")
+    parser.add_argument("--bootstrap", help="use this broker instead of starting a LocalBroker")
+    return parser.parse_args(argv)
+
+
+@contextmanager
+def broker(bootstrap: str | None, workdir: Path) -> Iterator[tuple[str, int | None]]:
+    """(bootstrap servers, broker pid or None): the given broker, or a LocalBroker for the run."""
+    if bootstrap:
+        yield bootstrap, None
+        return
+    with LocalBroker(workdir / "broker") as local:
+        yield local.bootstrap_servers, _child_named(os.getpid(), BROKER_COMMAND)
+
+
+def _child_named(parent: int, command: str) -> int | None:
+    """The pid of a child process of `parent` running `command` (from /proc)."""
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+        except OSError:
+            continue
+        if int(fields["PPid"]) == parent and fields["Name"].strip() == command:
+            return int(status.parent.name)
+    return None
+
+
+def _rows(ids: list[int], version: int) -> pa.Table:
+    return pa.table({
+        "id": ids, "name": [f"v{version}-{i}" for i in ids], "amount": [i * 0.25 + version for i in ids],
+        "active": [(i + version) % 2 == 0 for i in ids],
+    }, schema=SCHEMA)
+
+
+def build_table(uri: str, changes: int, seed: int = 5) -> dict[str, int]:
+    """The table and its plan: {'inserts', 'updates', 'deletes', 'feed_rows', 'versions'}."""
+    rng = random.Random(seed)
+    inserts = int(changes * INSERT_SHARE)
+    per_commit = (changes - inserts) // UPDATE_COMMITS  # feed rows: 2 per update, 1 per delete
+    deletes = per_commit // 5
+    updates = (per_commit - deletes) // 2
+    write_deltalake(uri, _rows(list(range(inserts)), 1), configuration={"delta.enableChangeDataFeed": "true"})
+    live = list(range(inserts))
+    for version in range(2, UPDATE_COMMITS + 2):
+        picked = rng.sample(live, updates + deletes)
+        gone = set(picked[updates:])
+        source = _rows(picked, version).append_column("deleted", pa.array([i in gone for i in picked]))
+        (DeltaTable(uri).merge(source, "t.id = s.id", source_alias="s", target_alias="t")
+         .when_matched_delete(predicate="s.deleted")
+         .when_matched_update(updates={c: f"s.{c}" for c in SCHEMA.names if c != "id"}, predicate="NOT s.deleted")
+         .execute())
+        live = [i for i in live if i not in gone]
+    total_updates, total_deletes = updates * UPDATE_COMMITS, deletes * UPDATE_COMMITS
+    return {"inserts": inserts, "updates": total_updates, "deletes": total_deletes,
+            "feed_rows": inserts + 2 * total_updates + total_deletes, "versions": UPDATE_COMMITS + 1}
+
+
+def expected_records(plan: dict[str, int], preset: str) -> int:
+    """Records one export publishes when every flush holds one version: one per change,
+    an update's pre- and post-image as one; the Debezium preset adds a tombstone per delete."""
+    tombstones = plan["deletes"] if preset == "debezium" else 0
+    return plan["inserts"] + plan["updates"] + plan["deletes"] + tombstones
+
+
+def _tree_rss_mib(root: int, exclude: int | None) -> float:
+    """Summed RSS of `root` and its descendants except the `exclude` subtree, from /proc."""
+    parents, rss = {}, {}
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+        except OSError:
+            continue
+        pid = int(status.parent.name)
+        parents[pid] = int(fields["PPid"])
+        rss[pid] = int(fields.get("VmRSS", "0 kB").split()[0])
+    tree, grew = {root}, True
+    while grew:
+        found = {pid for pid, ppid in parents.items() if ppid in tree and pid != exclude} - tree
+        tree, grew = tree | found, bool(found)
+    return sum(rss.get(pid, 0) for pid in tree) / 1024
+
+
+class RssSampler(threading.Thread):
+    """Peak RSS of this process tree and, apart, of the broker, sampled in the background."""
+
+    def __init__(self, root: int, broker_pid: int | None) -> None:
+        super().__init__(daemon=True)
+        self.root, self.broker_pid = root, broker_pid
+        self.peak = self.broker_peak = 0.0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(_RSS_SAMPLE_S):
+            self.peak = max(self.peak, _tree_rss_mib(self.root, self.broker_pid))
+            if self.broker_pid:
+                self.broker_peak = max(self.broker_peak, _tree_rss_mib(self.broker_pid, None))
+
+
+class BatchTimes(logging.Handler):
+    """Times of the export's `batch N -> ...` log lines (logged after each Kafka commit)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.times: list[float] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if " -> " in record.getMessage() and ": batch " in record.getMessage():
+            self.times.append(record.created)
+
+
+def count_committed(bootstrap: str, topic: str) -> int:
+    """Records a read_committed consumer sees on partition 0 of `topic`."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}",
+                         "isolation.level": "read_committed", "enable.partition.eof": True,
+                         "enable.auto.commit": False,
+                         # The embedded broker may answer a fetch with more than the 100 MB default.
+                         "receive.message.max.bytes": _MAX_RESPONSE_BYTES})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    count = 0
+    try:
+        while True:
+            messages = consumer.consume(_CONSUME_BATCH, timeout=30)
+            if not messages:
+                raise SystemExit(f"FAILED: no end of {topic} within 30 s")
+            for message in messages:
+                if message.error() is None:
+                    count += 1
+                elif message.error().code() == KafkaError._PARTITION_EOF:
+                    return count
+                else:
+                    raise SystemExit(f"FAILED: consumer error {message.error()}")
+    finally:
+        consumer.close()
+
+
+def run_export(bootstrap: str, workdir: Path, topic: str, args: argparse.Namespace,
+               sampler: RssSampler) -> dict[str, float]:
+    """Export the table until idle; seconds from query start and between first and last batch."""
+    name = f"bench-{uuid.uuid4().hex[:8]}"
+    settings = settings_from_mapping({
+        "kafka": {"bootstrap_servers": bootstrap}, "lakehouse": {"root": str(workdir / "tables")},
+        "checkpoint_root": str(workdir / "checkpoints"),
+        "exports": [{"name": name, "table": TABLE, "topic": topic, "primary_key": "id", "preset": args.preset,
+                     "max_versions_per_trigger": 1}],
+    })
+    spark = build_spark(SparkSettings(master="local[*]"))
+    batches = BatchTimes()
+    logging.getLogger("service.delta_to_kafka.pipeline").addHandler(batches)
+    sampler.start()
+    pipeline = export_pipeline(spark, settings, settings.exports[0])
+    started = time.time()
+    query = pipeline.start(until_idle=True)
+    try:
+        query.awaitTermination()
+    finally:
+        pipeline.close()
+    ended = time.time()
+    sampler.done.set()
+    if query.exception() is not None:
+        raise SystemExit(f"FAILED: export query ended with {query.exception()}")
+    between = batches.times[-1] - batches.times[0] if len(batches.times) > 1 else 0.0
+    return {"seconds": ended - started, "first_batch": batches.times[0] - started, "between": between,
+            "batches": pipeline.committed_batches}
+
+
+def delete_topic(bootstrap: str, topic: str) -> None:
+    """Delete the output topic (the embedded broker keeps all data in memory)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 5})
+    for future in admin.delete_topics([topic], operation_timeout=60).values():
+        future.result()
+
+
+def report(plan: dict[str, int], build_s: float, run: dict[str, float], records: int, sampler: RssSampler) -> None:
+    """Print the figures."""
+    rows = plan["feed_rows"]
+    later = rows - plan["inserts"]  # the first batch holds the inserts' version
+    figures = [
+        ("table", f"{rows:,} feed rows", f"{plan['versions']} versions, built in {build_s:.1f} s "
+                                         f"({plan['inserts']:,} inserts, {plan['updates']:,} updates, "
+                                         f"{plan['deletes']:,} deletes)"),
+        ("export, until idle", f"{run['seconds']:.1f} s", f"{rows / run['seconds']:,.0f} feed rows/s, "
+                                                          f"{records / run['seconds']:,.0f} records/s, "
+                                                          f"{run['batches']} batches"),
+        ("  to first commit", f"{run['first_batch']:.1f} s", "query start, Python workers, first version"),
+        ("  batches 2..N", f"{run['between']:.1f} s", f"{later / run['between']:,.0f} feed rows/s"
+                                                      if run["between"] else "-"),
+        ("records published", f"{records:,}", "read back read_committed, equal to the plan"),
+        ("peak RSS", f"{sampler.peak:,.0f} MiB", "driver + JVM + Python workers"),
+        ("broker peak RSS", f"{sampler.broker_peak:,.0f} MiB", "embedded noida-db"),
+    ]
+    for name, figure, note in figures:
+        print(f"{name:<20}{figure:>20}   {note}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark once."""
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("service.delta_to_kafka.pipeline").setLevel(logging.INFO)
+    topic = f"bench.export.{uuid.uuid4().hex[:12]}"
+    with tempfile.TemporaryDirectory(prefix="cdc-export-bench-") as tmp, broker(args.bootstrap, Path(tmp)) as (
+        bootstrap, broker_pid,
+    ):
+        workdir = Path(tmp)
+        started = time.perf_counter()
+        plan = build_table(str(workdir / "tables" / TABLE), args.changes)
+        build_s = time.perf_counter() - started
+        create_topics(bootstrap, [topic], 1)
+        sampler = RssSampler(os.getpid(), broker_pid)
+        try:
+            run = run_export(bootstrap, workdir, topic, args, sampler)
+            records = count_committed(bootstrap, topic)
+            want = expected_records(plan, args.preset)
+            if records != want:
+                raise SystemExit(f"FAILED: {records:,} records published, the plan implies {want:,}")
+        finally:
+            sampler.done.set()
+            delete_topic(bootstrap, topic)
+    report(plan, build_s, run, records, sampler)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""Ingest and export in one `cdc-lakehouse run --until-idle` process.
+
+Debezium envelopes (a synthetic workload of inserts, updates, deletes and tombstones) are
+ingested into a Delta table; two exports publish that table's change feed in the same run,
+as Debezium envelopes (no tombstones) and as flat records. An independent read_committed
+consumer replays each output topic (upsert by key, delete on the delete code), checking
+every record against the replayed state: a create or insert only for an absent key, an
+update's and a delete's before image equal to the key's current row. The replay ends
+exactly equal to the Delta table read back with deltalake. A second run publishes nothing.
+
+In until-idle mode the runner starts the exports after the ingests finished, so one run
+publishes everything it ingested: the first run alone must reproduce the table.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+from deltalake import DeltaTable
+
+from service.changes import DebeziumOp, Envelope
+from service.workload import DebeziumWorkload, create_topics, produce
+from tests.pipeline_harness import run_cli, table_rows, table_version, write_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+EVENTS, KEYS = 4_000, 700
+OUTPUT_PARTITIONS = 3
+TABLE = "customers"
+CREATE_CODES = {DebeziumOp.CREATE.value, DebeziumOp.READ.value}
+FLAT_UPSERT_CODES = {"INSERT", "UPDATE_AFTER"}
+
+
+def consume_committed(bootstrap: str, topic: str, partitions: int) -> dict[int, list[tuple]]:
+    """Every record of `topic` a read_committed consumer sees: partition -> [(key, value, headers)]."""
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, "group.id": f"replay-{topic}", "isolation.level": "read_committed",
+        "enable.partition.eof": True, "enable.auto.commit": False, "session.timeout.ms": 6000,
+    })
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    records: dict[int, list[tuple]] = {p: [] for p in range(partitions)}
+    at_end: set[int] = set()
+    try:
+        while len(at_end) < partitions:
+            message = consumer.poll(30)
+            assert message is not None, f"no end of {topic} within 30s"
+            if message.error() is not None:
+                assert message.error().code() == KafkaError._PARTITION_EOF, message.error()
+                at_end.add(message.partition())
+                continue
+            records[message.partition()].append((message.key(), message.value(), message.headers()))
+    finally:
+        consumer.close()
+    return records
+
+
+def json_form(row: dict) -> dict:
+    """A Delta row as the exports write it (timestamps as ISO-8601 text; the rest is JSON already)."""
+    shown = {}
+    for column, value in row.items():
+        if isinstance(value, datetime) and value.tzinfo is None:
+            value = value.strftime("%Y-%m-%dT%H:%M:%S.%f")
+        elif isinstance(value, datetime):
+            value = value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        shown[column] = value
+    return shown
+
+
+def replay_debezium(records: dict[int, list[tuple]]) -> dict[int, dict]:
+    """Apply Debezium envelopes partition by partition (a key lives in one partition)."""
+    state: dict[int, dict] = {}
+    for partition, in_order in records.items():
+        for raw_key, raw_value, _ in in_order:
+            key = json.loads(raw_key)["id"]
+            assert raw_value is not None, f"partition {partition}: a tombstone although tombstones are off"
+            envelope = json.loads(raw_value)
+            op = envelope[Envelope.OP]
+            if op in CREATE_CODES:
+                assert key not in state and envelope[Envelope.BEFORE] is None, f"create of live key {key}"
+            else:
+                assert envelope[Envelope.BEFORE] == state.get(key), f"{op} of key {key}: before image != replay"
+            if op == DebeziumOp.DELETE.value:
+                assert envelope[Envelope.AFTER] is None
+                del state[key]
+            else:
+                assert envelope[Envelope.AFTER]["id"] == key
+                state[key] = envelope[Envelope.AFTER]
+    return state
+
+
+def replay_flat(records: dict[int, list[tuple]]) -> dict[int, dict]:
+    """Apply flat records: INSERT / UPDATE_AFTER upsert, DELETE (key columns only) deletes."""
+    state: dict[int, dict] = {}
+    for in_order in records.values():
+        for raw_key, raw_value, _ in in_order:
+            key = json.loads(raw_key)["id"]
+            value = json.loads(raw_value)
+            op = value.pop("op")
+            if op == "DELETE":
+                assert value == {"id": key}, "a partial delete carries the key columns only"
+                assert key in state, f"delete of absent key {key}"
+                del state[key]
+                continue
+            assert op in FLAT_UPSERT_CODES, op
+            assert (key in state) == (op == "UPDATE_AFTER"), f"{op} of key {key}"
+            state[key] = value
+    return state
+
+
+def _config(workdir, bootstrap: str, source: str, unique: str):
+    pipeline = {"name": f"ingest-{unique}", "topics": [source], "table": TABLE, "primary_key": ["id"],
+                "max_offsets_per_trigger": 1_500}
+    exports = [
+        {"name": f"dbz-{unique}", "table": TABLE, "topic": f"out.dbz.{unique}", "primary_key": ["id"],
+         "preset": "debezium", "tombstones": False, "max_versions_per_trigger": 2},
+        {"name": f"flat-{unique}", "table": TABLE, "topic": f"out.flat.{unique}", "primary_key": ["id"],
+         "preset": "flat", "max_versions_per_trigger": 1},
+    ]
+    return write_config(workdir / "config.yaml", bootstrap, workdir, [pipeline], exports=exports), exports
+
+
+def test_one_process_ingests_and_exports_exactly_once(kafka_bootstrap, unique, workdir):
+    workload = DebeziumWorkload(f"db.customers.{unique}", 4, "always", seed=21, with_timestamp=True)
+    create_topics(kafka_bootstrap, [workload.topic], 4)
+    produced = produce(kafka_bootstrap, workload.generate(EVENTS, KEYS))
+    assert produced >= EVENTS
+    config, exports = _config(workdir, kafka_bootstrap, workload.topic, unique)
+    dbz_topic, flat_topic = (e["topic"] for e in exports)
+    create_topics(kafka_bootstrap, [dbz_topic, flat_topic], OUTPUT_PARTITIONS)
+
+    first = run_cli(config, "--until-idle")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "starting the exports" in first.stderr
+    uri = workdir / "tables" / TABLE
+    table = table_rows(uri)
+    assert table == workload.expected_rows()
+    assert DeltaTable(str(uri)).version() >= 2, "several ingest batches, so the exports span several versions"
+    expected = {row["id"]: json_form(row) for row in table}
+
+    dbz = consume_committed(kafka_bootstrap, dbz_topic, OUTPUT_PARTITIONS)
+    flat = consume_committed(kafka_bootstrap, flat_topic, OUTPUT_PARTITIONS)
+    assert replay_debezium(dbz) == expected
+    assert replay_flat(flat) == expected
+    assert sum(map(len, dbz.values())) >= len(expected)
+
+    version = table_version(uri)
+    second = run_cli(config, "--until-idle")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert table_version(uri) == version
+    assert consume_committed(kafka_bootstrap, dbz_topic, OUTPUT_PARTITIONS) == dbz
+    assert consume_committed(kafka_bootstrap, flat_topic, OUTPUT_PARTITIONS) == flat
