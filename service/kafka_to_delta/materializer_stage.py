@@ -16,6 +16,11 @@ Barriers (`compaction`):
   no partition lags the others by more than the delay. A change that arrives already behind
   the watermark is not dropped: it is applied at once, together with whatever of its key is due.
 
+State TTL (`state_ttl_ms`) counts in the same event time: a key's state is dropped once the
+watermark passes the event time of its last applied change plus the TTL (a later retraction of
+it then finds nothing and is logged, never fatal). Tombstones of sequence_by follow their own
+retention, in wall-clock time, and are pruned when the key is next touched.
+
 Every compaction emits one row for the key (kind null when nothing changes) carrying the counters
 and the number of changes it applied. Rows that failed earlier stages pass through untouched
 (each under a key of its own), so the driver sees them with the net changes of the same batch.
@@ -41,7 +46,7 @@ Compaction = Literal["batch", "watermark"]
 GROUP = "_group"
 EVENT_TIME = "event_time"
 _WATERMARK_COLUMN = "_event_ts"
-_STATE_SCHEMA = StructType([StructField("state", StringType())])
+_STATE_SCHEMA = StructType([StructField("state", StringType()), StructField("touched", LongType())])
 _WAITING_FIELDS = (
     ("kind", StringType()), ("upsert_key", StringType()), ("row", StringType()), ("types", StringType()),
     ("unchanged", StringType()), ("sequence", StringType()), (EVENT_TIME, LongType()),
@@ -63,7 +68,7 @@ class StageConfig:
 
     rules: MaterializerConfig
     compaction: Compaction = "batch"
-    state_ttl_ms: int = 0
+    state_ttl_ms: int = 0  # event time without changes after which a key's state is dropped; 0 = never
     whole_row_key: bool = False  # retract mode: no upsert key, the whole row identifies a change
 
 
@@ -117,19 +122,19 @@ def _passthrough(rows: Iterable[Row]) -> Iterator[Row]:
 
 
 class MaterializerProcessor(StatefulProcessor):
-    """Applies the rules per primary key; state: the rules' state text and the waiting changes."""
+    """Applies the rules per primary key; state: the rules' state text (with the event time it was last
+    touched at, for the TTL) and, under watermark compaction, the waiting changes."""
 
     def __init__(self, config: StageConfig) -> None:
         self.config = config
 
     def init(self, handle: StatefulProcessorHandle) -> None:
-        """Declare the state variables (with the stage's TTL, if any)."""
-        ttl = self.config.state_ttl_ms or None
+        """Declare the state variables."""
         self.handle = handle
         self.rules = Materializer(self.config.rules)
-        self.state = handle.getValueState("rules", _STATE_SCHEMA, ttl)
+        self.state = handle.getValueState("rules", _STATE_SCHEMA)
         if self.config.compaction == "watermark":
-            self.waiting = handle.getListState("waiting", _WAITING_SCHEMA, ttl)
+            self.waiting = handle.getListState("waiting", _WAITING_SCHEMA)
 
     def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: TimerValues) -> Iterator[Row]:
         """Compact the key's changes of this micro-batch (batch), or those the watermark reached."""
@@ -138,22 +143,22 @@ class MaterializerProcessor(StatefulProcessor):
             yield from _passthrough(rows)
             return
         records = sorted((row.asDict() for row in rows), key=_arrival)
-        if self.config.compaction == "batch":
-            yield self._compact(group, records, timerValues)
-            return
-        due = self._due(records, timerValues.getCurrentWatermarkInMs())
-        if due:
-            yield self._compact(group, due, timerValues)
+        if self.config.compaction == "watermark":
+            records = self._due(records, timerValues.getCurrentWatermarkInMs())
+        if records:
+            yield self._compact(group, records)
 
     def handleExpiredTimer(self, key: Any, timerValues: TimerValues, expiredTimerInfo: Any) -> Iterator[Row]:
-        """Watermark: compact what the watermark reached. Batch: prune tombstones past their retention."""
-        group = key[0]
-        if self.config.compaction == "batch":
-            self._prune(group, timerValues)
-            return
-        due = self._due([], timerValues.getCurrentWatermarkInMs())
-        if due:
-            yield self._compact(group, due, timerValues)
+        """Compact what the watermark reached; then drop the state if it outlived the TTL."""
+        watermark = timerValues.getCurrentWatermarkInMs()
+        if self.config.compaction == "watermark":
+            due = self._due([], watermark)
+            if due:
+                yield self._compact(key[0], due)
+        if self.config.state_ttl_ms:
+            stored = self.state.get()
+            if stored is not None and stored[1] + self.config.state_ttl_ms <= watermark:
+                self.state.clear()
 
     def _due(self, arrived: list[dict], watermark: int) -> list[dict]:
         """The waiting and arrived changes the watermark reached, in arrival order; the rest wait."""
@@ -172,62 +177,70 @@ class MaterializerProcessor(StatefulProcessor):
             self.handle.registerTimer(int(event_time))
         return sorted(due, key=_arrival)
 
-    def _compact(self, group: str, records: list[dict], timerValues: TimerValues) -> Row:
+    def _compact(self, group: str, records: list[dict]) -> Row:
         stored = self.state.get()
-        previous = stored[0] if stored is not None else None
+        previous, touched = stored if stored is not None else (None, None)
         changes = [_change(r, self.config.whole_row_key) for r in records]
-        outcome = self.rules.apply(group, previous, changes, _now_ms(timerValues))
-        self._keep(outcome, previous)
-        if outcome.wake_at_ms is not None and self.config.compaction == "batch":
-            self.handle.registerTimer(outcome.wake_at_ms)
+        outcome = self.rules.apply(group, previous, changes, int(time.time() * 1000))
+        if outcome.new_state is None:
+            if stored is not None:
+                self.state.clear()
+        elif self.config.state_ttl_ms:
+            self._touch(outcome.new_state, touched, max(r[EVENT_TIME] for r in records))
+        elif outcome.new_state != previous:
+            self.state.update((outcome.new_state, None))
         return net_row(group, records, outcome)
 
-    def _prune(self, group: str, timerValues: TimerValues) -> None:
-        stored = self.state.get()
-        if stored is not None:
-            self._keep(self.rules.apply(group, stored[0], [], _now_ms(timerValues)), stored[0])
-
-    def _keep(self, outcome: Outcome, previous: str | None) -> None:
-        if outcome.new_state is None:
-            if previous is not None:
-                self.state.clear()
-        elif outcome.new_state != previous:
-            self.state.update((outcome.new_state,))
+    def _touch(self, state: str, touched: int | None, event_time: int) -> None:
+        # One TTL timer per key: the one at (last touched + TTL).
+        latest = event_time if touched is None else max(touched, event_time)
+        if touched is not None and latest != touched:
+            self.handle.deleteTimer(touched + self.config.state_ttl_ms)
+        if latest != touched:
+            self.handle.registerTimer(latest + self.config.state_ttl_ms)
+        self.state.update((state, latest))
 
     def close(self) -> None:
         """Nothing to release."""
 
 
-def _now_ms(timerValues: TimerValues) -> int:
-    now = timerValues.getCurrentProcessingTimeInMs()
-    return now if now > 0 else int(time.time() * 1000)
+def time_mode(config: StageConfig) -> str:
+    """Event time when changes wait for the watermark or the state has a TTL; else none (no timers).
+
+    Spark's own state TTL needs processing time, and a processing-time operator makes a micro-batch
+    on every trigger even without data (so `availableNow` never ends): the TTL is kept here instead,
+    in event time, with one timer per key.
+    """
+    return "EventTime" if config.compaction == "watermark" or config.state_ttl_ms else "None"
 
 
-def _grouped(changelog: DataFrame, compaction: Compaction) -> DataFrame:
+def _grouped(changelog: DataFrame) -> DataFrame:
     group = F.when(F.col("error").isNull(), F.col("key")).otherwise(
         F.concat(F.lit(_ERROR_PREFIX), F.concat_ws(":", "topic", "partition", "offset"))
     )
-    grouped = changelog.withColumn(GROUP, group)
-    if compaction == "watermark":
-        grouped = grouped.withColumn(EVENT_TIME, F.coalesce(F.col(EVENT_TIME), F.col("timestamp")))
-    return grouped
+    event_time = F.coalesce(F.col(EVENT_TIME), F.col("timestamp"))
+    return changelog.withColumn(GROUP, group).withColumn(EVENT_TIME, event_time)
 
 
-def materialize(changelog: DataFrame, config: StageConfig, watermark_delay_seconds: float = 0.0) -> DataFrame:
+def materialize(
+    changelog: DataFrame, config: StageConfig, watermark_delay_seconds: float = 0.0, declare_watermark: bool = True
+) -> DataFrame:
     """Net changes per primary key (NET_SCHEMA) through the keyed-state materializer.
 
-    With watermark compaction the watermark is declared on a column that is dropped before the
-    stateful operator: the query's watermark still advances (and fires the timers), but Spark
-    does not filter "late" rows out of the operator's input, which would silently lose changes.
+    In event time the watermark is declared on a column that is dropped before the stateful
+    operator: the query's watermark still advances (and fires the timers), but Spark does not
+    filter "late" rows out of the operator's input, which would silently lose changes.
     """
-    grouped = _grouped(changelog, config.compaction)
-    time_mode = "ProcessingTime"
-    if config.compaction == "watermark":
+    grouped = _grouped(changelog)
+    mode = time_mode(config)
+    # A stateful FROM_CHANGELOG stage in front declares the query's one watermark: a second
+    # declaration would keep its buffered rows from ever being released.
+    if mode == "EventTime" and declare_watermark:
+        delay_ms = int(watermark_delay_seconds * 1000) if config.compaction == "watermark" else 0
         grouped = grouped.withColumn(_WATERMARK_COLUMN, F.timestamp_millis(F.col(EVENT_TIME))).withWatermark(
-            _WATERMARK_COLUMN, f"{int(watermark_delay_seconds * 1000)} milliseconds"
+            _WATERMARK_COLUMN, f"{delay_ms} milliseconds"
         )
-        time_mode = "EventTime"
     carried = [*_STAGE_COLUMNS, "key", "error", "handling", "stage", "raw_key", "raw_value", "headers"]
     return grouped.select(*carried).groupBy(GROUP).transformWithState(
-        MaterializerProcessor(config), NET_SCHEMA, "Update", time_mode
+        MaterializerProcessor(config), NET_SCHEMA, "Update", mode
     )

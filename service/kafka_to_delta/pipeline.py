@@ -32,7 +32,7 @@ from service.kafka_to_delta.bad_records import (
 )
 from service.kafka_to_delta.dead_letters import DeadLetterSink
 from service.kafka_to_delta.decode_stage import changelog_stream
-from service.kafka_to_delta.from_changelog_stage import stateful_changelog
+from service.kafka_to_delta.from_changelog_stage import needs_state, stateful_changelog
 from service.kafka_to_delta.materializer import MaterializerConfig
 from service.kafka_to_delta.materializer_stage import StageConfig, materialize
 from service.kafka_to_delta.merge_sink import MergeOutcome, MergeSink
@@ -198,7 +198,10 @@ class IngestPipeline:
         self.spark.dataSource.register(KafkaSource)
         stream = stateful_changelog(changelog_stream(self._source(), self.pipeline), self.pipeline)
         if self.pipeline.materialized:
-            stream = materialize(stream, stage_config(self.pipeline), self.pipeline.watermark_delay_seconds)
+            stream = materialize(
+                stream, stage_config(self.pipeline), self.pipeline.watermark_delay_seconds,
+                declare_watermark=not needs_state(self.pipeline),
+            )
         writer = (
             stream
             .writeStream.queryName(self.pipeline.name)

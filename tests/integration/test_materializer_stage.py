@@ -9,13 +9,18 @@ from pathlib import Path
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 from pyspark.sql import Row
 from pyspark.sql.streaming.tws_tester import TwsTester
 
 from service.kafka_to_delta.decode_stage import CHANGELOG_SCHEMA, CHANGELOG_SPARK_SCHEMA
 from service.kafka_to_delta.materializer import MaterializerConfig
-from service.kafka_to_delta.materializer_stage import MaterializerProcessor, StageConfig, materialize, waiting_item
+from service.kafka_to_delta.materializer_stage import (
+    MaterializerProcessor,
+    StageConfig,
+    materialize,
+    time_mode,
+    waiting_item,
+)
 from service.kafka_to_delta.net_changes import NET_SCHEMA, error_group_key
 
 A1 = {"id": 1, "level": 10, "attr": "a1"}
@@ -52,7 +57,7 @@ def _config(strategy: str, compaction: str = "batch", whole_row: bool = True, pk
 
 
 def _tester(config: StageConfig) -> TwsTester:
-    mode = "EventTime" if config.compaction == "watermark" else "ProcessingTime"
+    mode = time_mode(config)
     extractor = (lambda _row: NEVER_LATE) if mode == "EventTime" else None
     return TwsTester(MaterializerProcessor(config), timeMode=mode, outputMode="Update", eventTimeExtractor=extractor)
 
@@ -78,7 +83,7 @@ def test_a_late_add_joins_the_waiting_retraction_no_false_conflict():
     old2, new1 = {"id": 2, "email": "b"}, {"id": 1, "email": "b"}
     tester.setWatermark(5_000)
     live = {"v": 1, "l": [{"k": "[2]", "r": _text(old2), "p": ["t", 1, 0]}]}
-    tester.updateValueState("rules", '["b"]', (json.dumps(live),))
+    tester.updateValueState("rules", '["b"]', (json.dumps(live), None))
     retract = change("-U", old2, 5, pk="email", upsert_key=["id"], partition=1)
     tester.updateListState("waiting", '["b"]', [waiting_item(retract)])
     [net] = tester.test('["b"]', _rows([change("+U", new1, 3, pk="email", upsert_key=["id"])]))
@@ -101,16 +106,21 @@ def test_a_compaction_without_net_change_still_reports_its_changes():
     assert (out.kind, out.changes, out.state_bytes) == (None, 2, 0)
 
 
-def test_retained_tombstones_are_pruned_by_a_processing_time_timer():
-    rules = MaterializerConfig(table="t1", primary_key=("id",), on_conflict="error", tombstone_retention_ms=1_000)
-    tester = _tester(StageConfig(rules=rules))
+def test_state_ttl_drops_a_key_the_watermark_left_behind_by_more_than_the_ttl():
+    rules = MaterializerConfig(table="t1", primary_key=("id",), on_conflict="error")
+    tester = _tester(StageConfig(rules=rules, state_ttl_ms=10_000))
     row = {"id": 1, "v": 3}
-    deleted = {**change("-D", row, 0, upsert_key=["id"]), "sequence": "[3]"}
-    tester.setProcessingTime(10_000)
-    tester.test("[1]", _rows([{**change("+I", row, 0, upsert_key=["id"]), "sequence": "[3]"}, deleted]))
-    assert tester.peekValueState("rules", "[1]") is not None  # the tombstone
-    tester.setProcessingTime(11_000)
+    tester.test("[1]", _rows([change("+I", row, 0, upsert_key=["id"], event_time=5_000)]))
+    tester.test("[1]", _rows([change("-U", row, 1, upsert_key=["id"], event_time=8_000),
+                              change("+U", {**row, "v": 4}, 2, upsert_key=["id"], event_time=8_000)]))
+    assert tester.peekValueState("rules", "[1]")[1] == 8_000
+    tester.setWatermark(17_999)
+    assert tester.peekValueState("rules", "[1]") is not None
+    tester.setWatermark(18_000)
     assert tester.peekValueState("rules", "[1]") is None
+    # After expiry a retraction finds nothing: logged and counted, never fatal.
+    [out] = tester.test("[1]", _rows([change("-D", {**row, "v": 4}, 3, upsert_key=["id"], event_time=20_000)]))
+    assert (out.kind, out.cleared_state_warnings) == (None, 1)
 
 
 # ---- inside Spark ----
@@ -123,7 +133,8 @@ def _write(directory: Path, batches: list[list[dict]]) -> None:
         pq.write_table(pa.Table.from_pylist(full, schema=CHANGELOG_SCHEMA), directory / f"{index:04d}.parquet")
 
 
-def _run(spark, workdir: Path, batches, config: StageConfig, delay_s: float = 0.0) -> dict:
+def _run(spark, workdir: Path, batches, config: StageConfig, delay_s: float = 0.0) -> tuple[dict, dict]:
+    """The table the net changes make (key -> row), and the state operator's last progress."""
     _write(workdir / "in", batches)
     table: dict[str, dict] = {}
 
@@ -141,9 +152,10 @@ def _run(spark, workdir: Path, batches, config: StageConfig, delay_s: float = 0.
         materialize(stream, config, delay_s).writeStream.outputMode("update").foreachBatch(apply)
         .option("checkpointLocation", str(workdir / "ck")).trigger(availableNow=True).start()
     )
-    query.awaitTermination(600)
+    assert query.awaitTermination(600), "availableNow did not end"
     assert query.exception() is None
-    return table
+    [operator] = query.lastProgress["stateOperators"]
+    return table, operator
 
 
 def _ordering(name: str, key: int) -> list[tuple[str, dict]]:
@@ -153,8 +165,11 @@ def _ordering(name: str, key: int) -> list[tuple[str, dict]]:
 
 def test_join_example_in_one_micro_batch_all_orderings(spark, workdir):
     events = [event for key, name in enumerate(sorted(ORDERINGS), 1) for event in _ordering(name, key)]
-    table = _run(spark, workdir, [[change(kind, row, i) for i, (kind, row) in enumerate(events)]], _config("error"))
+    batch = [change(kind, row, i) for i, (kind, row) in enumerate(events)]
+    table, operator = _run(spark, workdir, [batch], _config("error"))
     assert table == {f"[{key}]": {**B1, "id": key} for key in (1, 2, 3)}
+    # Batch compaction keeps one state row per live key and nothing else: the progress counts live keys.
+    assert operator["numRowsTotal"] == 3 and operator["memoryUsedBytes"] > 0
 
 
 def test_join_example_over_separate_micro_batches_with_watermark_compaction(spark, workdir):
@@ -163,6 +178,7 @@ def test_join_example_over_separate_micro_batches_with_watermark_compaction(spar
     # Behind the watermark once the mover has passed: applied, not dropped.
     batches.append([change("+I", {"id": 4, "level": 1, "attr": "z"}, 20, event_time=60_000)])
     batches.append([change("+I", {"id": 5, "level": 1, "attr": "late"}, 21, event_time=6_000)])
-    table = _run(spark, workdir, batches, _config("error", "watermark"), delay_s=1.0)
+    table, operator = _run(spark, workdir, batches, _config("error", "watermark"), delay_s=1.0)
     assert {k: table[k] for k in ("[1]", "[2]", "[3]")} == {f"[{key}]": {**B1, "id": key} for key in (1, 2, 3)}
     assert table["[5]"] == {"id": 5, "level": 1, "attr": "late"}
+    assert operator["numRowsDroppedByWatermark"] == 0
