@@ -158,7 +158,7 @@ class PipelineSettings(_Frozen):
         """Whether the keyed-state materializer runs (`auto`: keys differ or several inputs)."""
         if self.upsert_materialize != "auto":
             return self.upsert_materialize == "force"
-        return self._materializer_reason() is not None
+        return self._materializer_reason() is not None or bool(self.sequence_by)
 
     @property
     def materializer_ttl_seconds(self) -> float:

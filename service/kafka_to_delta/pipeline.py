@@ -104,6 +104,7 @@ class IngestPipeline:
             self.dead_letters = lambda rows, batch_id: sink.store(rows, batch_id, app_id=self.app_id)
         self.materializer_totals: dict[str, int] = {}
         self._query_id: str | None = None
+        self._query: StreamingQuery | None = None
         self._started = threading.Event()
 
     @property
@@ -152,6 +153,7 @@ class IngestPipeline:
         started = time.monotonic()
         net = self._net(batch)
         self._count_materializer(net)
+        metrics.record_state(name, self._query.lastProgress if self._query is not None else None)
         failed = failed_rows(net)
         metrics.DECODE_ERRORS.labels(name).inc(failed.num_rows)
         handle_bad_records(name, failed, batch_id, self.dead_letters)
@@ -214,6 +216,7 @@ class IngestPipeline:
         else:
             writer = writer.trigger(processingTime=f"{self.settings.trigger_interval_seconds} seconds")
         query = writer.start()
+        self._query = query
         self._query_id = str(query.id)
         self._started.set()
         return query

@@ -115,3 +115,7 @@ def test_invalid_op_mapping_is_rejected_naming_the_entry():
 def test_policies_need_their_stores(fields, needle):
     with pytest.raises(ConfigError, match=needle):
         settings_from_mapping(_pipeline(**fields))
+
+
+def test_sequence_by_runs_the_materializer_even_when_the_keys_agree():
+    assert settings_from_mapping(_pipeline(sequence_by="ts_ms", on_conflict="error")).pipelines[0].materialized
