@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-import pyarrow as pa
 
 from connectors.delta.connect_types import CONNECT_FIELD, CONNECT_FIELDS, CONNECT_STRUCT, CONNECT_TYPE, fields_to_types
 from service.changes import Envelope
@@ -220,44 +219,3 @@ def json_key(key: bytes) -> tuple[Any, None]:
     """The JSON key decoder: a Kafka key, with or without the Connect wrapper."""
     document, _ = unwrap(parse_json(key, "Kafka key"))
     return document, None
-
-
-# --- the pipeline's former entry point, until it calls `changelog_batch` ------------------
-
-DECODED_FIELDS = ("kind", "key", "row", "types", "error")
-DECODED_SCHEMA = pa.schema(
-    [
-        pa.field("topic", pa.string()),
-        pa.field("partition", pa.int32()),
-        pa.field("offset", pa.int64()),
-        *(pa.field(name, pa.string()) for name in DECODED_FIELDS),
-    ]
-)
-"""Output of `decode_batch`: one row per change or per record that failed to decode."""
-
-
-def decode_batch(batch: pa.RecordBatch, primary_key: tuple[str, ...]) -> pa.RecordBatch:
-    """Debezium JSON (preset `debezium-upsert`) Kafka records -> `DECODED_SCHEMA`.
-
-    Kept for the pipeline until it switches to `changelog_batch.ChangelogBatchDecoder`; error
-    rows carry the Kafka key as text in `key`.
-    """
-    from service.kafka_to_delta.changelog_batch import ChangelogBatchDecoder, error_key_text
-    from service.kafka_to_delta.from_changelog_settings import FromChangelogSettings
-
-    decoder = _LEGACY_DECODERS.get(primary_key)
-    if decoder is None:
-        settings = FromChangelogSettings(preset="debezium-upsert")
-        decoder = _LEGACY_DECODERS.setdefault(primary_key, ChangelogBatchDecoder(settings, primary_key))
-    out = decoder(batch)
-    is_error = [error is not None for error in out.column("error").to_pylist()]
-    keys = [
-        error_key_text(raw) if failed else key
-        for key, raw, failed in zip(out.column("key").to_pylist(), out.column("raw_key").to_pylist(), is_error)
-    ]
-    columns = {name: out.column(name) for name in DECODED_SCHEMA.names}
-    columns["key"] = pa.array(keys, pa.string())
-    return pa.RecordBatch.from_pydict(columns, schema=DECODED_SCHEMA)
-
-
-_LEGACY_DECODERS: dict[tuple[str, ...], Any] = {}

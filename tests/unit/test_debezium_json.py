@@ -18,12 +18,10 @@ from service.changes import ChangeKind
 from service.errors import DecodeError
 from service.kafka_to_delta.changelog_batch import CHANGELOG_SCHEMA, ChangelogBatchDecoder, connect_layout
 from service.kafka_to_delta.debezium_json import (
-    DECODED_SCHEMA,
     UNAVAILABLE_VALUE,
     JsonDocuments,
     canonical_json,
     canonical_key,
-    decode_batch,
 )
 from service.kafka_to_delta.from_changelog import ChangelogRow, FromChangelog, Marker, RecordRejected
 from service.kafka_to_delta.from_changelog_settings import FromChangelogSettings
@@ -343,17 +341,6 @@ def test_batch_keeps_errors_as_rows_with_their_bytes_and_drops_tombstones():
 def test_batch_of_nothing():
     decoded = ChangelogBatchDecoder(FromChangelogSettings(preset="debezium"), PK)(kafka_batch([]))
     assert decoded.num_rows == 0 and decoded.schema == CHANGELOG_SCHEMA
-
-
-def test_the_former_decode_batch_still_answers_in_its_schema():
-    batch = kafka_batch([
-        (key_bytes(id=1), encode(envelope("u", before={"id": 1}, after={"id": 1, "email": "a"}))),
-        (b"k", b"not json"),
-    ])
-    rows = decode_batch(batch, PK)
-    assert rows.schema == DECODED_SCHEMA
-    assert [(r["kind"], r["key"], r["error"] is None) for r in rows.to_pylist()] == [("+U", "[1]", True),
-                                                                                      (None, "k", False)]
 
 
 # --- properties ------------------------------------------------------------------------
