@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 import yaml
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from deltalake import DeltaTable
 
 CLI = str(Path(sys.executable).with_name("cdc-lakehouse"))
@@ -74,3 +75,26 @@ def wait_for_table(uri: str | Path, done: Callable[[], bool], process: subproces
             pass
         time.sleep(0.5)
     raise AssertionError(f"{uri}: condition not reached in {timeout}s; log: {log.read_text()[-3000:]}")
+
+
+def read_committed(bootstrap: str, topic: str, timeout_s: float = 30.0) -> list:
+    """Every committed record of `topic`, each partition read to its end."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{topic}",
+                         "isolation.level": "read_committed", "enable.auto.commit": "false",
+                         "session.timeout.ms": "6000"})
+    try:
+        partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+                for p in partitions}
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        pending, records, deadline = {p for p, end in ends.items() if end > 0}, [], time.monotonic() + timeout_s
+        while pending and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                records.append(message)
+            done = consumer.position([TopicPartition(topic, p) for p in pending])
+            pending -= {tp.partition for tp in done if tp.offset >= ends[tp.partition]}
+        assert not pending, f"partitions {pending} of {topic} not read to their end"
+        return records
+    finally:
+        consumer.close()

@@ -15,11 +15,10 @@ Both carry a marker standing for personal data that must never reach an error or
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from deltalake import DeltaTable
 
 from service.errors import DecodeError
@@ -27,7 +26,7 @@ from service.kafka_to_delta.dead_letters import DlqHeader
 from service.runner import Runner
 from service.settings import settings_from_mapping
 from service.workload import create_topics
-from tests.pipeline_harness import run_cli, table_rows, table_version, write_config
+from tests.pipeline_harness import read_committed, run_cli, table_rows, table_version, write_config
 
 pytestmark = pytest.mark.slow
 PII = "pii-secret-4711"
@@ -102,29 +101,6 @@ def _run_in_process(bootstrap: str, workdir: Path, pipeline: dict) -> None:
     runner.wait()
 
 
-def _read_committed(bootstrap: str, topic: str, timeout_s: float = 30.0) -> list:
-    """Every committed record of `topic`, each partition read to its end."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{topic}",
-                         "isolation.level": "read_committed", "enable.auto.commit": "false",
-                         "session.timeout.ms": "6000"})
-    try:
-        partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
-                for p in partitions}
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        pending, records, deadline = {p for p, end in ends.items() if end > 0}, [], time.monotonic() + timeout_s
-        while pending and time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is not None and message.error() is None:
-                records.append(message)
-            done = consumer.position([TopicPartition(topic, p) for p in pending])
-            pending -= {tp.partition for tp in done if tp.offset >= ends[tp.partition]}
-        assert not pending, f"partitions {pending} of {topic} not read to their end"
-        return records
-    finally:
-        consumer.close()
-
-
 def test_fail_stops_at_the_first_bad_record_and_commits_nothing_of_its_batch(spark, kafka_bootstrap, unique, workdir):
     topic = f"policy-fail-{unique}"
     create_topics(kafka_bootstrap, [topic], PARTITIONS)
@@ -152,7 +128,7 @@ def _dead_letter_config(unique: str) -> dict:
 
 
 def _assert_dead_letters(bootstrap: str, workdir: Path, topic: str, dlq: dict) -> None:
-    messages = {int(dict(m.headers())[DlqHeader.PARTITION]): m for m in _read_committed(bootstrap, dlq["topic"])}
+    messages = {int(dict(m.headers())[DlqHeader.PARTITION]): m for m in read_committed(bootstrap, dlq["topic"])}
     stored = {row["partition"]: row for row in DeltaTable(str(workdir / "tables" / dlq["table"])).to_pyarrow_table()
               .to_pylist()}
     assert sorted(messages) == sorted(stored) == list(BAD)

@@ -8,7 +8,6 @@ from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from deltalake import DeltaTable
 from pydantic import ValidationError
@@ -22,6 +21,7 @@ from service.kafka_to_delta.dead_letters import (
     DlqHeader,
     Stage,
 )
+from tests.pipeline_harness import read_committed
 
 PIPELINE = "orders"
 SECRET = b"SECRET-PAYLOAD"
@@ -59,31 +59,6 @@ def _input(letters: list[dict]) -> pa.Table:
 def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
-
-
-def _read_all(bootstrap: str, topic: str, timeout_s: float = 30.0) -> list:
-    """Every committed record of `topic`, reading each partition to its end."""
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap, "group.id": f"reader-{topic}", "isolation.level": "read_committed",
-        "enable.auto.commit": "false", "session.timeout.ms": "6000",
-    })
-    try:
-        partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
-                for p in partitions}
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        pending, records = {p for p, end in ends.items() if end > 0}, []
-        deadline = time.monotonic() + timeout_s
-        while pending and time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is not None and message.error() is None:
-                records.append(message)
-            done = consumer.position([TopicPartition(topic, p) for p in pending])
-            pending -= {tp.partition for tp in done if tp.offset >= ends[tp.partition]}
-        assert not pending, f"partitions {pending} of {topic} not read to their end"
-        return records
-    finally:
-        consumer.close()
 
 
 # --- settings and input -------------------------------------------------------------------------
@@ -163,7 +138,7 @@ def test_kafka_keeps_bytes_and_headers_adds_metadata_and_skips_a_replayed_batch(
     finally:
         sink.close()
 
-    records = {int(dict(m.headers())[DlqHeader.OFFSET]): m for m in _read_all(kafka_bootstrap, topic)}
+    records = {int(dict(m.headers())[DlqHeader.OFFSET]): m for m in read_committed(kafka_bootstrap, topic)}
     assert sorted(records) == [7, 41]
     for letter in LETTERS:
         message = records[letter["offset"]]
@@ -184,11 +159,11 @@ def test_kafka_keeps_bytes_and_headers_adds_metadata_and_skips_a_replayed_batch(
     restarted = DeadLetterSink(settings, PIPELINE, kafka_config=config, table_uri=uri)
     try:
         assert restarted.store(_input(LETTERS), 11) == 0  # position read back from Kafka: skipped
-        assert len(_read_all(kafka_bootstrap, topic)) == 2
+        assert len(read_committed(kafka_bootstrap, topic)) == 2
         assert restarted.store(_input(LETTERS[:1]), 12) == 1
         assert restarted.store(_input(LETTERS[:1]), 12) == 0  # the same instance remembers it too
     finally:
         restarted.close()
-    after = _read_all(kafka_bootstrap, topic)
+    after = read_committed(kafka_bootstrap, topic)
     assert len(after) == 3 and sorted(dict(m.headers())[DlqHeader.BATCH] for m in after) == [b"11", b"11", b"12"]
     assert DeltaTable(uri).to_pyarrow_table().num_rows == 3
