@@ -1,13 +1,16 @@
-"""Partition metadata and watermarks through one confluent-kafka client."""
+"""Partition metadata and watermark offsets through one confluent-kafka admin client."""
 
 from __future__ import annotations
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from connectors.kafka.errors import KafkaUnavailable
 
 _METADATA_TIMEOUT_S = 15.0
 TopicPartitionKey = tuple[str, int]
+_CONSUMER_ONLY = ("group.id", "enable.auto.commit", "enable.auto.offset.store", "isolation.level",
+                  "session.timeout.ms", "auto.offset.reset", "enable.partition.eof")
 
 
 def client_config(options: dict[str, str], purpose: str) -> dict[str, str]:
@@ -24,15 +27,21 @@ def client_config(options: dict[str, str], purpose: str) -> dict[str, str]:
 
 
 class ClusterView:
-    """Partitions and watermark offsets of a set of topics (driver side)."""
+    """Partitions and watermark offsets of a set of topics (driver side).
+
+    Offsets of all partitions are planned with one request per kind (earliest, last stable),
+    not one per partition. The high mark is the last stable offset (read_committed): a
+    transaction left open on an input partition never holds a micro-batch back waiting for it.
+    """
 
     def __init__(self, options: dict[str, str]) -> None:
-        self._consumer = Consumer(client_config(options, "metadata"))
+        config = {k: v for k, v in options.items() if k not in _CONSUMER_ONLY}
+        self._admin = AdminClient(config)
 
     def partitions(self, topics: list[str]) -> list[TopicPartitionKey]:
         """Every partition of the topics that exist now (a missing topic has none yet)."""
         try:
-            metadata = self._consumer.list_topics(timeout=_METADATA_TIMEOUT_S)
+            metadata = self._admin.list_topics(timeout=_METADATA_TIMEOUT_S)
         except KafkaException as error:
             raise KafkaUnavailable(f"cannot list topics: {error.args[0]}") from None
         found = []
@@ -43,20 +52,28 @@ class ClusterView:
         return found
 
     def watermarks(self, partitions: list[TopicPartitionKey]) -> dict[TopicPartitionKey, tuple[int, int]]:
-        """(low, high) per partition; high is the next offset a committed record would get."""
+        """(low, high) per partition; high is the last stable offset (next committed record's offset)."""
+        if not partitions:
+            return {}
+        low = self._list(partitions, OffsetSpec.earliest())
+        high = self._list(partitions, OffsetSpec.latest())
+        return {tp: (max(low[tp], 0), max(high[tp], 0)) for tp in partitions}
+
+    def _list(self, partitions: list[TopicPartitionKey], spec: OffsetSpec) -> dict[TopicPartitionKey, int]:
+        request = {TopicPartition(topic, partition): spec for topic, partition in partitions}
+        futures = self._admin.list_offsets(
+            request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=_METADATA_TIMEOUT_S
+        )
         result = {}
-        for topic, partition in partitions:
+        for tp, future in futures.items():
             try:
-                low, high = self._consumer.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=_METADATA_TIMEOUT_S, cached=False
-                )
-            except KafkaException as error:
+                result[(tp.topic, tp.partition)] = future.result(timeout=_METADATA_TIMEOUT_S * 2).offset
+            except (KafkaException, TimeoutError) as error:
                 raise KafkaUnavailable(
-                    f"cannot read watermarks of topic={topic} partition={partition}: {error.args[0]}"
+                    f"cannot read offsets of topic={tp.topic} partition={tp.partition}: {error}"
                 ) from None
-            result[(topic, partition)] = (max(low, 0), max(high, 0))
         return result
 
     def close(self) -> None:
         """Release the client."""
-        self._consumer.close()
+        self._admin = None  # type: ignore[assignment]

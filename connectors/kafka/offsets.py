@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Mapping
 
 OffsetMap = dict[str, dict[str, int]]
+RESERVED_PREFIX = "$"
+"""Keys of an offset map starting with this are not topics (Kafka topic names cannot hold '$')."""
 
 
 def to_map(positions: Mapping[tuple[str, int], int]) -> OffsetMap:
@@ -20,10 +22,11 @@ def to_map(positions: Mapping[tuple[str, int], int]) -> OffsetMap:
 
 
 def from_map(offsets: Mapping[str, Mapping[str, int]]) -> dict[tuple[str, int], int]:
-    """The offset map -> `{(topic, partition): offset}`."""
+    """The offset map -> `{(topic, partition): offset}` (reserved keys left out)."""
     return {
         (topic, int(partition)): int(offset)
         for topic, parts in offsets.items()
+        if not topic.startswith(RESERVED_PREFIX)
         for partition, offset in parts.items()
     }
 

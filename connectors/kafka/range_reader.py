@@ -22,9 +22,13 @@ RAW_SCHEMA = pa.schema(
         ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
     ]
 )
+FLOOR_COLUMN = "watermark_floor"
+"""Least event-time progress (epoch ms) of the other active partitions when the range was planned;
+null when no other partition holds the watermark (see `connectors.kafka.watermarks`)."""
+SOURCE_SCHEMA = RAW_SCHEMA.append(pa.field(FLOOR_COLUMN, pa.int64()))
 RAW_SPARK_SCHEMA = (
     "key binary, value binary, topic string, partition int, offset bigint, "
-    "timestamp timestamp, headers array<struct<key:string,value:binary>>"
+    f"timestamp timestamp, headers array<struct<key:string,value:binary>>, {FLOOR_COLUMN} bigint"
 )
 _BATCH_ROWS = 20_000
 _POLL_TIMEOUT_S = 1.0
@@ -62,9 +66,10 @@ class _Columns:
 
 
 def read_range(
-    options: dict[str, str], topic: str, partition: int, start: int, end: int
+    options: dict[str, str], topic: str, partition: int, start: int, end: int, floor: int | None = None
 ) -> Iterator[pa.RecordBatch]:
-    """Yield the records with start <= offset < end, in offset order.
+    """Yield the records with start <= offset < end, in offset order (`SOURCE_SCHEMA`; every row
+    carries the range's watermark `floor`).
 
     Offsets may have gaps (compaction, transaction markers, aborted records), so the
     range is done when the consumer's position reaches `end`, not when `end - 1` is seen.
@@ -77,7 +82,9 @@ def read_range(
     tp = TopicPartition(topic, partition, start)
     try:
         consumer.assign([tp])
-        yield from _consume(consumer, tp, end)
+        for batch in _consume(consumer, tp, end):
+            floors = pa.array([floor] * batch.num_rows, pa.int64())
+            yield pa.RecordBatch.from_arrays([*batch.columns, floors], schema=SOURCE_SCHEMA)
     finally:
         consumer.close()
 

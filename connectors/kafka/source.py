@@ -2,25 +2,37 @@
 
 One Spark input partition per Kafka partition with new data, read in parallel on the
 executors. The source offset is the next offset per partition; Spark keeps it in the
-checkpoint's offset log, so consumer-group commits play no part in correctness.
+checkpoint's offset log, so consumer-group commits play no part in correctness. The offset
+also carries each partition's event-time progress (`connectors.kafka.watermarks`), so the
+per-partition watermark is checkpointed with it and restored exactly on restart.
 
 Options (keys are case-insensitive):
   bootstrap.servers        required
   topics                   comma-separated topic names
   startingoffsets          earliest (default) | latest | JSON {"topic": {"0": 42}}
   maxoffsetspertrigger     admission control: at most this many records per micro-batch
+  progressfile             where the pipeline records the event times it read (enables the
+                           per-partition watermark and event-time aligned admission)
+  idletimeoutms            a partition with no unread data for this long stops holding the
+                           watermark back (default: never)
+  alignmentslackms         admission reads first from partitions less than this far ahead of
+                           the one furthest behind in event time (default 0)
+  ondataloss               fail (default) | earliest: when offsets still to be read were deleted
   kafka.<name>             any librdkafka option, passed through
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import time
 from typing import Iterator
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 from connectors.kafka import offsets as om
+from connectors.kafka import watermarks as wm
 from connectors.kafka.cluster import ClusterView
 from connectors.kafka.errors import DataLoss
 from connectors.kafka.range_reader import RAW_SPARK_SCHEMA, read_range
@@ -28,14 +40,16 @@ from service.errors import ConfigError
 
 FORMAT_NAME = "cdc_kafka"
 _KAFKA_PREFIX = "kafka."
+_DATA_LOSS = ("fail", "earliest")
+log = logging.getLogger(__name__)
 
 
 class KafkaRange(InputPartition):
-    """One Kafka partition's offset range for one micro-batch."""
+    """One Kafka partition's offset range for one micro-batch, with its watermark floor."""
 
-    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
-        super().__init__((topic, partition, start, end))
-        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+    def __init__(self, topic: str, partition: int, start: int, end: int, floor: int | None = None) -> None:
+        super().__init__((topic, partition, start, end, floor))
+        self.topic, self.partition, self.start, self.end, self.floor = topic, partition, start, end, floor
 
 
 def _client_options(options: dict[str, str]) -> dict[str, str]:
@@ -61,6 +75,10 @@ class KafkaSource(DataSource):
         return KafkaStreamReader(dict(self.options))
 
 
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Plans offset ranges on the driver; reads them on executors."""
 
@@ -73,8 +91,16 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.starting = lowered.get("startingoffsets", "earliest")
         limit = lowered.get("maxoffsetspertrigger")
         self.max_rows = int(limit) if limit else None
+        self.progress_file = wm.ProgressFile(lowered["progressfile"]) if lowered.get("progressfile") else None
+        idle = lowered.get("idletimeoutms")
+        self.idle_timeout_ms = int(idle) if idle else None
+        self.slack_ms = int(lowered.get("alignmentslackms", "0"))
+        self.on_data_loss = lowered.get("ondataloss", "fail")
+        if self.on_data_loss not in _DATA_LOSS:
+            raise ConfigError(f"the cdc_kafka source option 'onDataLoss' must be one of {_DATA_LOSS}")
         self.target: dict[tuple[str, int], int] | None = None
         self._cluster: ClusterView | None = None
+        self._marks: dict[tuple[str, int], tuple[int, int]] = {}
 
     def __getstate__(self) -> dict:
         # Executors get a copy of the reader for read(); the driver's client stays behind.
@@ -87,7 +113,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._cluster
 
     def _watermarks(self) -> dict[tuple[str, int], tuple[int, int]]:
-        return self.cluster.watermarks(self.cluster.partitions(self.topics))
+        self._marks = self.cluster.watermarks(self.cluster.partitions(self.topics))
+        return self._marks
 
     def initialOffset(self) -> dict:
         marks = self._watermarks()
@@ -104,38 +131,64 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         self.target = {tp: high for tp, (_, high) in self._watermarks().items()}
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        begin = om.from_map(start)
-        marks = self._watermarks()
+    def _checked_start(self, begin: dict, marks: dict) -> dict:
+        """Start offsets, with partitions new to the query from their beginning and deleted ranges
+        failed (`ondataloss: fail`) or skipped with a warning (`earliest`)."""
         for tp, (low, _) in marks.items():
-            # Partitions that appeared after the query started are read from their beginning.
             begin.setdefault(tp, low)
-            if begin[tp] < low:
+            if begin[tp] >= low:
+                continue
+            where = f"topic={tp[0]} partition={tp[1]}: offsets {begin[tp]}..{low - 1}"
+            if self.on_data_loss == "fail":
                 raise DataLoss(
-                    f"topic={tp[0]} partition={tp[1]}: offsets {begin[tp]}..{low - 1} were deleted "
-                    "before they were read (retention shorter than the pipeline's lag)"
+                    f"{where} were deleted before they were read (retention shorter than the pipeline's "
+                    "lag); to resume from the earliest offset still there, set on_data_loss: earliest"
                 )
+            log.warning("%s were deleted before they were read: resuming at offset %d (on_data_loss: earliest)",
+                        where, low)
+            begin[tp] = low
+        return begin
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        marks = self._watermarks()
+        begin = self._checked_start(om.from_map(start), marks)
         available = {tp: high for tp, (_, high) in marks.items()}
         if self.target is not None:
             available = {tp: min(high, self.target.get(tp, begin[tp])) for tp, high in available.items()}
         available = {tp: max(end, begin[tp]) for tp, end in available.items()}
         max_rows = getattr(limit, "max_rows", None) if isinstance(limit, ReadMaxRows) else None
-        return om.to_map(om.cap_rows(begin, available, max_rows))
+        if self.progress_file is None:
+            return om.to_map(om.cap_rows(begin, available, max_rows))
+        progress = wm.Progress.from_json(start.get(wm.PROGRESS_KEY)).advanced(
+            self.progress_file.read(), {tp: available[tp] > begin[tp] for tp in available}, _now_ms()
+        )
+        if max_rows is None:
+            end = om.cap_rows(begin, available, None)
+        else:
+            end = wm.aligned_shares(begin, available, max_rows, progress, self.slack_ms)
+        if all(end[tp] == om.from_map(start).get(tp) for tp in end):
+            return start  # nothing new: the very same offset, or Spark would run an empty batch
+        return {**om.to_map(end), wm.PROGRESS_KEY: progress.to_json()}
 
     def reportLatestOffset(self) -> dict | None:
-        return om.to_map({tp: high for tp, (_, high) in self._watermarks().items()})
+        marks = self._marks or self._watermarks()
+        return om.to_map({tp: high for tp, (_, high) in marks.items()})
 
     def partitions(self, start: dict, end: dict) -> list[KafkaRange]:
         begin = om.from_map(start)
-        ranges = []
-        for (topic, partition), stop in sorted(om.from_map(end).items()):
-            first = begin.get((topic, partition), 0)
-            if stop > first:
-                ranges.append(KafkaRange(topic, partition, first, stop))
-        return ranges
+        stops = om.from_map(end)
+        ranges = [(tp, begin.get(tp, 0), stop) for tp, stop in sorted(stops.items()) if stop > begin.get(tp, 0)]
+        floors: dict = {}
+        if wm.PROGRESS_KEY in end:
+            # From the progress as planned (time included): a replay computes the same floors.
+            floors = wm.Progress.from_json(end[wm.PROGRESS_KEY]).floors([tp for tp, _, _ in ranges],
+                                                                          self.idle_timeout_ms)
+        return [KafkaRange(tp[0], tp[1], first, stop, floors.get(tp)) for tp, first, stop in ranges]
 
     def read(self, partition: KafkaRange) -> Iterator:
-        return read_range(self.client, partition.topic, partition.partition, partition.start, partition.end)
+        return read_range(
+            self.client, partition.topic, partition.partition, partition.start, partition.end, partition.floor
+        )
 
     def commit(self, end: dict) -> None:
         """Nothing to do: progress lives in the Spark checkpoint, not in group offsets."""

@@ -17,9 +17,12 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from connectors.schema_registry import ConfluentAvroDecoder, SchemaRegistryClient
 from service.kafka_to_delta.changelog_batch import CHANGELOG_SCHEMA, ChangelogBatchDecoder, Column
+from service.kafka_to_delta.event_time_progress import WATERMARK_COLUMN, EventTimeMaxima, PartitionWatermark
 from service.settings import PipelineSettings
 
 CHANGELOG_SPARK_SCHEMA = from_arrow_schema(CHANGELOG_SCHEMA)
+_STREAM_SCHEMA = CHANGELOG_SCHEMA.append(pa.field(WATERMARK_COLUMN, pa.int64()))
+_STREAM_SPARK_SCHEMA = from_arrow_schema(_STREAM_SCHEMA)
 __all__ = ["CHANGELOG_SCHEMA", "CHANGELOG_SPARK_SCHEMA", "batch_decoder", "changelog_stream"]
 
 
@@ -45,18 +48,28 @@ def _topic_scoped(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 class _Decode:
-    """The `mapInArrow` function (a picklable callable)."""
+    """The `mapInArrow` function (a picklable callable): changelog rows plus each row's watermark
+    candidate; the largest event time per partition goes to `maxima`."""
 
-    def __init__(self, decoder: ChangelogBatchDecoder, scope_by_topic: bool) -> None:
+    def __init__(self, decoder: ChangelogBatchDecoder, scope_by_topic: bool, maxima: EventTimeMaxima | None) -> None:
         self.decoder = decoder
         self.scope_by_topic = scope_by_topic
+        self.maxima = maxima
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        watermark = PartitionWatermark()
         for batch in batches:
             decoded = self.decoder(batch)
-            yield _topic_scoped(decoded) if self.scope_by_topic else decoded
+            if self.scope_by_topic:
+                decoded = _topic_scoped(decoded)
+            candidates = watermark.candidates(batch, decoded)
+            yield pa.RecordBatch.from_arrays([*decoded.columns, candidates], schema=_STREAM_SCHEMA)
+        if self.maxima is not None:
+            self.maxima.report(watermark.maxima)
 
 
-def changelog_stream(raw: DataFrame, pipeline: PipelineSettings) -> DataFrame:
-    """The changelog rows (`CHANGELOG_SCHEMA`) of a Kafka record stream."""
-    return raw.mapInArrow(_Decode(batch_decoder(pipeline), len(pipeline.topics) > 1), CHANGELOG_SPARK_SCHEMA)
+def changelog_stream(raw: DataFrame, pipeline: PipelineSettings, maxima: EventTimeMaxima | None = None) -> DataFrame:
+    """The changelog rows (`CHANGELOG_SCHEMA`, plus `WATERMARK_COLUMN`) of a Kafka record stream;
+    the largest event time read per partition is reported to `maxima`."""
+    decode = _Decode(batch_decoder(pipeline), len(pipeline.topics) > 1, maxima)
+    return raw.mapInArrow(decode, _STREAM_SPARK_SCHEMA)

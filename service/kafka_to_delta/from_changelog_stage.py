@@ -48,6 +48,7 @@ from service.kafka_to_delta.changelog_batch import CHANGELOG_SCHEMA, Column
 from service.kafka_to_delta.dead_letters import Stage
 from service.kafka_to_delta.decode_stage import CHANGELOG_SPARK_SCHEMA
 from service.kafka_to_delta.event_time_order import EventTimeBuffer, compact
+from service.kafka_to_delta.event_time_progress import WATERMARK_COLUMN
 from service.kafka_to_delta.from_changelog import Marker
 from service.kafka_to_delta.from_changelog_settings import FromChangelogSettings, LateHandling, RecordHandling
 from service.kafka_to_delta.upsert_unzip import UpsertUnzip
@@ -244,10 +245,12 @@ def _with_watermark(changelog: DataFrame, pipeline: PipelineSettings) -> DataFra
     settings = pipeline.from_changelog
     if settings.order_by is not None:
         moment, delay_s = F.col(Column.EVENT_TIME), settings.watermark_delay_seconds
-    elif pipeline.materialized and pipeline.compaction == "watermark":
+    elif pipeline.materialized and pipeline.effective_compaction == "watermark":
         moment, delay_s = F.coalesce(Column.EVENT_TIME, Column.TIMESTAMP), pipeline.watermark_delay_seconds
     else:
         moment, delay_s = F.col(Column.TIMESTAMP), 0.0  # drives only the cleanup of expired images
+    if WATERMARK_COLUMN in changelog.columns:
+        moment = F.col(WATERMARK_COLUMN)  # the same event time, combined over partitions (minimum)
     delay = f"{int(delay_s * 1000)} milliseconds"
     return changelog.withColumn(_WATERMARK_COLUMN, F.timestamp_millis(moment)).withWatermark(_WATERMARK_COLUMN, delay)
 

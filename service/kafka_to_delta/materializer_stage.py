@@ -39,6 +39,7 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor, Stateful
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from service.changes import ChangeKind
+from service.kafka_to_delta.event_time_progress import WATERMARK_COLUMN
 from service.kafka_to_delta.materializer import Change, Materializer, MaterializerConfig, Outcome
 from service.kafka_to_delta.net_changes import NET_SCHEMA, error_group_key
 
@@ -237,7 +238,9 @@ def materialize(
     # declaration would keep its buffered rows from ever being released.
     if mode == "EventTime" and declare_watermark:
         delay_ms = int(watermark_delay_seconds * 1000) if config.compaction == "watermark" else 0
-        grouped = grouped.withColumn(_WATERMARK_COLUMN, F.timestamp_millis(F.col(EVENT_TIME))).withWatermark(
+        # The decode stage's candidate when there is one: the same event time, combined over partitions.
+        moment = F.col(WATERMARK_COLUMN) if WATERMARK_COLUMN in changelog.columns else F.col(EVENT_TIME)
+        grouped = grouped.withColumn(_WATERMARK_COLUMN, F.timestamp_millis(moment)).withWatermark(
             _WATERMARK_COLUMN, f"{delay_ms} milliseconds"
         )
     carried = [*_STAGE_COLUMNS, "key", "error", "handling", "stage", "raw_key", "raw_value", "headers"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 
@@ -24,7 +25,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from connectors.delta.engines import open_table
 from connectors.kafka.source import FORMAT_NAME, KafkaSource
-from service import metrics
+from service import metrics, test_hooks
 from service.kafka_to_delta.bad_records import (
     DeadLetterStore,
     failed_rows,
@@ -32,6 +33,7 @@ from service.kafka_to_delta.bad_records import (
 )
 from service.kafka_to_delta.dead_letters import DeadLetterSink
 from service.kafka_to_delta.decode_stage import changelog_stream
+from service.kafka_to_delta.event_time_progress import EventTimeMaxima
 from service.kafka_to_delta.from_changelog_stage import needs_state, stateful_changelog
 from service.kafka_to_delta.materializer import MaterializerConfig
 from service.kafka_to_delta.materializer_stage import StageConfig, materialize
@@ -58,7 +60,7 @@ def stage_config(pipeline: PipelineSettings) -> StageConfig:
     )
     ttl_ms = int(pipeline.materializer_ttl_seconds * 1000)
     return StageConfig(
-        rules=rules, compaction=pipeline.compaction, state_ttl_ms=ttl_ms,
+        rules=rules, compaction=pipeline.effective_compaction, state_ttl_ms=ttl_ms,
         whole_row_key=not pipeline.effective_upsert_key,
     )
 
@@ -103,6 +105,7 @@ class IngestPipeline:
             sink = DeadLetterSink.for_pipeline(settings, pipeline.name, pipeline.dead_letters)
             self.dead_letters = lambda rows, batch_id: sink.store(rows, batch_id, app_id=self.app_id)
         self.materializer_totals: dict[str, int] = {}
+        self.event_times = EventTimeMaxima(spark.sparkContext, self.progress_path)
         self._query_id: str | None = None
         self._query: StreamingQuery | None = None
         self._started = threading.Event()
@@ -117,12 +120,23 @@ class IngestPipeline:
         """Application id of this pipeline's Delta commits."""
         return app_id(self.pipeline, self._query_id)
 
+    @property
+    def progress_path(self) -> str:
+        """Where the largest event time read per partition is handed to the source's planner."""
+        return os.path.join(self.settings.checkpoint_dir(self.pipeline.name), "event_time_progress.json")
+
     def _source(self) -> DataFrame:
+        pipeline = self.pipeline
         reader = (
             self.spark.readStream.format(FORMAT_NAME)
             .option("bootstrap.servers", self.settings.kafka.bootstrap_servers)
-            .option("topics", ",".join(self.pipeline.topics))
+            .option("topics", ",".join(pipeline.topics))
+            .option("progressFile", self.progress_path)
+            .option("alignmentSlackMs", str(int(pipeline.watermark_delay_seconds * 1000)))
+            .option("onDataLoss", pipeline.on_data_loss)
         )
+        if pipeline.idle_timeout_seconds is not None:
+            reader = reader.option("idleTimeoutMs", str(int(pipeline.idle_timeout_seconds * 1000)))
         for key, value in self.settings.kafka.options.items():
             reader = reader.option(f"kafka.{key}", value)
         starting = self.pipeline.starting_offsets
@@ -147,11 +161,13 @@ class IngestPipeline:
         return net.toArrow()
 
     def _process_batch(self, batch: DataFrame, batch_id: int) -> None:
+        test_hooks.hold_batch_if_armed(self.pipeline.name, batch_id)
         if not self._started.wait(_QUERY_ID_TIMEOUT_S):
             raise RuntimeError("streaming query id not known")
         name = self.pipeline.name
         started = time.monotonic()
         net = self._net(batch)
+        self.event_times.flush()
         self._count_materializer(net)
         metrics.record_state(name, self._query.lastProgress if self._query is not None else None)
         failed = failed_rows(net)
@@ -198,7 +214,8 @@ class IngestPipeline:
     def start(self, until_idle: bool) -> StreamingQuery:
         """Start the streaming query; `until_idle` reads what is there now, then ends."""
         self.spark.dataSource.register(KafkaSource)
-        stream = stateful_changelog(changelog_stream(self._source(), self.pipeline), self.pipeline)
+        changelog = changelog_stream(self._source(), self.pipeline, self.event_times)
+        stream = stateful_changelog(changelog, self.pipeline)
         if self.pipeline.materialized:
             stream = materialize(
                 stream, stage_config(self.pipeline), self.pipeline.watermark_delay_seconds,
