@@ -19,6 +19,7 @@ from service.delta_to_kafka.export_settings import ExportSettings
 from service.errors import ConfigError
 from service.kafka_to_delta.dead_letters import DeadLetterSettings
 from service.kafka_to_delta.from_changelog_settings import FromChangelogSettings
+from service.kafka_to_delta.op_mapping import Grouping, parse_op_mapping
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SECRET_HINTS = ("password", "secret", "token", "jaas", "key.pem", "credentials")
@@ -37,6 +38,20 @@ NO_ON_CONFLICT = (
     "is retracted) or `deduplicate` (keep every live row, show the latest, roll back when it is "
     "retracted; state grows with history, bound it with `state_ttl_seconds`)"
 )
+RETRACT_UNDER_BATCH = (
+    "pipeline {name}: `compaction: batch` with `on_conflict: {on_conflict}` is refused for a retract "
+    "source: its op_mapping maps op code {codes} to UPDATE_BEFORE alone, so an update's -U and +U are "
+    "separate records that may sit in different partitions and land in different micro-batches; a "
+    "micro-batch barrier between them makes `{on_conflict}` judge a half-applied update ({harm}). Remove "
+    "`compaction` (the default for this source is `watermark`: the halves of one source transaction share "
+    "an event time and are compacted together; set `watermark_delay_seconds` to how far partitions may "
+    "lag each other) or keep `compaction: batch` with `on_conflict: deduplicate`"
+)
+_BARRIER_HARM = {
+    "nothing": "the new row can be ignored as a conflict and the old one then retracted, leaving no row "
+    "although the source holds one",
+    "error": "the run can stop on a conflict that never existed",
+}
 
 
 class _Frozen(BaseModel):
@@ -121,7 +136,7 @@ class PipelineSettings(_Frozen):
     upsert_key: tuple[str, ...] | None = None
     upsert_materialize: UpsertMaterialize = "auto"
     on_conflict: OnConflict | None = None
-    compaction: Compaction = "batch"
+    compaction: Compaction | None = None  # unset: see `effective_compaction`
     watermark_delay_seconds: float = Field(default=0.0, ge=0)
     sequence_by: tuple[str, ...] = ()
     tombstone_retention_seconds: float = Field(default=86_400.0, ge=0)
@@ -161,6 +176,31 @@ class PipelineSettings(_Frozen):
         return self._materializer_reason() is not None or bool(self.sequence_by)
 
     @property
+    def update_before_codes(self) -> tuple[str, ...]:
+        """Op codes of FROM_CHANGELOG that stand for UPDATE_BEFORE alone (see `retract_source`)."""
+        groupings = parse_op_mapping(self.from_changelog.op_mapping)
+        return tuple(code for code, grouping in groupings.items() if grouping is Grouping.UPDATE_BEFORE)
+
+    @property
+    def retract_source(self) -> bool:
+        """Whether an update's -U can arrive as a record apart from its +U (spec: retract sources).
+
+        True when an op code maps to UPDATE_BEFORE alone (the `flat` preset, the spec's default
+        mapping): its +U is another record, possibly in another partition and micro-batch. False
+        when every -U comes with its +U from one record: 'UPDATE_BEFORE, UPDATE_AFTER' (Debezium
+        'u') or 'INSERT, UPDATE_BEFORE, UPDATE_AFTER' (the -U is the stored previous image).
+        """
+        return bool(self.update_before_codes)
+
+    @property
+    def effective_compaction(self) -> Compaction:
+        """`compaction` as configured; unset: `watermark` when the materializer runs on a retract
+        source (a micro-batch barrier could fall between -U and +U), else `batch`."""
+        if self.compaction is not None:
+            return self.compaction
+        return "watermark" if self.materialized and self.retract_source else "batch"
+
+    @property
     def materializer_ttl_seconds(self) -> float:
         """The materializer's state TTL: its own setting, else the pipeline's (0 = forever)."""
         own = self.materializer_state_ttl_seconds
@@ -184,7 +224,19 @@ class PipelineSettings(_Frozen):
             )
         if self.compaction == "watermark" and not self.materialized:
             raise ValueError("compaction: watermark needs the materializer (upsert_materialize: force or auto)")
+        self._check_retract_source_barrier()
         return self
+
+    def _check_retract_source_barrier(self) -> None:
+        # Spec (on-conflict): DO ERROR / DO NOTHING assume no barrier between -U and +U, which a
+        # retract source cannot promise; the micro-batch is such a barrier, the watermark is not.
+        if self.on_conflict not in ("error", "nothing") or self.effective_compaction != "batch":
+            return
+        if self.materialized and self.retract_source:
+            codes = ", ".join(repr(code) for code in self.update_before_codes)
+            raise ValueError(RETRACT_UNDER_BATCH.format(
+                name=self.name, on_conflict=self.on_conflict, codes=codes, harm=_BARRIER_HARM[self.on_conflict]
+            ))
 
 
 class Settings(_Frozen):

@@ -119,3 +119,48 @@ def test_policies_need_their_stores(fields, needle):
 
 def test_sequence_by_runs_the_materializer_even_when_the_keys_agree():
     assert settings_from_mapping(_pipeline(sequence_by="ts_ms", on_conflict="error")).pipelines[0].materialized
+
+
+# Retract sources (spec on-conflict: no DO ERROR / DO NOTHING under a barrier between -U and +U).
+SEATS = {"primary_key": ["passenger"], "upsert_key": ["passenger", "seat"], "from_changelog": {"preset": "flat"}}
+
+
+@pytest.mark.parametrize("from_changelog, retract", [
+    ({"preset": "flat"}, True),
+    ({"op_mapping": {"+I": "INSERT", "-U": "UPDATE_BEFORE", "+U": "UPDATE_AFTER", "-D": "DELETE"}}, True),
+    ({"preset": "debezium"}, False),  # 'u' gives -U and +U from one record
+    ({"preset": "debezium-upsert"}, False),
+    ({"preset": "deletion-flag"}, False),
+    ({"preset": "upsert-kafka"}, False),
+    ({"op_mapping": {"u": "INSERT, UPDATE_BEFORE, UPDATE_AFTER", "d": "DELETE"}, "state_ttl_seconds": 0}, False),
+])
+def test_a_retract_source_is_one_whose_op_mapping_emits_update_before_alone(from_changelog, retract):
+    pipeline = settings_from_mapping(_pipeline(**{**SEATS, "from_changelog": from_changelog},
+                                               on_conflict="deduplicate")).pipelines[0]
+    assert pipeline.retract_source is retract
+    assert pipeline.effective_compaction == ("watermark" if retract else "batch")
+
+
+@pytest.mark.parametrize("on_conflict, harm", [
+    ("nothing", "leaving no row although the source holds one"),
+    ("error", "stop on a conflict that never existed"),
+])
+def test_batch_compaction_with_nothing_or_error_on_a_retract_source_is_refused_saying_what_to_do(on_conflict, harm):
+    with pytest.raises(ConfigError) as raised:
+        settings_from_mapping(_pipeline(**SEATS, on_conflict=on_conflict, compaction="batch"))
+    message = str(raised.value)
+    assert f"`compaction: batch` with `on_conflict: {on_conflict}` is refused for a retract source" in message
+    assert "'UPDATE_BEFORE' to UPDATE_BEFORE alone" in message and harm in message
+    assert "Remove `compaction` (the default for this source is `watermark`" in message
+    assert "`on_conflict: deduplicate`" in message
+
+
+def test_retract_sources_default_to_watermark_compaction_only_where_the_materializer_runs():
+    seats = settings_from_mapping(_pipeline(**SEATS, on_conflict="nothing")).pipelines[0]
+    assert seats.compaction is None and seats.effective_compaction == "watermark"
+    deduplicate = settings_from_mapping(_pipeline(**SEATS, on_conflict="deduplicate", compaction="batch"))
+    assert deduplicate.pipelines[0].effective_compaction == "batch"
+    plain = settings_from_mapping(_pipeline(from_changelog={"preset": "flat"}, on_conflict="error")).pipelines[0]
+    assert plain.retract_source and not plain.materialized and plain.effective_compaction == "batch"
+    debezium = settings_from_mapping(_pipeline(upsert_key="email", on_conflict="error", compaction="batch"))
+    assert debezium.pipelines[0].effective_compaction == "batch"
