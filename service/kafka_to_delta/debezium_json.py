@@ -11,6 +11,7 @@ personal data. Values stay exactly as parsed: JSON integers stay integers, howev
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,13 @@ _SCHEMA_CACHE_SIZE = 256
 # Every digit becomes "0"; a run of 19 of them may be an integer beyond 64 bits.
 _DIGITS_TO_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
 _LONG_DIGIT_RUN = b"0" * 19
+MAX_NESTING = 200
+"""Deepest nesting of arrays and objects in a document: every later step (key and row encoding
+here, JSON parsing on the driver) stays far from Python's recursion limit (1000 frames)."""
+_TOO_DEEP = f"nested deeper than {MAX_NESTING} levels"
+# A lone surrogate can only come from a \u escape: the UTF-8 decoder refuses encoded ones.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def canonical_json(value: Any) -> str:
@@ -67,19 +75,70 @@ def compact_json(value: Any) -> str:
         return _COMPACT_ENCODER.encode(value)
 
 
+class UnusableJson(ValueError):
+    """JSON the pipeline cannot carry: nested deeper than `MAX_NESTING`, or text that is not
+    Unicode (a lone UTF-16 surrogate escape, which no UTF-8 string column can hold)."""
+
+
 def loads(data: bytes) -> Any:
     """Parse with orjson when that gives exactly what the standard parser would.
 
     orjson turns integers beyond 64 bits into floats and rejects lone surrogates and NaN;
     a long digit run or any orjson failure falls back to `json`, which is exact. Raises
-    `ValueError` (including `UnicodeDecodeError`) for anything that is not JSON.
+    `ValueError` (including `UnicodeDecodeError`) for anything that is not JSON, and
+    `UnusableJson` for JSON nested too deeply or holding a lone surrogate.
     """
+    document = _parse(data)
+    if data.count(b"[") + data.count(b"{") > MAX_NESTING and _deeper_than(document, MAX_NESTING):
+        raise UnusableJson(_TOO_DEEP)
+    return document
+
+
+def _parse(data: bytes) -> Any:
     if _LONG_DIGIT_RUN not in data.translate(_DIGITS_TO_ZERO):
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
             pass
-    return json.loads(data.decode("utf-8"))
+    try:
+        document = json.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise UnusableJson(_TOO_DEEP) from None
+    if _SURROGATE_ESCAPE.search(data) is not None and _has_lone_surrogate(document):
+        raise UnusableJson("a \\u escape is a lone UTF-16 surrogate (the text is not Unicode)")
+    return document
+
+
+def _containers(value: Any) -> list:
+    if type(value) is dict:
+        return [v for v in value.values() if type(v) in (dict, list)]
+    return [v for v in value if type(v) in (dict, list)] if type(value) is list else []
+
+
+def _deeper_than(document: Any, limit: int) -> bool:
+    """True when arrays and objects nest more than `limit` levels (iterative: no recursion)."""
+    level, depth = _containers([document]), 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        level = [child for value in level for child in _containers(value)]
+    return False
+
+
+def _has_lone_surrogate(document: Any) -> bool:
+    pending = [document]
+    while pending:
+        value = pending.pop()
+        if type(value) is str:
+            if _SURROGATE.search(value) is not None:
+                return True
+        elif type(value) is dict:
+            pending.extend(value.keys())
+            pending.extend(value.values())
+        elif type(value) is list:
+            pending.extend(value)
+    return False
 
 
 def parse_json(data: bytes, what: str) -> Any:
@@ -91,8 +150,8 @@ def parse_json(data: bytes, what: str) -> Any:
     except json.JSONDecodeError as exc:
         reason = f"{exc.msg}: line {exc.lineno} column {exc.colno} (char {exc.pos})"
         raise DecodeError(f"{what} is not valid JSON: {reason}") from None
-    except RecursionError:
-        raise DecodeError(f"{what} is not valid JSON: nested too deeply") from None
+    except UnusableJson as exc:
+        raise DecodeError(f"{what} is not usable JSON: {exc}") from None
 
 
 def is_wrapper(document: Any) -> bool:

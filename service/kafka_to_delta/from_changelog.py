@@ -21,6 +21,7 @@ Errors are `RecordRejected` carrying the policy that applies; reasons never quot
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from enum import Enum
@@ -52,6 +53,9 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MS = timedelta(milliseconds=1)
 _UNITS_PER_MS = {TypeName.TIMESTAMP_US: 1_000, TypeName.TIMESTAMP_NS: 1_000_000}
 _MS_PER_DAY = 86_400_000
+# Event times a datetime can hold: beyond them no timestamp column or watermark can either.
+_MIN_MS = (datetime.min.replace(tzinfo=timezone.utc) - _EPOCH) // _MS
+_MAX_MS = (datetime.max.replace(tzinfo=timezone.utc) - _EPOCH) // _MS
 
 
 class Marker(str, Enum):
@@ -132,7 +136,8 @@ def path_value(document: dict, segments: tuple[str, ...]) -> Any:
 
 def event_time_ms(value: Any, type_name: str | None = None) -> int:
     """Epoch milliseconds of an event-time value: a number (milliseconds, or the unit of its
-    Connect type), ISO-8601 text (UTC when no offset) or a datetime. Raises `ValueError`."""
+    Connect type), ISO-8601 text (UTC when no offset) or a datetime. Raises `ValueError`,
+    also for a time outside the years 1-9999 (or a number that is not finite)."""
     if isinstance(value, str):
         try:
             value = datetime.fromisoformat(value[:-1] + "+00:00" if value.endswith("Z") else value)
@@ -142,9 +147,15 @@ def event_time_ms(value: Any, type_name: str | None = None) -> int:
         moment = value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
         return (moment - _EPOCH) // _MS
     if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError("not a finite number")
         if type_name == TypeName.DATE32:
-            return int(value) * _MS_PER_DAY
-        return int(value) // _UNITS_PER_MS.get(type_name or "", 1)
+            ms = int(value) * _MS_PER_DAY
+        else:
+            ms = int(value) // _UNITS_PER_MS.get(type_name or "", 1)
+        if not _MIN_MS <= ms <= _MAX_MS:
+            raise ValueError("out of range (years 1-9999)")
+        return ms
     raise ValueError(f"not a timestamp (got {type(value).__name__})")
 
 
