@@ -108,6 +108,7 @@ class Runner:
             self._start_exports()
 
     def _start_exports(self) -> None:
+        assert self._spark is not None, "start() creates the session first"
         self._exports_started = True
         for export in self.settings.exports:
             entry = _Supervised(export_pipeline(self._spark, self.settings, export))
@@ -145,9 +146,10 @@ class Runner:
             if time.monotonic() >= entry.restart_at:
                 self._start(entry)
             return
-        if entry.query.isActive:
+        query = entry.query
+        if query is None or query.isActive:  # None: not started yet
             return
-        exception = entry.query.exception()
+        exception = query.exception()
         if exception is None:
             entry.finished = True
             _close(entry)

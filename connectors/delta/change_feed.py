@@ -219,7 +219,7 @@ class ChangeFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if self.starting_version != LATEST and not self.starting_version.isdigit():
             raise ConfigError("the delta_cdf option 'startingVersion' must be a version number or 'latest'")
         self.max_versions = _positive(lowered, "maxversionspertrigger", None)
-        self.per_partition = _positive(lowered, "versionsperpartition", DEFAULT_VERSIONS_PER_PARTITION)
+        self.per_partition = _positive(lowered, "versionsperpartition", None) or DEFAULT_VERSIONS_PER_PARTITION
         self.target: int | None = None
         self._table: DeltaRsTable | None = None
 
@@ -301,7 +301,8 @@ class ChangeFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         first, stop = int(start[_VERSION]), int(end[_VERSION])
         return [VersionRange(s, min(s + self.per_partition, stop)) for s in range(first, stop, self.per_partition)]
 
-    def read(self, partition: VersionRange) -> Iterator[pa.RecordBatch]:
+    # Spark hands back the partitions planned above: narrower than the base's InputPartition.
+    def read(self, partition: VersionRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         table = read_versions(self.uri, self.storage_options, partition.start, partition.end - 1, self.schema)
         yield from table.to_batches()
 

@@ -1,12 +1,14 @@
 """The cluster Delta engine: delta-spark (`DeltaTable.merge`, `readChangeFeed`) on the JVM.
 
-Same interface and semantics as `DeltaRsTable`: one MERGE per micro-batch built from the
-engine-neutral `merge_plan`, commits carrying (app id, batch id) so a replayed batch is
+Same protocol (`engines.DeltaEngineTable`) and semantics as `DeltaRsTable`: one MERGE per
+micro-batch built from the engine-neutral `merge_plan` (with `truncate`, WHEN NOT MATCHED BY
+SOURCE THEN DELETE empties the rest of the table in the same commit), a source TRUNCATE with
+no later change as one DELETE, commits carrying (app id, batch id) so a replayed batch is
 skipped, tables created with the change data feed on, additive schema evolution.
 
 Idempotence: Delta's session settings `spark.databricks.delta.write.txnAppId` and
-`...write.txnVersion` make a MERGE commit a SetTransaction action, and make Delta skip the
-MERGE when the table already holds that version or a later one for the app id. They are
+`...write.txnVersion` make a MERGE or DELETE commit a SetTransaction action, and make Delta
+skip the write when the table already holds that version or a later one for the app id. They are
 session-wide, so each table writes through its own `SparkSession.newSession()` (own SQL
 conf, shared SparkContext) and sets them only around its MERGE.
 
@@ -31,7 +33,7 @@ from delta.tables import DeltaMergeBuilder, DeltaTable
 from py4j.java_gateway import JavaClass
 from py4j.protocol import Py4JError, Py4JJavaError
 from pyspark.errors import AnalysisException, PySparkException
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from connectors.delta.delta_rs import CDF_ENABLED, DeltaRsTable, DeltaSchemaError, DeltaWriteError
@@ -159,8 +161,18 @@ class DeltaSparkTable:
             builder = builder.property(key, value)
         self._run(f"create {self.uri}", builder.execute)
 
-    def merge(self, changes: pa.Table, primary_key: tuple[str, ...], app_id: str, batch_id: int) -> None:
-        """Apply net changes: delete where flagged, update where matched, insert where new."""
+    def truncate(self, app_id: str, batch_id: int) -> None:
+        """Delete every row, committed with the batch's application transaction."""
+        if self.schema() is None:
+            return
+        with self._lock, self._transaction(app_id, batch_id):
+            self._run(f"truncate {self.uri}", lambda: DeltaTable.forPath(self._session, self.uri).delete())
+
+    def merge(
+        self, changes: pa.Table, primary_key: tuple[str, ...], app_id: str, batch_id: int, truncate: bool = False
+    ) -> None:
+        """Apply net changes: delete where flagged, update where matched, insert where new;
+        with `truncate`, also delete every stored row the batch does not match."""
         existing = self.schema()
         if existing is None:
             raise DeltaSchemaError(f"table {self.uri} does not exist; create it first")
@@ -170,7 +182,7 @@ class DeltaSparkTable:
                 self._add_columns(plan.new_columns)
             with self._transaction(app_id, batch_id):
                 self._run(f"MERGE into {self.uri}",
-                          lambda: self._builder(plan, self._session.createDataFrame(changes)).execute())
+                          lambda: self._builder(plan, self._session.createDataFrame(changes), truncate).execute())
 
     def load_cdf(self, starting_version: int, ending_version: int | None = None) -> pa.Table:
         """Change-feed rows of versions [starting_version, ending_version] (to the latest if None)."""
@@ -183,14 +195,17 @@ class DeltaSparkTable:
             reader = reader.option("endingVersion", str(ending_version))
         return normalize_cdf(self._run(f"read the change feed of {self.uri}", lambda: reader.load(self.uri).toArrow()))
 
-    def _builder(self, plan: MergePlan, source: DataFrame) -> DeltaMergeBuilder:
+    def _builder(self, plan: MergePlan, source: DataFrame, truncate: bool) -> DeltaMergeBuilder:
         target = DeltaTable.forPath(self._session, self.uri).alias(plan.target_alias)
-        return (
+        updates: dict[str, str | Column] = dict(plan.update.mapping())
+        inserts: dict[str, str | Column] = dict(plan.insert.mapping())
+        builder = (
             target.merge(source.alias(plan.source_alias), plan.predicate)
             .whenMatchedDelete(condition=plan.delete.condition)
-            .whenMatchedUpdate(condition=plan.update.condition, set=plan.update.mapping())
-            .whenNotMatchedInsert(condition=plan.insert.condition, values=plan.insert.mapping())
+            .whenMatchedUpdate(condition=plan.update.condition, set=updates)
+            .whenNotMatchedInsert(condition=plan.insert.condition, values=inserts)
         )
+        return builder.whenNotMatchedBySourceDelete() if truncate else builder
 
     def _add_columns(self, fields: Sequence[pa.Field]) -> None:
         """Additive schema change in its own commit (no data): an empty append with mergeSchema."""

@@ -16,12 +16,16 @@ from service.errors import ConfigError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from connectors.delta.delta_rs import DeltaRsTable
+    from connectors.delta.delta_spark import DeltaSparkTable
+
 Engine = Literal["delta-rs", "delta-spark"]
 ENGINES: tuple[str, ...] = get_args(Engine)
 
 
 class DeltaEngineTable(Protocol):
-    """What the sinks and the change-feed reader need from one Delta table."""
+    """What the MERGE sink needs from one Delta table; `DeltaRsTable` and `DeltaSparkTable`
+    both satisfy it completely (mypy checks it in CI: tests/unit/test_types.py)."""
 
     uri: str
 
@@ -37,8 +41,21 @@ class DeltaEngineTable(Protocol):
     def create(self, schema: pa.Schema) -> None:
         """Create the table (change data feed on) unless it exists."""
 
-    def merge(self, changes: pa.Table, primary_key: tuple[str, ...], app_id: str, batch_id: int) -> None:
-        """Apply one batch of net changes under the application transaction (app_id, batch_id)."""
+    def truncate(self, app_id: str, batch_id: int) -> None:
+        """Delete every row in one commit under the application transaction (app_id, batch_id)."""
+
+    def merge(
+        self, changes: pa.Table, primary_key: tuple[str, ...], app_id: str, batch_id: int, truncate: bool = False
+    ) -> None:
+        """Apply one batch of net changes (see `merge_plan`) under the application transaction
+        (app_id, batch_id); with `truncate`, every stored row the batch does not match is
+        deleted in the same commit (a source TRUNCATE followed by the batch's changes)."""
+
+
+if TYPE_CHECKING:
+    # Every engine satisfies the whole protocol: mypy fails here when one misses a member
+    # or a parameter (the sink calls each of them).
+    _ENGINES_CONFORM: tuple[type[DeltaEngineTable], ...] = (DeltaRsTable, DeltaSparkTable)
 
 
 def open_table(

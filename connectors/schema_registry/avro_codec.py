@@ -76,7 +76,7 @@ class AvroRecordCodec:
         """Compile a schema definition; raises `AvroSchemaError` unless it is a usable record."""
         try:
             named: dict[str, Any] = {}
-            parsed = fastavro.parse_schema(definition, named)
+            parsed: Any = fastavro.parse_schema(definition, named)
             if base_type(parsed) != "record" or not isinstance(parsed.get("fields"), list):
                 raise AvroSchemaError(f"the schema is a {base_type(parsed)}, not a record")
             image = row_image(parsed, named)
@@ -93,7 +93,7 @@ class AvroRecordCodec:
         """The JSON-form document of one Avro body (schemaless, no header)."""
         stream = io.BytesIO(body)
         try:
-            record = fastavro.schemaless_reader(stream, self.raw_schema, None)
+            record: Any = fastavro.schemaless_reader(stream, self.raw_schema, None)
         except _BODY_PROBLEMS as exc:
             raise ValueError(_body_problem(exc)) from None
         trailing = len(body) - stream.tell()

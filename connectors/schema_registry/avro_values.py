@@ -215,7 +215,7 @@ def _unscaled(value: Any, scale: int) -> int:
     if not number.is_finite():
         raise FieldValueError((), "a value is not a finite number")
     sign, digits, exponent = number.as_tuple()
-    unscaled, shift = int("".join(map(str, digits)) or "0"), exponent + scale
+    unscaled, shift = int("".join(map(str, digits)) or "0"), int(exponent) + scale
     if shift >= 0:
         unscaled *= 10**shift
     else:

@@ -24,7 +24,7 @@ def redacted_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
-def _restore(cls: type, state: dict[str, Any], args: tuple) -> BaseException:
+def _restore(cls: type[BaseException], state: dict[str, Any], args: tuple) -> BaseException:
     error = cls.__new__(cls)
     error.__dict__.update(state)
     error.args = args
@@ -33,6 +33,8 @@ def _restore(cls: type, state: dict[str, Any], args: tuple) -> BaseException:
 
 class _Picklable:
     """Errors whose constructors take more than a message still pickle (Spark workers)."""
+
+    args: tuple[Any, ...]  # mixed into exceptions only
 
     def __reduce__(self) -> tuple:
         return _restore, (type(self), dict(self.__dict__), self.args)
