@@ -26,6 +26,8 @@ _SECRET_HINTS = ("password", "secret", "token", "jaas", "key.pem", "credentials"
 _NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$"
 
 DEFAULT_MAX_OFFSETS_PER_TRIGGER = 200_000
+DEFAULT_IDLE_TIMEOUT_SECONDS = 0.0
+OnDataLoss = Literal["fail", "earliest"]
 StartingOffsets = Literal["earliest", "latest"]
 InputFormat = Literal["json", "debezium-json", "avro-confluent"]
 OnConflict = Literal["error", "nothing", "deduplicate"]
@@ -138,6 +140,11 @@ class PipelineSettings(_Frozen):
     on_conflict: OnConflict | None = None
     compaction: Compaction | None = None  # unset: see `effective_compaction`
     watermark_delay_seconds: float = Field(default=0.0, ge=0)
+    # Per-partition watermark: a partition with no unread data for this long stops holding the
+    # event-time watermark back (0: as soon as it is caught up; null: never).
+    idle_timeout_seconds: float | None = Field(default=DEFAULT_IDLE_TIMEOUT_SECONDS, ge=0)
+    # Offsets deleted before they were read: fail (DataLoss) or resume at the earliest offset left.
+    on_data_loss: OnDataLoss = "fail"
     sequence_by: tuple[str, ...] = ()
     tombstone_retention_seconds: float = Field(default=86_400.0, ge=0)
     state_ttl_seconds: float = Field(default=0.0, ge=0)

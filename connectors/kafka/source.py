@@ -168,7 +168,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end = wm.aligned_shares(begin, available, max_rows, progress, self.slack_ms)
         if all(end[tp] == om.from_map(start).get(tp) for tp in end):
             return start  # nothing new: the very same offset, or Spark would run an empty batch
-        return {**om.to_map(end), wm.PROGRESS_KEY: progress.to_json()}
+        holding = progress.holding({tp: available[tp] > end[tp] for tp in available}, self.idle_timeout_ms)
+        floors = progress.floors([tp for tp in end if end[tp] > begin[tp]], holding)
+        return {**om.to_map(end), wm.PROGRESS_KEY: progress.floors_json(floors)}
 
     def reportLatestOffset(self) -> dict | None:
         marks = self._marks or self._watermarks()
@@ -178,11 +180,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin = om.from_map(start)
         stops = om.from_map(end)
         ranges = [(tp, begin.get(tp, 0), stop) for tp, stop in sorted(stops.items()) if stop > begin.get(tp, 0)]
-        floors: dict = {}
-        if wm.PROGRESS_KEY in end:
-            # From the progress as planned (time included): a replay computes the same floors.
-            floors = wm.Progress.from_json(end[wm.PROGRESS_KEY]).floors([tp for tp, _, _ in ranges],
-                                                                          self.idle_timeout_ms)
+        floors = wm.planned_floors(end.get(wm.PROGRESS_KEY))  # as planned: a replay uses the same
         return [KafkaRange(tp[0], tp[1], first, stop, floors.get(tp)) for tp, first, stop in ranges]
 
     def read(self, partition: KafkaRange) -> Iterator:

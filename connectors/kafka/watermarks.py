@@ -15,7 +15,8 @@ Where the parts run:
   restart resumes from exactly the recorded state. It learns the event times of the records it
   handed out from the `ProgressFile` the pipeline writes after each batch (event times live in
   the decoded payload, which only the pipeline sees).
-- Each input range gets the floor of the *other* active partitions (`floors`). Where the records
+- Each input range gets the floor of the *other* partitions that hold the watermark (`holding`,
+  `floors`), recorded with the batch's offsets so a replay uses the same. Where the records
   are decoded, a row's watermark candidate is min(largest event time read so far in its own
   partition, that floor); Spark's watermark is the maximum of the candidates minus the delay.
   A candidate never exceeds the true combined watermark, because the other partitions' progress
@@ -112,15 +113,43 @@ class Progress:
             return None
         return min(self.partitions[tp].max_event_ms or NO_WATERMARK for tp in active)
 
-    def floors(self, ranges: list[TopicPartition], idle_timeout_ms: int | None) -> dict:
-        """Per partition read in this batch: the minimum progress of the *other* active partitions
-        (None: no other partition holds the watermark)."""
-        active = self.active(idle_timeout_ms)
+    def holding(self, unread_after: Mapping[TopicPartition, bool], idle_timeout_ms: int | None) -> list:
+        """Partitions that hold the watermark the batch being planned produces.
+
+        With a timeout of 0 a partition stops holding it as soon as it is caught up, and the
+        watermark this batch produces applies once the batch is read, so what counts is whether
+        a partition still has unread data *after* the batch (`unread_after`); when none has,
+        nothing holds the watermark back and it follows the largest event time read (as when
+        every input channel is idle). Otherwise: `active` at planning time.
+        """
+        if idle_timeout_ms == 0:
+            return sorted(tp for tp in self.partitions if unread_after.get(tp, False))
+        return sorted(self.active(idle_timeout_ms))
+
+    def floors(self, ranges: list[TopicPartition], holding: list[TopicPartition]) -> dict:
+        """Per partition read in this batch: the least progress of the *other* partitions holding
+        the watermark (None: no other partition holds it)."""
         out: dict[TopicPartition, int | None] = {}
         for tp in ranges:
-            others = [self.partitions[q].max_event_ms or NO_WATERMARK for q in active if q != tp]
+            others = [self.partitions[q].max_event_ms or NO_WATERMARK for q in holding if q != tp]
             out[tp] = min(others) if others else None
         return out
+
+    def floors_json(self, floors: Mapping[TopicPartition, int | None]) -> dict:
+        """`to_json()` with the planned floors (what a replay of the batch must use)."""
+        planned: dict[str, dict[str, int | None]] = {}
+        for (topic, partition), floor in sorted(floors.items()):
+            planned.setdefault(topic, {})[str(partition)] = floor
+        return {**self.to_json(), "floors": planned}
+
+
+def planned_floors(data: Mapping | None) -> dict[TopicPartition, int | None]:
+    """The floors recorded with a batch's offsets by `Progress.floors_json` (none: empty)."""
+    return {
+        (topic, int(partition)): floor
+        for topic, by_partition in (data or {}).get("floors", {}).items()
+        for partition, floor in by_partition.items()
+    }
 
 
 def aligned_shares(

@@ -12,7 +12,10 @@ group and micro-batch, in this order:
   (`UpsertUnzip`). Its TTL is processing time since the key's last access and is checked on
   every access, so an expired image is never used; state TTL of the store itself is refused in
   event-time mode, so a cleanup timer removes expired images (it fires when the watermark
-  passes the wall-clock time left, and re-arms while the image is live).
+  passes the time left, and re-arms while the image is live). Time is the data's own, never the
+  wall clock: the largest event time (`order_by`, else Kafka record time) of the group's rows in
+  the micro-batch, or the watermark when a timer fires; a batch replayed after a crash therefore
+  decides exactly as it did the first time. The TTL counts in that time.
 - Compaction (ORDER BY only): the window released for a group is reduced to its net effect per
   upsert key (`compact`), so intermediate versions never reach the table.
 
@@ -33,7 +36,6 @@ rows as late: this stage decides, and can dead-letter them.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -131,9 +133,14 @@ def _last_positions(rows: list[dict]) -> list[dict]:
 class OrderAndUnzipProcessor(StatefulProcessor):
     """ORDER BY buffer, previous image and cleanup time of one (topic, partition key) group."""
 
-    def __init__(self, config: OrderAndUnzipConfig, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, config: OrderAndUnzipConfig, clock: Callable[[], float] | None = None) -> None:
         self.config = config
-        self.clock = clock
+        self.clock = clock or self._data_clock
+        self._data_now_ms = 0
+
+    def _data_clock(self) -> float:
+        """Seconds of data time: what `_process` last saw (see the module docstring)."""
+        return self._data_now_ms / 1000
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         """Declare the state variables: `order` (buffered rows), `image` and `cleanup_at`."""
@@ -162,6 +169,8 @@ class OrderAndUnzipProcessor(StatefulProcessor):
 
     def _process(self, records: list[dict], timer_values: TimerValues) -> Iterator[Row]:
         watermark = _watermark(timer_values)
+        times = [r[Column.EVENT_TIME] if r[Column.EVENT_TIME] is not None else r[Column.TIMESTAMP] for r in records]
+        self._data_now_ms = max([watermark or 0, *(t for t in times if t is not None)])
         late: list[dict] = []
         changes = records
         if self.config.ordered:
@@ -212,7 +221,7 @@ class OrderAndUnzipProcessor(StatefulProcessor):
         return changes
 
     def _arm_cleanup(self, state: str, watermark: int | None) -> None:
-        """One pending cleanup timer per group, at the watermark plus the wall-clock time left."""
+        """One pending cleanup timer per group, at the watermark plus the time left."""
         expires = self.unzip.expires_at_ms(state)
         armed = self.cleanup_at.get()
         if expires is None or (armed is not None and (watermark is None or armed[0] > watermark)):

@@ -19,7 +19,9 @@ Barriers (`compaction`):
 State TTL (`state_ttl_ms`) counts in the same event time: a key's state is dropped once the
 watermark passes the event time of its last applied change plus the TTL (a later retraction of
 it then finds nothing and is logged, never fatal). Tombstones of sequence_by follow their own
-retention, in wall-clock time, and are pruned when the key is next touched.
+retention, in the same event time (the largest event time of the changes compacted with the delete,
+and later ones), and are pruned when the key is next touched. No decision reads the wall clock, so a
+micro-batch replayed after a crash yields exactly the same state and output.
 
 Every compaction emits one row for the key (kind null when nothing changes) carrying the counters
 and the number of changes it applied. Rows that failed earlier stages pass through untouched
@@ -28,7 +30,6 @@ and the number of changes it applied. Rows that failed earlier stages pass throu
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Literal
 
@@ -182,7 +183,9 @@ class MaterializerProcessor(StatefulProcessor):
         stored = self.state.get()
         previous, touched = stored if stored is not None else (None, None)
         changes = [_change(r, self.config.whole_row_key) for r in records]
-        outcome = self.rules.apply(group, previous, changes, int(time.time() * 1000))
+        # Data time, not the wall clock: a replayed batch decides the same.
+        now_ms = max((int(r[EVENT_TIME]) for r in records if r[EVENT_TIME] is not None), default=0)
+        outcome = self.rules.apply(group, previous, changes, now_ms)
         if outcome.new_state is None:
             if stored is not None:
                 self.state.clear()

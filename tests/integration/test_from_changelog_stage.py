@@ -332,8 +332,9 @@ def images(spark, checkpoint: Path) -> set[str]:
 
 
 def test_spark_4_1_2_2_2_upsert_unzip_with_a_real_state_ttl(spark, workdir):
-    """Wall-clock TTL: within it an upsert retracts the previous image; after it, it inserts, and
-    the cleanup timer removes an image nobody touches again."""
+    """TTL in data time (never the wall clock, so a replay decides the same): within it an upsert
+    retracts the previous image; after it, it inserts, and the cleanup timer removes an image nobody
+    touches again."""
     params = {"state_ttl_seconds": TTL_S, **UPSERT_UNZIP}
     decoded = Decoded(**params)
     now = int(time.time() * 1000)
@@ -354,9 +355,9 @@ def test_spark_4_1_2_2_2_upsert_unzip_with_a_real_state_ttl(spark, workdir):
         assert shown(collected.wait_for(2)[4:]) == [
             ("-D", {"id": 99, "name": "Orphan Updated"}), ("+I", {"id": 99, "name": "Resurrected"}),
         ]
-        time.sleep(TTL_S + 1)
-        # The second record moves the watermark (Kafka time) a minute on: the cleanup timers fire.
-        again = decoded({"op": "upsert", "id": 99, "name": "Again"}, timestamp_ms=now)
+        # TTL_S + 1 later in data time; the second record moves the watermark (Kafka time) a minute
+        # on: the cleanup timers fire.
+        again = decoded({"op": "upsert", "id": 99, "name": "Again"}, timestamp_ms=now + int((TTL_S + 1) * 1000))
         mover = decoded({"op": "upsert", "id": 97, "name": "Mover"}, timestamp_ms=now + 60_000)
         write_batch(workdir / "in", 2, again + mover)
         assert shown(collected.wait_for(3)[6:]) == [

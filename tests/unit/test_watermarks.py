@@ -14,6 +14,7 @@ from connectors.kafka.watermarks import (
     Progress,
     ProgressFile,
     aligned_shares,
+    planned_floors,
 )
 from connectors.kafka.offsets import from_map
 from service.kafka_to_delta.event_time_progress import PartitionWatermark
@@ -29,13 +30,13 @@ def progress(at_ms: int = 1_000, **parts: tuple[int | None, int | None]) -> Prog
 def test_combined_is_the_minimum_over_active_partitions():
     state = progress(p0=(500, None), p1=(200, None), p2=(900, None))
     assert state.combined(IDLE_MS) == 200
-    assert state.floors([P0, P1], IDLE_MS) == {P0: 200, P1: 500}
+    assert state.floors([P0, P1], state.holding({}, IDLE_MS)) == {P0: 200, P1: 500}
 
 
 def test_a_partition_not_read_yet_holds_the_watermark_back():
     state = progress(p0=(500, None), p1=(None, None))
     assert state.combined(IDLE_MS) == NO_WATERMARK
-    assert state.floors([P0], IDLE_MS) == {P0: NO_WATERMARK}
+    assert state.floors([P0], state.holding({}, IDLE_MS)) == {P0: NO_WATERMARK}
 
 
 def test_an_idle_partition_stops_holding_the_watermark_after_the_timeout():
@@ -43,8 +44,25 @@ def test_an_idle_partition_stops_holding_the_watermark_after_the_timeout():
     assert before.combined(IDLE_MS) == 200  # idle for 10 s < 30 s: still holds
     after = progress(at_ms=40_000, p0=(500, None), p1=(200, 0))
     assert after.combined(IDLE_MS) == 500
-    assert after.floors([P0], IDLE_MS) == {P0: None}
+    assert after.floors([P0], after.holding({}, IDLE_MS)) == {P0: None}
     assert after.combined(None) == 200  # no timeout: an idle partition always holds
+
+
+def test_with_no_idle_timeout_only_partitions_left_with_unread_data_hold_the_next_watermark():
+    state = progress(p0=(500, None), p1=(200, None), p2=(None, None))
+    holding = state.holding({P0: False, P1: True, P2: False}, 0)  # only p1 keeps a backlog after the batch
+    assert holding == [P1]
+    assert state.floors([P0, P1, P2], holding) == {P0: 200, P1: None, P2: 200}
+    # Everything read: nothing holds the watermark back, it follows the largest event time read.
+    assert state.floors([P0, P1], state.holding({}, 0)) == {P0: None, P1: None}
+
+
+def test_planned_floors_travel_with_the_offsets():
+    state = progress(p0=(500, None), p1=(200, None))
+    recorded = state.floors_json({P0: 200, P1: None})
+    assert planned_floors(recorded) == {P0: 200, P1: None}
+    assert Progress.from_json(recorded) == state
+    assert planned_floors(None) == {}
 
 
 def test_advanced_merges_reported_maxima_and_tracks_idleness():
@@ -131,7 +149,7 @@ def test_per_partition_watermark_holds_compaction_back_while_one_partition_lags(
     delay_ms = 5_000
     state = Progress({P0: PartitionProgress(None, None), P1: PartitionProgress(None, None)}, 0)
     state = state.advanced({P0: 200_000, P1: 10_000}, {P0: True, P1: True}, now_ms=1_000)
-    floors = state.floors([P0, P1], IDLE_MS)
+    floors = state.floors([P0, P1], state.holding({P0: True, P1: True}, 0))
     p0 = PartitionWatermark().candidates(*_records(floors[P0], [200_000, 201_000]))
     p1 = PartitionWatermark().candidates(*_records(floors[P1], [10_500, 11_000]))
     spark_watermark = max(p0.to_pylist() + p1.to_pylist()) - delay_ms
