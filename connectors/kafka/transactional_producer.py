@@ -4,10 +4,12 @@ A `TransactionalProducer` owns one `transactional.id`. `open()` calls `init_tran
 which fences any older producer with the same id (a zombie of a crashed process) and aborts
 its open transaction, so afterwards this instance is the only writer for that id.
 
-`send_batch(records, position)` publishes the records to the output topic and the position
-record to the positions topic in ONE transaction: a read_committed consumer sees both or
-neither. `last_committed_position(key)` reads the positions topic back (read_committed, to
-its end); call it after `open()` so no transaction of our own id is still pending.
+`send_batch(records, position, state)` publishes the records to the output topic, the
+position record to the positions topic and the state records (if any) to the state topic in
+ONE transaction: a read_committed consumer sees all of them or none. `last_committed_position(key)`
+reads the positions topic back and `committed_state()` the state topic (read_committed, to the
+end, the last value per key, a null value deleting the key); call them after `open()` so no
+transaction of our own id is still pending. Both topics are compacted.
 
 Errors: fatal librdkafka errors (fenced by a newer instance, authorization) raise
 `TransactionFatal` (terminal); abortable and retriable ones abort the transaction and raise
@@ -29,9 +31,11 @@ from connectors.kafka.errors import KafkaUnavailable
 from service.errors import TerminalError, TransientError
 
 KafkaRecord = tuple[bytes | None, bytes | None, list[tuple[str, bytes]] | None]
+StateRecord = tuple[bytes, bytes | None]  # (key, value); a None value deletes the key
 COMPACTED = {"cleanup.policy": "compact"}
 DEFAULT_TIMEOUT_S = 60.0
 _POLL_S = 0.5
+_READ_BATCH = 10_000
 _BROKER_DEFAULT_REPLICATION = -1
 
 
@@ -73,11 +77,13 @@ class TransactionalProducer:
         output_topic: str,
         positions_topic: str,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        state_topic: str | None = None,
     ) -> None:
         self.config = dict(config)
         self.transactional_id = transactional_id
         self.output_topic = output_topic
         self.positions_topic = positions_topic
+        self.state_topic = state_topic
         self.timeout_s = timeout_s
         self._producer: Producer | None = None
 
@@ -94,10 +100,11 @@ class TransactionalProducer:
         return TransactionAborted(f"{self._where()}: {action} failed: {reason}")
 
     def open(self) -> None:
-        """Register the transactional id (fencing older instances) and make sure the positions topic exists."""
+        """Register the transactional id (fencing older instances); make sure positions and state topics exist."""
         if self._producer is not None:
             return
-        ensure_compacted_topic(self.config, self.positions_topic, self.timeout_s)
+        for topic in filter(None, (self.positions_topic, self.state_topic)):
+            ensure_compacted_topic(self.config, topic, self.timeout_s)
         producer = Producer({
             **self.config,
             "transactional.id": self.transactional_id,
@@ -110,14 +117,18 @@ class TransactionalProducer:
             raise self._wrap(exception, "init_transactions") from None
         self._producer = producer
 
-    def send_batch(self, records: Iterable[KafkaRecord], position: PositionRecord) -> None:
-        """Publish `records` and `position` atomically; on any error abort the transaction and raise."""
+    def send_batch(
+        self, records: Iterable[KafkaRecord], position: PositionRecord, state: Iterable[StateRecord] = (),
+    ) -> None:
+        """Publish `records`, `state` and `position` atomically; on any error abort the transaction and raise."""
         self.open()
         producer = self._producer
         try:
             producer.begin_transaction()
             for key, value, headers in records:
                 self._produce(self.output_topic, key, value, list(headers) if headers else None)
+            for key, value in state:
+                self._produce(self._state_topic(), key, value, None)
             self._produce(self.positions_topic, position.key.encode(), position.value, None)
             producer.commit_transaction(self.timeout_s)
         except KafkaException as exception:
@@ -143,16 +154,28 @@ class TransactionalProducer:
         except KafkaException:
             pass  # fatal or unknown state: the next open() fences and aborts it anyway
 
+    def _state_topic(self) -> str:
+        if self.state_topic is None:
+            raise ValueError(f"{self._where()}: state records given, but no state topic configured")
+        return self.state_topic
+
     def last_committed_position(self, key: str) -> bytes | None:
         """The value of the last committed position record for `key`, or None if there is none."""
-        ensure_compacted_topic(self.config, self.positions_topic, self.timeout_s)
-        # Only committed positions count, whatever the configured options say.
+        return self._committed(self.positions_topic, "positions").get(key.encode())
+
+    def committed_state(self) -> dict[bytes, bytes]:
+        """The live committed records of the state topic: the last value per key, deleted keys left out."""
+        return self._committed(self._state_topic(), "state")
+
+    def _committed(self, topic: str, purpose: str) -> dict[bytes, bytes]:
+        ensure_compacted_topic(self.config, topic, self.timeout_s)
+        # Only committed records count, whatever the configured options say.
         committed_only = {"isolation.level": "read_committed", "enable.partition.eof": "true"}
-        consumer = Consumer({**client_config(self.config, "positions"), **committed_only})
+        consumer = Consumer({**client_config(self.config, purpose), **committed_only})
         try:
-            return _latest_value(consumer, self.positions_topic, key.encode(), self.timeout_s)
+            return _live_values(consumer, topic, self.timeout_s)
         except KafkaException as exception:
-            raise KafkaUnavailable(f"topic={self.positions_topic}: cannot read positions: {exception}") from None
+            raise KafkaUnavailable(f"topic={topic}: cannot read {purpose}: {exception}") from None
         finally:
             consumer.close()
 
@@ -163,8 +186,8 @@ class TransactionalProducer:
             producer.close()
 
 
-def _latest_value(consumer: Consumer, topic: str, key: bytes, timeout_s: float) -> bytes | None:
-    """Read every partition of `topic` to its end (read_committed); the last value for `key` wins."""
+def _live_values(consumer: Consumer, topic: str, timeout_s: float) -> dict[bytes, bytes]:
+    """Read every partition of `topic` to its end (read_committed): the last value per key, as compaction keeps."""
     partitions = sorted(consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions)
     ends = {
         p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s, cached=False)[1]
@@ -172,21 +195,27 @@ def _latest_value(consumer: Consumer, topic: str, key: bytes, timeout_s: float) 
     }
     pending = {p for p, end in ends.items() if end > 0}
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(pending)])
-    latest: bytes | None = None
+    live: dict[bytes, bytes] = {}
     deadline = time.monotonic() + timeout_s
     while pending:
         if time.monotonic() > deadline:
             # An open transaction of another writer holds the stable offset below the end.
-            raise KafkaUnavailable(f"topic={topic}: positions not readable to their end within {timeout_s:.0f}s")
-        message = consumer.poll(_POLL_S)
-        if message is not None and message.error() is None and message.key() == key:
-            latest = message.value()
-        if message is not None and message.error() is not None and message.error().code() != KafkaError._PARTITION_EOF:
-            raise KafkaException(message.error())
+            raise KafkaUnavailable(f"topic={topic}: not readable to its end (no progress within {timeout_s:.0f}s)")
+        messages = consumer.consume(_READ_BATCH, _POLL_S)
+        for message in messages:
+            if message.error() is not None:
+                if message.error().code() != KafkaError._PARTITION_EOF:
+                    raise KafkaException(message.error())
+            elif message.value() is None:
+                live.pop(message.key(), None)
+            else:
+                live[message.key()] = message.value()
+        if messages:
+            deadline = time.monotonic() + timeout_s
         # The position moves past transaction markers too, so it reaches the end offset.
         positions = consumer.position([TopicPartition(topic, p) for p in pending])
         pending -= {tp.partition for tp in positions if tp.offset >= ends[tp.partition]}
-    return latest
+    return live
 
 
 def ensure_compacted_topic(config: dict[str, str], topic: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:

@@ -32,6 +32,7 @@ import orjson
 import pyarrow as pa
 
 from service.changes import Envelope
+from service.delta_to_kafka.changelog_state import StateRecord
 from service.delta_to_kafka.export_settings import ExportSettings
 from service.delta_to_kafka.to_changelog import OutputRecord, ToChangelog
 from service.errors import ConfigError, TerminalError
@@ -113,10 +114,13 @@ _SCALARS: tuple[tuple[type, Any], ...] = (
 )
 
 
+_AS_IS = frozenset({str, int, bool})  # the common cases, checked by exact type first
+
+
 def json_ready(value: Any) -> Any:
     """`value` with every part replaced by its exact JSON form (see the module docstring)."""
-    if value is None:
-        return None
+    if value is None or type(value) in _AS_IS:
+        return value
     if isinstance(value, dict):
         return {str(k): json_ready(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -215,7 +219,7 @@ class KafkaRecordEncoder:
 class ExportEncoder:
     """TO_CHANGELOG and the record layout together: one flush of the change feed -> Kafka records.
 
-    Callable as the export pipeline's encoder, with `snapshot` / `restore` for its state. The
+    Callable as the export pipeline's encoder, and its `EncoderState` (state records per key). The
     clock gives epoch seconds: the state's TTL and the envelope's `ts_ms` both use it.
     """
 
@@ -236,9 +240,21 @@ class ExportEncoder:
         return self.records.encode(self.changelog.encode_flush(feed, now), processed_at_ms=int(now * 1000))
 
     def snapshot(self) -> bytes:
-        """The encoder's state after the last flush."""
+        """The encoder's whole state after the last flush."""
         return self.changelog.snapshot()
 
     def restore(self, snapshot: bytes | None) -> None:
         """Continue from a snapshot (None: empty state)."""
         self.changelog.restore(snapshot)
+
+    def state_changes(self) -> list[StateRecord]:
+        """State records of the keys touched since the last call (see ChangelogState.changes)."""
+        return self.changelog.state_changes()
+
+    def state_entries(self) -> int:
+        """How many live state records the state has."""
+        return self.changelog.state_entries()
+
+    def restore_state(self, records: Mapping[bytes, bytes]) -> None:
+        """Continue from the export's live state records."""
+        self.changelog.restore_state(records)

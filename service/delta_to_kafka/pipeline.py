@@ -16,9 +16,10 @@ versions above the committed position are ever published, a lost checkpoint rest
 an older starting version publishes no version twice either. To publish a table again from
 the start, use a new export name (it is the transactional id and the position key).
 
-An optional encoder state (`EncoderState`) is snapshotted into the position record of every
-transaction and restored from the committed position whenever the producer is (re)opened,
-so state and published records never diverge.
+An optional encoder state (`EncoderState`) goes to the export's compacted state topic, one
+record per key the batch touched, in the same transaction (export_position.py says why
+there and not in the position record). It is read back from that topic whenever the producer
+is (re)opened, so state and published records never diverge.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import json
 import logging
 import time
 from datetime import datetime
-from typing import Callable, Literal, Protocol
+from typing import Callable, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -37,24 +38,21 @@ from pyspark.sql.streaming import StreamingQuery
 from connectors.delta.change_feed import COMMIT_VERSION, FORMAT_NAME, DeltaChangeFeedSource
 from connectors.kafka.transactional_producer import KafkaRecord, TransactionalProducer
 from service import metrics
-from service.delta_to_kafka.export_position import ExportPosition, PositionStore, batch_end_version
+from service.delta_to_kafka.export_position import (
+    EncoderState,
+    ExportPosition,
+    PositionStore,
+    batch_end_version,
+    restore_encoder_state,
+)
 
 log = logging.getLogger(__name__)
 
 Encoder = Callable[[pa.Table], list[KafkaRecord]]
 DEFAULT_POSITIONS_TOPIC = "cdc-lakehouse.export-positions"
+STATE_TOPIC_PREFIX = "cdc-lakehouse.export-state."
 DEFAULT_MAX_VERSIONS_PER_TRIGGER = 100
 TRANSACTIONAL_ID_PREFIX = "cdc-lakehouse-export-"
-
-
-class EncoderState(Protocol):
-    """State an encoder keeps between flushes (previous images, pending updates)."""
-
-    def snapshot(self) -> bytes:
-        """The state after the last encoded flush."""
-
-    def restore(self, snapshot: bytes | None) -> None:
-        """Continue from a snapshot (None: from empty state)."""
 
 
 def sort_feed(feed: pa.Table) -> pa.Table:
@@ -89,6 +87,7 @@ class ExportPipeline:
         positions_topic: str = DEFAULT_POSITIONS_TOPIC,
         trigger_interval_seconds: float = 1.0,
         encoder_state: EncoderState | None = None,
+        state_topic: str | None = None,
     ) -> None:
         self.spark = spark
         self.name = name
@@ -104,6 +103,7 @@ class ExportPipeline:
         self.positions_topic = positions_topic
         self.trigger_interval_seconds = trigger_interval_seconds
         self.encoder_state = encoder_state
+        self.state_topic = state_topic or f"{STATE_TOPIC_PREFIX}{name}"
         self.committed_batches = 0
         self.skipped_batches = 0
         self.position: ExportPosition | None = None
@@ -119,12 +119,13 @@ class ExportPipeline:
         """The position store with a freshly opened producer; state restored from Kafka."""
         if self._store is None:
             producer = TransactionalProducer(
-                self.kafka_config, self.transactional_id, self.output_topic, self.positions_topic
+                self.kafka_config, self.transactional_id, self.output_topic, self.positions_topic,
+                state_topic=None if self.encoder_state is None else self.state_topic,
             )
             store = PositionStore(producer, self.name, self.table_uri)
             self.position = store.committed()
             if self.encoder_state is not None:
-                self.encoder_state.restore(None if self.position is None else self.position.state)
+                restore_encoder_state(store, self.position, self.encoder_state)
             self._store = store
             log.info("export %s: committed position %s", self.name,
                      "none" if self.position is None else self.position.version)
@@ -159,9 +160,11 @@ class ExportPipeline:
             return
         fresh = after_position(rows, committed)
         records = self.encode(fresh)
-        state = None if self.encoder_state is None else self.encoder_state.snapshot()
+        state, entries = None, 0
+        if self.encoder_state is not None:
+            state, entries = self.encoder_state.state_changes(), self.encoder_state.state_entries()
         encoded = time.monotonic()
-        self.position = store.publish(records, last, state)
+        self.position = store.publish(records, last, state, entries)
         self.committed_batches += 1
         self._record(batch_id, fresh.num_rows, len(records), encoded - started, time.monotonic() - encoded)
 

@@ -22,12 +22,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Mapping
 
 import pyarrow as pa
 
 from service.changes import ChangeKind
-from service.delta_to_kafka.changelog_state import ChangelogState, Image, Key
+from service.delta_to_kafka.changelog_state import ChangelogState, Image, Key, StateRecord
 from service.delta_to_kafka.export_settings import ChangeFeedColumn, ExportSettings
 from service.errors import TerminalError
 
@@ -124,13 +124,26 @@ class ToChangelog:
         return [record for change in changes for record in self._records(change)]
 
     def snapshot(self) -> bytes:
-        """The encoder's state as bytes, for `restore`."""
+        """The encoder's whole state as bytes, for `restore`."""
         return self.state.snapshot()
 
     def restore(self, snapshot: bytes | None) -> None:
         """Continue from a `snapshot` of the same export; None starts from empty state."""
         ttl, key = self.settings.state_ttl_seconds, self.settings.primary_key
         self.state = ChangelogState(ttl, key) if snapshot is None else ChangelogState.restore(snapshot, ttl, key)
+
+    def state_changes(self) -> list[StateRecord]:
+        """State records (key bytes, value or None) of the keys touched since the last call."""
+        return self.state.changes()
+
+    def state_entries(self) -> int:
+        """How many live state records the state has."""
+        return self.state.keys()
+
+    def restore_state(self, records: Mapping[bytes, bytes]) -> None:
+        """Continue from the live state records of the same export (empty: from empty state)."""
+        ttl, key = self.settings.state_ttl_seconds, self.settings.primary_key
+        self.state = ChangelogState.load(records.values(), ttl, key)
 
     def _check_columns(self, feed: pa.Table) -> None:
         names = set(feed.column_names)

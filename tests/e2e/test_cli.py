@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 
 import pytest
 
+from service.test_hooks import ARM_SUFFIX, BATCH_MARKER_ENV
 from service.workload import DebeziumWorkload, create_topics, produce
 from tests.pipeline_harness import CLI, start_cli, table_rows, table_version, wait_for_table, write_config
 
@@ -25,13 +25,14 @@ def test_validate_accepts_good_and_names_bad_keys(tmp_path):
 
 
 @pytest.mark.slow
-def test_run_stops_gracefully_on_sigterm_and_resumes(kafka_bootstrap, unique, workdir):
+def test_run_stops_gracefully_on_sigterm_and_resumes(kafka_bootstrap, unique, workdir, monkeypatch):
     workload = DebeziumWorkload(f"graceful-{unique}", 2, "never", seed=3)
     create_topics(kafka_bootstrap, [workload.topic], 2)
     produce(kafka_bootstrap, workload.generate(3000, 300))
     config = write_config(workdir / "c.yaml", kafka_bootstrap, workdir,
                           [{**PIPELINE, "topics": [workload.topic], "max_offsets_per_trigger": 500}])
-    uri = workdir / "tables" / "t"
+    uri, marker = workdir / "tables" / "t", workdir / "batch.marker"
+    monkeypatch.setenv(BATCH_MARKER_ENV, str(marker))
     process = start_cli(config, log=workdir / "run.log")
     wait_for_table(uri, lambda: table_rows(uri) == workload.expected_rows(), process, workdir / "run.log")
     versions_before = table_version(uri)
@@ -39,10 +40,15 @@ def test_run_stops_gracefully_on_sigterm_and_resumes(kafka_bootstrap, unique, wo
     # The running service picks up new data.
     wait_for_table(uri, lambda: table_rows(uri) == workload.expected_rows(), process, workdir / "run.log")
     assert table_version(uri) > versions_before
+    # The test hook holds the next micro-batch open, so the SIGTERM lands inside it.
+    marker.with_name(marker.name + ARM_SUFFIX).touch()
     produce(kafka_bootstrap, [e for key in range(300) for e in workload.next_events(key)])
-    time.sleep(2)  # most likely inside a micro-batch now
+    wait_for_table(uri, marker.exists, process, workdir / "run.log")
+    held = marker.read_text().split()
     process.send_signal(signal.SIGTERM)
+    marker.unlink()  # release the batch: the service lets it finish, then stops
     assert process.wait(timeout=120) == 0, (workdir / "run.log").read_text()[-3000:]
+    assert f"pipeline {held[0]}: batch {held[1]} -> " in (workdir / "run.log").read_text()
     rerun = subprocess.run([CLI, "run", str(config), "--until-idle"], capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert table_rows(uri) == workload.expected_rows()

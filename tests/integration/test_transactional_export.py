@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import time
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 from deltalake import DeltaTable, write_deltalake
 
 from connectors.kafka.transactional_producer import (
@@ -16,7 +18,7 @@ from connectors.kafka.transactional_producer import (
     TransactionalProducer,
     TransactionFatal,
 )
-from service.delta_to_kafka.export_position import ExportPosition
+from service.delta_to_kafka.export_position import ExportPosition, PositionError, PositionStore, restore_encoder_state
 from service.delta_to_kafka.pipeline import ExportPipeline
 from service.workload import create_topics
 from tests.export_driver import consume, json_records
@@ -29,6 +31,22 @@ def _producer(bootstrap: str, unique: str, tid: str = "t") -> TransactionalProdu
 
 def _batch(start: int, count: int) -> list:
     return [(f"k{i}".encode(), f"v{i}".encode(), [("n", str(i).encode())]) for i in range(start, start + count)]
+
+
+def _await_uncommitted(bootstrap: str, topic: str, key: bytes, timeout_s: float = 30.0) -> None:
+    """Return once a read_uncommitted reader of partition 0 sees a record with `key`."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"await-{time.monotonic_ns()}",
+                         "isolation.level": "read_uncommitted", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            message = consumer.poll(1.0)
+            if message is not None and message.error() is None and message.key() == key:
+                return
+            assert time.monotonic() < deadline, f"{key!r} not in {topic} within {timeout_s}s"
+    finally:
+        consumer.close()
 
 
 def test_committed_batches_are_visible_exactly_once(kafka_bootstrap, unique):
@@ -53,7 +71,7 @@ def test_an_aborted_transaction_is_invisible(kafka_bootstrap, unique):
 
     def failing_encoder():
         yield from _batch(100, 3)
-        time.sleep(1.0)  # the three records reach the broker before the failure
+        _await_uncommitted(kafka_bootstrap, f"out-{unique}", b"k102")  # the three reached the broker
         raise ValueError("encoder failed")
 
     try:
@@ -85,11 +103,72 @@ def test_a_newer_instance_fences_the_older_one(kafka_bootstrap, unique):
     assert [key for key, _, _ in consume(kafka_bootstrap, f"out-{unique}")] == [b"k0", b"k1", b"k2"]
 
 
-def test_position_round_trip_keeps_encoder_state():
-    position = ExportPosition("exp", "/tables/t", 42, b"\x00state\xff")
+def test_position_names_its_state_topic_in_a_record_of_bounded_size():
+    position = ExportPosition("exp", "/tables/t", 42, "state-exp", 10**12)
     record = position.to_record()
-    assert record.key == "exp"
+    assert record.key == "exp" and len(record.value) < 120  # the size does not grow with the state
     assert ExportPosition.from_value("exp", record.value, "positions") == position
+    stateless = ExportPosition("exp", "/tables/t", 7)
+    assert ExportPosition.from_value("exp", stateless.to_record().value, "positions") == stateless
+    # A position of the older format carried the whole state: it is read as a snapshot to migrate.
+    legacy = b'{"export":"exp","table":"/tables/t","version":3,"state":"AHN0YXRl/w=="}'
+    assert ExportPosition.from_value("exp", legacy, "positions").legacy_state == b"\x00state\xff"
+    with pytest.raises(PositionError, match="topic=positions key=exp"):
+        ExportPosition.from_value("exp", b'{"export":"exp","table":"t","version":1,"state":{"topic":1}}', "positions")
+
+
+def _state_store(bootstrap: str, unique: str) -> PositionStore:
+    producer = TransactionalProducer({"bootstrap.servers": bootstrap}, f"t-{unique}", f"out-{unique}",
+                                     f"positions-{unique}", timeout_s=30, state_topic=f"state-{unique}")
+    return PositionStore(producer, "exp", "/tables/t")
+
+
+def test_state_records_commit_with_the_batch_and_are_checked_on_restore(kafka_bootstrap, unique):
+    create_topics(kafka_bootstrap, [f"out-{unique}"], 1)
+    store = _state_store(kafka_bootstrap, unique)
+    try:
+        assert store.committed() is None and store.committed_state(None) == {}
+        store.publish(_batch(0, 1), 1, [(b"a", b"1"), (b"b", b"1"), (b"c", b"1")], state_entries=3)
+        position = store.publish([], 2, [(b"a", b"2"), (b"b", None)], state_entries=2)
+        with pytest.raises(ValueError, match="encoder failed"):
+            store.producer.send_batch(_batch(1, 1), position.to_record(), _failing_state())
+    finally:
+        store.producer.close()
+    again = _state_store(kafka_bootstrap, unique)
+    try:
+        committed = again.committed()
+        assert committed == position and again.committed_state(committed) == {b"a": b"2", b"c": b"1"}
+        # A state topic that lost records no longer matches its position: the restore refuses it.
+        lost = ExportPosition("exp", "/tables/t", 2, f"state-{unique}", 3)
+        with pytest.raises(PositionError, match=rf"topic=state-{unique}: holds 2 live state records.* with 3"):
+            again.committed_state(lost)
+        with pytest.raises(PositionError, match="no committed position with 0"):
+            again.committed_state(None)
+    finally:
+        again.producer.close()
+
+
+def _failing_state():
+    yield b"c", None
+    raise ValueError("encoder failed")
+
+
+def test_a_legacy_position_snapshot_moves_to_the_state_topic(kafka_bootstrap, unique):
+    create_topics(kafka_bootstrap, [f"out-{unique}"], 1)
+    store = _state_store(kafka_bootstrap, unique)
+    legacy = json.dumps({"export": "exp", "table": "/tables/t", "version": 4,
+                         "state": base64.b64encode(b'{"1": 2, "5": 1}').decode()}).encode()
+    try:
+        store.producer.send_batch([], PositionRecord("exp", legacy))
+        encoder = CountingEncoder()
+        restore_encoder_state(store, store.committed(), encoder)
+        assert encoder.counts == {1: 2, 5: 1}
+        store.publish([], 5, encoder.state_changes(), encoder.state_entries())
+        fresh = CountingEncoder()
+        restore_encoder_state(store, store.committed(), fresh)
+        assert fresh.counts == {1: 2, 5: 1} and store.committed().legacy_state is None
+    finally:
+        store.producer.close()
 
 
 # --- the export pipeline: Spark + Delta + Kafka ---------------------------------------------------
@@ -167,6 +246,7 @@ class CountingEncoder:
 
     def __init__(self, fail_once_at_version: int | None = None) -> None:
         self.counts: dict[int, int] = {}
+        self.changed: set[int] = set()
         self.fail_at = fail_once_at_version
 
     def __call__(self, feed: pa.Table) -> list:
@@ -177,14 +257,24 @@ class CountingEncoder:
                 raise RuntimeError("encoder failed half-way through a flush")
             key = row["id"]
             self.counts[key] = self.counts.get(key, 0) + 1
+            self.changed.add(key)
             records.append((str(key).encode(), json.dumps({"n": self.counts[key]}).encode(), None))
         return records
 
-    def snapshot(self) -> bytes:
-        return json.dumps(self.counts).encode()
+    def state_changes(self) -> list:
+        changes = [(str(key).encode(), str(self.counts[key]).encode()) for key in sorted(self.changed)]
+        self.changed = set()
+        return changes
+
+    def state_entries(self) -> int:
+        return len(self.counts)
+
+    def restore_state(self, records: dict) -> None:
+        self.counts, self.changed = {int(k): int(v) for k, v in records.items()}, set()
 
     def restore(self, snapshot: bytes | None) -> None:
         self.counts = {int(k): v for k, v in json.loads(snapshot).items()} if snapshot else {}
+        self.changed = set(self.counts)
 
 
 def test_encoder_state_follows_the_committed_position(spark, kafka_bootstrap, unique, workdir):

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from service.changes import ChangeKind
+from service.delta_to_kafka.changelog_state import key_bytes
 from service.delta_to_kafka.export_settings import PRESETS, ExportSettings, parse_op_mapping
 from service.delta_to_kafka.output_formats import KafkaRecordEncoder
 from service.delta_to_kafka.to_changelog import ChangeFeedError, OutputRecord, ToChangelog
@@ -366,6 +367,25 @@ def test_state_snapshot_restores_a_pending_update_before():
     out = restored.encode_flush(feed((UA, 2, {"id": 1, "ts": stamp + timedelta(days=1)})), now=150.0)
     later = stamp + timedelta(days=1)
     assert values(out) == [{"op": "u", "before": {"id": 1, "ts": stamp}, "after": {"id": 1, "ts": later}}]
+
+
+def test_state_records_carry_pending_and_previous_images_to_a_new_encoder():
+    fields = {"before": "before", "after": "after", "state_ttl_seconds": 3600, "input_changelog": "upsert", **DC}
+    encoder = ToChangelog(export(**fields))
+    encoder.encode_flush(feed((INS, 1, {"id": 1, "val": 10}), (INS, 1, {"id": 2, "val": 5}),
+                              (UB, 1, {"id": 3, "val": 7})), now=0)
+    topic = dict(encoder.state_changes())  # one record per key: the compacted state topic's content
+    assert encoder.state_entries() == len(topic) == 3
+    encoder.encode_flush(feed((D, 2, {"id": 2, "val": 5})), now=1)
+    deleted = encoder.state_changes()
+    assert deleted == [(key_bytes((2,)), None)]  # a tombstone for key 2
+    topic = {k: v for k, v in {**topic, **dict(deleted)}.items() if v is not None}
+    restored = ToChangelog(export(**fields))
+    restored.restore_state(topic)
+    assert restored.state_entries() == 2
+    out = restored.encode_flush(feed((UA, 3, {"id": 1, "val": 11}), (UA, 3, {"id": 3, "val": 8})), now=2)
+    assert values(out) == [{"op": "u", "before": {"id": 1, "val": 10}, "after": {"id": 1, "val": 11}},
+                           {"op": "u", "before": {"id": 3, "val": 7}, "after": {"id": 3, "val": 8}}]
 
 
 # --- config validation ---------------------------------------------------------------------------
