@@ -5,7 +5,8 @@
 The scenario: a flat op-coded topic with 2 partitions, table keyed by passenger, input upserted
 by (passenger, seat). A passenger changes seat in one source transaction whose +U (partition 1)
 is read a micro-batch before its -U (partition 0). Under batch compaction `nothing` ended with no
-row for the passenger and `error` stopped on a conflict that never existed.
+row for the passenger and `error` stopped on a conflict that never existed. The delay is 5 s: with
+0 the +U would be compacted alone once its partition is caught up (documented in README).
 """
 
 from __future__ import annotations
