@@ -196,10 +196,10 @@ class Workload:
 
 
 # Seeds of the property workload: 994 (a clean-clone failure under a global watermark: partitions
-# of 226/30/107/138 records over the same event time), the most skewed placements among seeds
-# 0..999 (0: 154/7/217/82, 612: 6/185/121/137) and one with an empty partition (564: 27/366/63/0).
-# Each run adds one random seed, shown when a check fails.
-KEY_SEEDS = (994, 0, 612, 564)
+# of 226/30/107/138 records over the same event time) and the most skewed placements among seeds
+# 0..999 (0: 154/7/217/82, 612: 6/185/121/137; 564: 27/366/63/0, an empty partition, passes too
+# and is left out to keep the run short). Each run adds one random seed, shown when a check fails.
+KEY_SEEDS = (994, 0, 612)
 ROW_SEEDS = (994,)
 
 
@@ -215,9 +215,9 @@ def property_pipelines(u: str, seeds: dict[str, int]) -> list[dict]:
 
 
 def property_seeds(extra: int) -> dict[str, int]:
-    """Pipeline name -> workload seed: the fixed seeds plus `extra` in both key modes."""
+    """Pipeline name -> workload seed: the fixed seeds, plus `extra` in the key mode."""
     named = {f"prop_key_{seed}": seed for seed in (*KEY_SEEDS, extra)}
-    named.update({f"prop_row_{seed}": seed for seed in (*ROW_SEEDS, extra)})
+    named.update({f"prop_row_{seed}": seed for seed in ROW_SEEDS})
     return named
 
 
@@ -250,7 +250,7 @@ def phases(kafka_bootstrap, tmp_path_factory):
             records += [(f"{name}.{u}", 0, {"id": 99}, {"op": "INSERT", **mover}, T0 + 10**6) for name in seeds]
         produce(kafka_bootstrap, records)
         started = time.monotonic()
-        result = run_cli(config, "--until-idle")
+        result = run_cli(config, "--until-idle", timeout=1500)
         assert result.returncode == 0, result.stderr[-4000:]
         logs.append((result.stderr, time.monotonic() - started))
         if phase == 1:
