@@ -1,32 +1,38 @@
-"""Command line: `cdc-lakehouse run | validate | status | demo`."""
+"""Command line: `cdc-lakehouse run | validate | status | demo`.
+
+Exit codes: 0 done (stopped by SIGTERM/SIGINT, or idle with --until-idle); 1 a terminal error
+(bad config, bad input, data loss: running again gives the same error, do not restart);
+75 (EX_TEMPFAIL) a transient failure outlasted `recovery.max_attempts` restarts (broker away
+too long: running again later may succeed). The error is printed as one line on stderr.
+"""
 
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 
-from service.errors import CdcLakehouseError
+from service.errors import CdcLakehouseError, TransientError
+from service.log_format import configure_logging
 from service.settings import load_settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+EXIT_TERMINAL = 1
+EXIT_TRANSIENT = 75
 
 
 def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    for noisy in ("py4j", "pyspark"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    configure_logging(verbose)
 
 
-def _fail(error: CdcLakehouseError) -> None:
-    typer.echo(f"error: {error}", err=True)
-    raise typer.Exit(1)
+def _fail(error: CdcLakehouseError, json_logs: bool = False) -> NoReturn:
+    if json_logs:
+        logging.getLogger("service").error("error: %s", error)
+    else:
+        typer.echo(f"error: {error}", err=True)
+    raise typer.Exit(EXIT_TRANSIENT if isinstance(error, TransientError) else EXIT_TERMINAL)
 
 
 @app.command()
@@ -38,11 +44,15 @@ def run(
     """Run the configured pipelines until SIGTERM/SIGINT (or until idle)."""
     from service.runner import run as run_service
 
-    _setup_logging(verbose)
     try:
-        run_service(load_settings(config), until_idle=until_idle)
+        settings = load_settings(config)
     except CdcLakehouseError as error:
         _fail(error)
+    configure_logging(verbose, settings.log_format)
+    try:
+        run_service(settings, until_idle=until_idle)
+    except CdcLakehouseError as error:
+        _fail(error, json_logs=settings.log_format == "json")
 
 
 @app.command()
@@ -60,9 +70,10 @@ def status(
     config: Path = typer.Argument(..., help="YAML config file"),
     as_json: bool = typer.Option(False, "--json", help="one JSON document instead of a table"),
 ) -> None:
-    """Where each pipeline stands: checkpoint batch and offsets, lag, Delta version and batch."""
+    """Where each pipeline and export stands: checkpoint, lag, Delta version; for exports the published version."""
     import json
 
+    from service.status import ExportStatus, PipelineStatus
     from service.status import status as read_status
 
     try:
@@ -72,11 +83,22 @@ def status(
     if as_json:
         typer.echo(json.dumps([s.as_dict() for s in found], indent=2))
         return
+    pipelines = [item for item in found if isinstance(item, PipelineStatus)]
+    exports = [item for item in found if isinstance(item, ExportStatus)]
     typer.echo(f"{'pipeline':<20}{'lag':>10}{'checkpoint batch':>18}{'delta batch':>13}{'version':>9}  table")
-    for item in found:
-        cells = [item.checkpoint_batch, item.delta_batch, item.table_version]
-        shown = ["-" if c is None else str(c) for c in cells]
+    for item in pipelines:
+        shown = _cells(item.checkpoint_batch, item.delta_batch, item.table_version)
         typer.echo(f"{item.name:<20}{item.lag:>10}{shown[0]:>18}{shown[1]:>13}{shown[2]:>9}  {item.table_uri}")
+    if exports:
+        typer.echo(f"\n{'export':<20}{'lag':>10}{'checkpoint batch':>18}{'published':>11}{'version':>9}  table -> topic")
+        for export in exports:
+            shown = _cells(export.checkpoint_batch, export.published_version, export.table_version)
+            typer.echo(f"{export.name:<20}{export.lag:>10}{shown[0]:>18}{shown[1]:>11}{shown[2]:>9}  "
+                       f"{export.table_uri} -> {export.topic}")
+
+
+def _cells(*values: int | None) -> list[str]:
+    return ["-" if value is None else str(value) for value in values]
 
 
 @app.command()

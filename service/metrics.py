@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from http.server import ThreadingHTTPServer
+from typing import Any, Callable
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from service import health
 
 PIPELINE = ("pipeline",)
 
@@ -29,6 +34,13 @@ STATE_ROWS = Gauge(
 STATE_BYTES = Gauge("cdc_state_memory_bytes", "Memory used by the pipeline's state store", PIPELINE)
 RESTARTS = Counter("cdc_pipeline_restarts", "Restarts after transient failures", PIPELINE)
 LAST_BATCH = Gauge("cdc_last_committed_batch", "Id of the last batch committed to Delta", PIPELINE)
+LAG_RECORDS = Gauge(
+    "cdc_pipeline_lag_records", "Kafka records an ingest pipeline has not processed (as of its last progress)",
+    PIPELINE,
+)
+LAG_VERSIONS = Gauge(
+    "cdc_export_lag_versions", "Delta versions an export has not published (as of its last progress)", PIPELINE
+)
 STAGE_SECONDS = Histogram(
     "cdc_batch_stage_seconds", "Time per micro-batch stage", PIPELINE + ("stage",),
     buckets=(0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128),
@@ -43,6 +55,15 @@ def record_state(pipeline: str, progress: dict | None) -> None:
         STATE_BYTES.labels(pipeline).set(sum(op["memoryUsedBytes"] for op in operators))
 
 
-def serve(port: int, address: str) -> None:
-    """Expose /metrics on `address:port` (a daemon thread)."""
-    start_http_server(port, addr=address)
+def record_lag(pipeline: str, progress: Any, export: bool) -> None:
+    """Lag of a pipeline (records) or an export (versions) from its query's last progress."""
+    behind = health.versions_behind(progress) if export else health.records_behind(progress)
+    if behind is not None:
+        (LAG_VERSIONS if export else LAG_RECORDS).labels(pipeline).set(behind)
+
+
+def serve(port: int, address: str, readiness: Callable[[], health.Readiness] | None = None) -> ThreadingHTTPServer:
+    """Serve /metrics, /healthz and /readyz on `address:port` (daemon threads); returns the server."""
+    from service.http_endpoints import serve_endpoints
+
+    return serve_endpoints(port, address, readiness or health.Readiness)

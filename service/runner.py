@@ -21,11 +21,12 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
+from http.server import ThreadingHTTPServer
 
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from service import metrics
+from service import health, metrics
 from service.delta_to_kafka.exports import export_pipeline
 from service.delta_to_kafka.pipeline import ExportPipeline
 from service.errors import ConfigError, TerminalError
@@ -81,6 +82,8 @@ class Runner:
         self.until_idle = False
         self._spark: SparkSession | None = None
         self._exports_started = False
+        self._idle_progress_s = health.DEFAULT_IDLE_PROGRESS_S
+        self.endpoint: ThreadingHTTPServer | None = None  # /metrics, /healthz, /readyz (with metrics_port)
 
     @property
     def pipelines(self) -> list[IngestPipeline | ExportPipeline]:
@@ -96,9 +99,11 @@ class Runner:
         """Start one streaming query per pipeline."""
         self.until_idle = until_idle
         if self.settings.metrics_port:
-            metrics.serve(self.settings.metrics_port, self.settings.metrics_address)
-            log.info("metrics on http://%s:%d/metrics", self.settings.metrics_address, self.settings.metrics_port)
+            self.endpoint = metrics.serve(self.settings.metrics_port, self.settings.metrics_address, self.readiness)
+            log.info("metrics on http://%s:%d/metrics (and /healthz, /readyz)", self.settings.metrics_address,
+                     self.settings.metrics_port)
         self._spark = build_spark(self.settings.spark)
+        self._idle_progress_s = health.idle_progress_seconds(self._spark)
         log.info("kafka: %s", self.settings.kafka.redacted())
         for config in self.settings.pipelines:
             entry = _Supervised(IngestPipeline(self._spark, self.settings, config))
@@ -147,7 +152,10 @@ class Runner:
                 self._start(entry)
             return
         query = entry.query
-        if query is None or query.isActive:  # None: not started yet
+        if query is None:  # not started yet
+            return
+        if query.isActive:
+            metrics.record_lag(entry.pipeline.name, query.lastProgress, isinstance(entry.pipeline, ExportPipeline))
             return
         exception = query.exception()
         if exception is None:
@@ -165,8 +173,23 @@ class Runner:
             raise error
         delay = recovery.backoff(entry.failures)
         metrics.RESTARTS.labels(entry.pipeline.name).inc()
-        log.warning("%s; restart %d of %d in %.1fs", error, entry.failures, recovery.max_attempts, delay)
+        log.warning("%s; restart %d of %d in %.1fs", error, entry.failures, recovery.max_attempts, delay,
+                    extra={"pipeline": entry.pipeline.name})
         entry.restart_at = time.monotonic() + delay
+
+    def readiness(self) -> health.Readiness:
+        """Readiness of every configured pipeline and export, as /readyz serves it (service/health.py)."""
+        max_age = health.max_progress_age(self.settings.readiness_stale_triggers,
+                                          self.settings.trigger_interval_seconds, self._idle_progress_s)
+        started = {entry.pipeline.name: entry for entry in list(self.supervised)}
+        names = [p.name for p in self.settings.pipelines] + [e.name for e in self.settings.exports]
+        return health.Readiness(tuple(
+            health.query_health(name, None, restarting=False, finished=False, max_age_s=max_age)
+            if name not in started else
+            health.query_health(name, started[name].query, restarting=started[name].restart_at is not None,
+                                finished=started[name].finished, max_age_s=max_age)
+            for name in names
+        ))
 
     def stop(self) -> None:
         """Stop every query, letting an in-flight batch finish within a grace period."""

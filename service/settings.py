@@ -26,6 +26,8 @@ _SECRET_HINTS = ("password", "secret", "token", "jaas", "key.pem", "credentials"
 _NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$"
 
 DEFAULT_MAX_OFFSETS_PER_TRIGGER = 200_000
+DEFAULT_READINESS_STALE_TRIGGERS = 30
+LogFormat = Literal["text", "json"]
 DEFAULT_IDLE_TIMEOUT_SECONDS = 0.0
 OnDataLoss = Literal["fail", "earliest"]
 StartingOffsets = Literal["earliest", "latest"]
@@ -109,7 +111,8 @@ class RecoverySettings(_Frozen):
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait before restart number `attempt` (1-based): doubling, capped."""
-        return min(self.max_backoff_seconds, self.initial_backoff_seconds * 2 ** (attempt - 1))
+        doublings = min(attempt - 1, 64)  # an unbounded power overflows a float after 1024 attempts
+        return min(self.max_backoff_seconds, self.initial_backoff_seconds * 2 ** doublings)
 
 
 class SchemaRegistrySettings(_Frozen):
@@ -257,6 +260,10 @@ class Settings(_Frozen):
     recovery: RecoverySettings = Field(default_factory=RecoverySettings)
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
     metrics_address: str = "0.0.0.0"
+    # /readyz fails once a running trigger is older than this many trigger intervals (plus
+    # Spark's idle progress interval); see service/health.py.
+    readiness_stale_triggers: int = Field(default=DEFAULT_READINESS_STALE_TRIGGERS, ge=1)
+    log_format: LogFormat = "text"  # text | json (one JSON object per line, for log shippers)
     pipelines: tuple[PipelineSettings, ...] = ()
     exports: tuple[ExportSettings, ...] = ()
 

@@ -206,22 +206,34 @@ ENGINE_SCRIPT = Path(__file__).resolve()
 STOP_TIMEOUT_S = 45.0
 
 
+DEPLOYED_CONNECTOR = ENGINE_SCRIPT.parents[2] / "deploy" / "debezium" / "postgres-inventory.json"
+# Keys of the deployed connector that say where it runs, what it is named, or how Kafka Connect
+# serializes (the engine's format is set here): every other key is taken from that file as it is.
+PER_DEPLOYMENT_KEYS = ("database.", "topic.prefix", "table.include.list", "slot.name", "publication.name",
+                       "tasks.max", "key.converter", "value.converter")
+
+
+def deployed_connector_config() -> dict[str, str]:
+    """The capture settings of deploy/debezium's connector: one source of truth with the compose stack."""
+    config = json.loads(DEPLOYED_CONNECTOR.read_text())["config"]
+    return {key: value for key, value in config.items() if not key.startswith(PER_DEPLOYMENT_KEYS)}
+
+
 def debezium_properties(*, name: str, port: int, dbname: str, prefix: str, tables: list[str], workdir: Path,
                         schemas: Literal["on", "off"] = "on") -> dict[str, str]:
-    """Properties of the PostgreSQL connector (pgoutput, filtered publication, initial snapshot).
+    """Properties of the PostgreSQL connector: the deployed connector's capture settings (pgoutput,
+    filtered publication, initial snapshot, tombstones, truncates not skipped) on this test's database.
 
     `tables` are `schema.table` names; topics are `<prefix>.<schema>.<table>`. Slot and
-    publication are named after `name`. Truncates are not skipped (the default would skip them).
+    publication are named after `name`.
     """
     return {
+        **deployed_connector_config(),
         "name": name,
-        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
         "database.hostname": "127.0.0.1", "database.port": str(port), "database.user": "postgres",
         "database.password": "unused-trust-auth", "database.dbname": dbname,
         "topic.prefix": prefix, "table.include.list": ",".join(tables),
-        "plugin.name": "pgoutput", "slot.name": f"{name}_slot", "publication.name": f"{name}_publication",
-        "publication.autocreate.mode": "filtered", "snapshot.mode": "initial",
-        "tombstones.on.delete": "true", "skipped.operations": "none",
+        "slot.name": f"{name}_slot", "publication.name": f"{name}_publication",
         "converter.schemas.enable": "true" if schemas == "on" else "false",
         "offset.storage": "org.apache.kafka.connect.storage.FileOffsetBackingStore",
         "offset.storage.file.filename": str(workdir / "offsets.dat"), "offset.flush.interval.ms": "1000",
