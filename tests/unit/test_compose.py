@@ -181,3 +181,14 @@ def test_real_capture_uses_the_deployed_connector_config(tmp_path):
     assert shared.items() <= properties.items()
     capture_test = (REPO / "tests" / "e2e" / "test_real_capture.py").read_text()
     assert "debezium_properties(" in capture_test
+
+
+def test_kubernetes_probes_use_the_health_endpoints():
+    config = yaml.safe_load((REPO / "deploy/k8s/configmap.yaml").read_text())["data"]["config.yaml"]
+    port = yaml.safe_load(config)["metrics_port"]
+    (container,) = yaml.safe_load((REPO / "deploy/k8s/deployment.yaml").read_text())["spec"]["template"]["spec"][
+        "containers"]
+    (metrics_port,) = [p for p in container["ports"] if p["name"] == "metrics"]
+    assert metrics_port["containerPort"] == port
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
