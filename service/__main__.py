@@ -29,7 +29,7 @@ def _setup_logging(verbose: bool) -> None:
 
 def _fail(error: CdcLakehouseError, json_logs: bool = False) -> NoReturn:
     if json_logs:
-        logging.getLogger("service").error("error: %s", error)
+        logging.getLogger("service").error("%s", error)
     else:
         typer.echo(f"error: {error}", err=True)
     raise typer.Exit(EXIT_TRANSIENT if isinstance(error, TransientError) else EXIT_TERMINAL)
