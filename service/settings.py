@@ -29,6 +29,7 @@ DEFAULT_MAX_OFFSETS_PER_TRIGGER = 200_000
 DEFAULT_READINESS_STALE_TRIGGERS = 30
 LogFormat = Literal["text", "json"]
 DEFAULT_IDLE_TIMEOUT_SECONDS = 0.0
+RETRACT_SOURCE_DELAY_SECONDS = 5.0
 OnDataLoss = Literal["fail", "earliest"]
 StartingOffsets = Literal["earliest", "latest"]
 InputFormat = Literal["json", "debezium-json", "avro-confluent"]
@@ -142,7 +143,7 @@ class PipelineSettings(_Frozen):
     upsert_materialize: UpsertMaterialize = "auto"
     on_conflict: OnConflict | None = None
     compaction: Compaction | None = None  # unset: see `effective_compaction`
-    watermark_delay_seconds: float = Field(default=0.0, ge=0)
+    watermark_delay_seconds: float | None = Field(default=None, ge=0)  # unset: see `effective_watermark_delay_seconds`
     # Per-partition watermark: a partition with no unread data for this long stops holding the
     # event-time watermark back (0: as soon as it is caught up; null: never).
     idle_timeout_seconds: float | None = Field(default=DEFAULT_IDLE_TIMEOUT_SECONDS, ge=0)
@@ -209,6 +210,17 @@ class PipelineSettings(_Frozen):
         if self.compaction is not None:
             return self.compaction
         return "watermark" if self.materialized and self.retract_source else "batch"
+
+    @property
+    def effective_watermark_delay_seconds(self) -> float:
+        """`watermark_delay_seconds` as configured; unset: `RETRACT_SOURCE_DELAY_SECONDS` where the
+        materializer compacts a retract source on the watermark (a +U read before its -U was written
+        must not be compacted alone; a caught-up partition does not hold the watermark back), else 0."""
+        if self.watermark_delay_seconds is not None:
+            return self.watermark_delay_seconds
+        if self.materialized and self.retract_source and self.effective_compaction == "watermark":
+            return RETRACT_SOURCE_DELAY_SECONDS
+        return 0.0
 
     @property
     def materializer_ttl_seconds(self) -> float:

@@ -255,7 +255,7 @@ def _with_watermark(changelog: DataFrame, pipeline: PipelineSettings) -> DataFra
     if settings.order_by is not None:
         moment, delay_s = F.col(Column.EVENT_TIME), settings.watermark_delay_seconds
     elif pipeline.materialized and pipeline.effective_compaction == "watermark":
-        moment, delay_s = F.coalesce(Column.EVENT_TIME, Column.TIMESTAMP), pipeline.watermark_delay_seconds
+        moment, delay_s = F.coalesce(Column.EVENT_TIME, Column.TIMESTAMP), pipeline.effective_watermark_delay_seconds
     else:
         moment, delay_s = F.col(Column.TIMESTAMP), 0.0  # drives only the cleanup of expired images
     if WATERMARK_COLUMN in changelog.columns:

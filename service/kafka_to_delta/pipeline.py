@@ -132,7 +132,7 @@ class IngestPipeline:
             .option("bootstrap.servers", self.settings.kafka.bootstrap_servers)
             .option("topics", ",".join(pipeline.topics))
             .option("progressFile", self.progress_path)
-            .option("alignmentSlackMs", str(int(pipeline.watermark_delay_seconds * 1000)))
+            .option("alignmentSlackMs", str(int(pipeline.effective_watermark_delay_seconds * 1000)))
             .option("onDataLoss", pipeline.on_data_loss)
         )
         if pipeline.idle_timeout_seconds is not None:
@@ -218,7 +218,7 @@ class IngestPipeline:
         stream = stateful_changelog(changelog, self.pipeline)
         if self.pipeline.materialized:
             stream = materialize(
-                stream, stage_config(self.pipeline), self.pipeline.watermark_delay_seconds,
+                stream, stage_config(self.pipeline), self.pipeline.effective_watermark_delay_seconds,
                 declare_watermark=not needs_state(self.pipeline),
             )
         writer = (

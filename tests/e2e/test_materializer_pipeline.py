@@ -99,7 +99,8 @@ def join_case(rows: list[dict], case: str) -> list[dict]:
 
 def fan_in_pipeline(u: str, strategy: str) -> dict:
     return {"name": f"fan_{strategy}", "topics": [f"fan.{strategy}.a.{u}", f"fan.{strategy}.b.{u}"],
-            "table": f"fan_{strategy}", "from_changelog": FLAT, "primary_key": ["id"], "on_conflict": strategy}
+            "table": f"fan_{strategy}", "from_changelog": FLAT, "primary_key": ["id"], "on_conflict": strategy,
+            "watermark_delay_seconds": 0}
 
 
 def fan_in_records(u: str, strategy: str, phase: int) -> list[Record]:

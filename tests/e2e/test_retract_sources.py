@@ -5,8 +5,8 @@
 The scenario: a flat op-coded topic with 2 partitions, table keyed by passenger, input upserted
 by (passenger, seat). A passenger changes seat in one source transaction whose +U (partition 1)
 is read a micro-batch before its -U (partition 0). Under batch compaction `nothing` ended with no
-row for the passenger and `error` stopped on a conflict that never existed. The delay is 5 s: with
-0 the +U would be compacted alone once its partition is caught up (documented in README).
+row for the passenger and `error` stopped on a conflict that never existed. The delay is the default
+for such a source (5 s): with 0 the +U would be compacted alone once its partition is caught up.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def test_seat_change_split_over_micro_batches_keeps_the_passenger_under_the_defa
     kafka_bootstrap, unique, workdir
 ):
     pipelines = [{"name": f"seats_{policy}", "topics": [f"seats.{policy}.{unique}"], "table": f"seats_{policy}",
-                  "on_conflict": policy, "watermark_delay_seconds": 5, **SEATS} for policy in ("nothing", "error")]
+                  "on_conflict": policy, **SEATS}  # the default delay for a retract source: 5 s for policy in ("nothing", "error")]
     create_topics(kafka_bootstrap, [p["topics"][0] for p in pipelines], 2)
     config = write_config(workdir / "config.yaml", kafka_bootstrap, workdir, pipelines)
     for phase in range(4):
