@@ -6,7 +6,7 @@ reason that quotes no payload, and the record's key, value and headers byte for 
 with no row at all is allowed only when it is a documented no-op (a tombstone after a delete,
 Debezium's logical message 'm', a truncate under `truncate_handling: ignore`), decided here apart
 from the decoder, with the standard JSON parser and fastavro. Anything else is a silent drop or a
-wrong account; a decoder that raises is a crash (its culprits found by decoding the batch's
+wrong account, and so is an intact record (mutation "none") that is not applied; a decoder that raises is a crash (its culprits found by decoding the batch's
 records one by one).
 """
 
@@ -25,6 +25,7 @@ import pyarrow as pa
 from connectors.schema_registry.wire_format import HEADER_SIZE, MAGIC_BYTE
 from service.kafka_to_delta.changelog_batch import CHANGELOG_SCHEMA, error_coordinates
 from service.kafka_to_delta.from_changelog import TRUNCATE_FAILS
+from tests.fuzz_mutations import NONE
 from tests.fuzz_records import FORMATS, FuzzFormat, FuzzInput, FuzzRecord, decoders, header_rows, raw_batch
 
 OUTCOMES = ("applied", "no-op", "FAIL", "LOG", "SKIP", "DEAD_LETTER")
@@ -40,10 +41,12 @@ class Accounting:
 
     policy: str
     outcomes: Counter = field(default_factory=Counter)
+    by_mutation: Counter = field(default_factory=Counter)  # (mutation, outcome) -> records
     silent_drops: list[str] = field(default_factory=list)
     wrong_accounts: list[str] = field(default_factory=list)
     crashes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    cpu_seconds: float = 0.0
 
     @property
     def records(self) -> int:
@@ -58,14 +61,24 @@ class Accounting:
 Crashes = dict[tuple[str, int, int], str]
 
 
-def decode(fuzz: FuzzInput, policy: str, pipeline: bool = False) -> tuple[pa.Table, Crashes, float]:
-    """(changelog rows of every record, crashes by coordinates, decode seconds): a batch per topic partition."""
+@dataclass(frozen=True)
+class Decoded:
+    """The changelog rows of every record, the crashes by coordinates, and the time it took."""
+
+    table: pa.Table
+    crashes: Crashes
+    seconds: float
+    cpu_seconds: float
+
+
+def decode(fuzz: FuzzInput, policy: str, pipeline: bool = False) -> Decoded:
+    """Every record through its format's decoder under `policy`, one batch per topic partition."""
     batches: dict[tuple[str, int], list[FuzzRecord]] = defaultdict(list)
     for record in fuzz.records:
         batches[(record.topic, record.partition)].append(record)
     decoder_of = decoders(policy, fuzz.registry, pipeline)  # type: ignore[arg-type]
     out, crashes = [], {}
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     for (topic, _), records in batches.items():
         try:
             out.append(decoder_of[topic](raw_batch(records)))
@@ -75,19 +88,21 @@ def decode(fuzz: FuzzInput, policy: str, pipeline: bool = False) -> tuple[pa.Tab
                     out.append(decoder_of[topic](raw_batch([record])))
                 except Exception as exc:  # noqa: BLE001
                     crashes[record.coordinates] = f"{_where(record)}: {type(exc).__name__}: {str(exc)[:200]}"
-    seconds = time.perf_counter() - started
-    return pa.Table.from_batches(out, schema=CHANGELOG_SCHEMA), crashes, seconds
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+    return Decoded(pa.Table.from_batches(out, schema=CHANGELOG_SCHEMA), crashes, seconds, cpu_seconds)
 
 
 def run(fuzz: FuzzInput, policy: str) -> tuple[Accounting, pa.Table]:
     """Decode every record under `policy` and account for each; also returns the decoded rows."""
-    table, crashes, seconds = decode(fuzz, policy)
-    return account(fuzz, policy, table, crashes, seconds), table
+    decoded = decode(fuzz, policy)
+    return account(fuzz, policy, decoded), decoded.table
 
 
-def account(fuzz: FuzzInput, policy: str, table: pa.Table, crashes: Crashes, seconds: float) -> Accounting:
-    """The outcome of each input record in `table` (see the module docstring)."""
-    result = Accounting(policy, crashes=list(crashes.values()), seconds=seconds)
+def account(fuzz: FuzzInput, policy: str, decoded: Decoded) -> Accounting:
+    """The outcome of each input record (see the module docstring)."""
+    table, crashes = decoded.table, decoded.crashes
+    result = Accounting(policy, crashes=list(crashes.values()), seconds=decoded.seconds,
+                        cpu_seconds=decoded.cpu_seconds)
     rows_of: dict[tuple, list[dict]] = defaultdict(list)
     for row in table.to_pylist():
         rows_of[(row["topic"], row["partition"], row["offset"])].append(row)
@@ -101,12 +116,16 @@ def account(fuzz: FuzzInput, policy: str, table: pa.Table, crashes: Crashes, sec
         if not rows:
             if _no_op(record, fmt_of[record.topic], fuzz):
                 result.outcomes["no-op"] += 1
+                result.by_mutation[(record.mutation, "no-op")] += 1
             else:
                 result.silent_drops.append(f"{_where(record)}: no row and no error")
             continue
         outcome, wrong = _verdict(record, rows, policy)
         result.outcomes[outcome] += 1
+        result.by_mutation[(record.mutation, outcome)] += 1
         result.wrong_accounts += [f"{_where(record)}: {problem}" for problem in wrong]
+        if record.mutation == NONE and outcome not in ("applied", "no-op"):
+            result.wrong_accounts.append(f"{_where(record)}: an intact record was rejected: {rows[0]['error']}")
     return result
 
 
@@ -177,10 +196,8 @@ def _json_document(value: bytes) -> Any:
 def _avro_document(value: bytes, fuzz: FuzzInput) -> Any:
     if len(value) < HEADER_SIZE or value[0] != MAGIC_BYTE:
         return _UNREADABLE
-    registered = fuzz.registry.by_id.get(int.from_bytes(value[1:HEADER_SIZE], "big"))
-    if registered is None:
-        return _UNREADABLE
     try:
+        registered = fuzz.registry.schema_by_id(int.from_bytes(value[1:HEADER_SIZE], "big"))
         return fastavro.schemaless_reader(io.BytesIO(value[HEADER_SIZE:]), registered.parsed, None)
-    except Exception:  # noqa: BLE001 - whatever fastavro raises, the record is unreadable
+    except Exception:  # noqa: BLE001 - an unknown id, or whatever fastavro raises: unreadable
         return _UNREADABLE

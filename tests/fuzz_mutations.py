@@ -175,7 +175,7 @@ def _applies(where: str, c: MutationContext) -> bool:
 
 def mutate(c: MutationContext, event: Event) -> tuple[str, bytes | None, bytes | None]:
     """(mutation name, key, value) of one valid event, mutated."""
-    names = [name for name, (_, where, _) in MUTATIONS.items() if _applies(where, c)]
+    names = [name for name, (_, where, _) in MUTATIONS.items() if _applies(where, c) and name not in c.excluded]
     weights = [MUTATIONS[name][0] for name in names]
     while True:
         name = c.rng.choices(names, weights)[0]

@@ -37,6 +37,7 @@ PRIMARY_KEY = ("id",)
 PARTITIONS = 3
 POLICIES: tuple[RecordHandling, ...] = ("FAIL", "LOG", "SKIP", "DEAD_LETTER")
 TIMESTAMP = datetime(2026, 11, 24, tzinfo=timezone.utc)
+PIPELINE_PARAMS = {"truncate_handling": "ignore"}
 Headers = list[tuple[str, bytes | None]] | None
 
 
@@ -44,8 +45,9 @@ Headers = list[tuple[str, bytes | None]] | None
 class FuzzFormat:
     """One input format: its topic and FROM_CHANGELOG parameters (policies are set per run).
 
-    `decoder_only` parameters apply to the pure decoder runs only (the e2e pipeline leaves them
-    out: `order_by` would make it buffer by event time).
+    `decoder_only` parameters apply to the pure decoder runs only; a pipeline (the e2e test) leaves
+    them out (`order_by` would make it buffer by event time) and ignores truncates, which would
+    otherwise stop it under every policy (`truncate_handling: fail`) or empty its table.
     """
 
     name: str
@@ -55,14 +57,23 @@ class FuzzFormat:
     decoder_only: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def typed(self) -> bool:
+        """Records declare their column types (a Connect schema block, or Avro)."""
+        return self.avro or self.schema_block
+
+    @property
     def topic(self) -> str:
         """The format's input topic."""
         return f"fuzz-{self.name}"
 
+    def config(self, policy: RecordHandling, pipeline: bool = False) -> dict[str, Any]:
+        """The `from_changelog` parameters with both bad-record policies set to `policy`."""
+        extra = PIPELINE_PARAMS if pipeline else self.decoder_only
+        return {**self.params, **extra, "decode_error_handling": policy, "invalid_op_handling": policy}
+
     def settings(self, policy: RecordHandling, pipeline: bool = False) -> FromChangelogSettings:
-        """The FROM_CHANGELOG settings with both bad-record policies set to `policy`."""
-        extra = {} if pipeline else self.decoder_only
-        return FromChangelogSettings(**self.params, **extra, decode_error_handling=policy, invalid_op_handling=policy)
+        """The FROM_CHANGELOG settings of `config`."""
+        return FromChangelogSettings(**self.config(policy, pipeline))
 
 
 FORMATS = {
@@ -119,7 +130,7 @@ class FuzzRecord:
         return self.topic, self.partition, self.offset
 
 
-def decoders(policy: RecordHandling, registry: FakeRegistry, pipeline: bool = False) -> dict[str, ChangelogBatchDecoder]:
+def decoders(policy: RecordHandling, registry: Any, pipeline: bool = False) -> dict[str, ChangelogBatchDecoder]:
     """topic -> the decoder of its format under `policy` (Avro through `registry`)."""
     return {
         fmt.topic: ChangelogBatchDecoder(
@@ -176,19 +187,26 @@ class FuzzInput:
 
     seed: int
     records: list[FuzzRecord] = field(repr=False)
-    registry: FakeRegistry
+    registry: Any  # a FakeRegistry or a SchemaRegistryClient
 
 
-def generate(seed: int, count: int) -> FuzzInput:
-    """`count` records over the four formats, mutated (see the module docstring)."""
+def generate(seed: int, count: int, registry: Any = None,
+             exclude: dict[str, frozenset[str]] | None = None) -> FuzzInput:
+    """`count` records over the four formats, mutated (see the module docstring).
+
+    `registry`: where the Avro schemas are registered (a `SchemaRegistryClient`, or by default a
+    new `FakeRegistry`); the decoders of this input must read from the same one. `exclude`:
+    format name -> mutations not to apply to its records.
+    """
     rng = random.Random(seed)
-    registry = FakeRegistry()
+    registry = FakeRegistry() if registry is None else registry
     records: list[FuzzRecord] = []
     formats = list(FORMATS.values())
     for index, fmt in enumerate(formats):
         share = count // len(formats) + (1 if index < count % len(formats) else 0)
         avro = AvroWorkloadEncoder(registry, fmt.topic) if fmt.avro else None  # type: ignore[arg-type]
-        context = MutationContext(rng, fmt.name, fmt.schema_block, avro, registry)
+        excluded = (exclude or {}).get(fmt.name, frozenset())
+        context = MutationContext(rng, fmt.name, fmt.schema_block, avro, registry, excluded)
         offsets = [0] * PARTITIONS
         for event in _valid_events(fmt, share, seed + index):
             name, key, value = mutate(context, event)

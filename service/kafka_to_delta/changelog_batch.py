@@ -5,7 +5,9 @@ decoder is pluggable: JSON with or without the Connect wrapper by default, or an
 `decode(value) -> (document, column types)` raising `DecodeError` (Avro, Confluent wire
 format). Errors travel as data: a record that cannot be converted yields one row with
 `error`, the `handling` policy the driver applies, the `stage`, and the original key, value
-and headers for a dead-letter store; good rows leave those null.
+and headers for a dead-letter store; good rows leave those null. A record that declares its
+column types (schema block, Avro) but whose rows do not fit them is such a record too
+(`row_fit`): the sink could not store it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from service.errors import DecodeError, SourceCoordinates
 from service.kafka_to_delta.debezium_json import ConnectLayout, DocumentDecoder, JsonDocuments, compact_json, json_key
 from service.kafka_to_delta.from_changelog import ChangelogRow, FromChangelog, KeyDecoder, Marker, RecordRejected
 from service.kafka_to_delta.from_changelog_settings import FromChangelogSettings
+from service.kafka_to_delta.row_fit import TypedRows
 
 ERROR_KEY_MAX_CHARS = 200
 _KIND_TEXT = {kind: kind.value for kinds in (ChangeKind, Marker) for kind in kinds}
@@ -127,6 +130,10 @@ def error_coordinates(row: Mapping[str, Any]) -> SourceCoordinates:
     return SourceCoordinates(row[Column.TOPIC], row[Column.PARTITION], row[Column.OFFSET], key)
 
 
+def _error_row(reason: str, handling: str, stage: str) -> tuple:
+    return (0, None, None, None, None, None, None, None, None, None, None, None, reason, handling, stage)
+
+
 class _Output:
     """Output rows (computed columns) and, per row, the input record they came from."""
 
@@ -138,9 +145,10 @@ class _Output:
         self.error_source: list[int | None] = []
         self._types: dict | None = None
         self._types_text: str | None = None
+        self.typed = TypedRows()
 
     def reject(self, index: int, reason: str, handling: str, stage: str) -> None:
-        self.rows.append((0, None, None, None, None, None, None, None, None, None, None, None, reason, handling, stage))
+        self.rows.append(_error_row(reason, handling, stage))
         self.source.append(index)
         self.error_source.append(index)
 
@@ -156,6 +164,25 @@ class _Output:
         self.rows.extend(out)
         self.source.extend([index] * len(out))
         self.error_source.extend([None] * len(out))
+        if types is not None:
+            self.typed.add(index, [row.row for row in rows if row.row is not None], types)
+
+    def reject_misfits(self) -> None:
+        """Turn the rows of each record whose values do not fit its column types into one error row."""
+        misfits = self.typed.misfits()
+        if not misfits:
+            return
+        rejected = set(misfits)
+        kept: tuple[list, list, list] = ([], [], [])
+        for row, index, error in zip(self.rows, self.source, self.error_source):
+            if index in rejected:
+                reason = misfits.pop(index, None)
+                if reason is None:
+                    continue  # the record's first row became its error row
+                row, error = _error_row(reason, self.decode_handling, "decode"), index
+            for column, value in zip(kept, (row, index, error)):
+                column.append(value)
+        self.rows, self.source, self.error_source = kept
 
     def _values(self, number: int, change: ChangelogRow) -> tuple:
         return (
@@ -219,6 +246,7 @@ class ChangelogBatchDecoder:
             else:
                 if rows:
                     out.extend(index, rows, types)
+        out.reject_misfits()
         return out.batch(batch)
 
 

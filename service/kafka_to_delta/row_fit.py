@@ -1,0 +1,140 @@
+"""Do a record's rows fit the columns the record declares (Connect schema block, Avro)?
+
+A value that does not fit its declared type (text in an int64 column, an integer beyond 64 bits,
+a timestamp out of range), or a column named like a declared one but for case (Delta column
+names are case-insensitive), would fail the sink's conversion or the table's schema for the
+whole micro-batch and stop the pipeline on a record that is simply bad; the decoder rejects such
+a record instead, under `decode_error_handling`. The verdict is the sink's own conversion (`rows_to_table`). A screen of
+plain values (integers in range, floats, booleans, text) lets most rows through without it; rows
+it cannot vouch for (ISO text timestamps, decimals, bytes, a wrong type) are converted together
+at the end of the batch, per column-type map, and record by record only when that fails.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from connectors.delta.arrow_types import TypeName, rows_to_table
+
+_INT64 = (-(2**63), 2**63 - 1)
+_INT_RANGES: dict[str, tuple[int, int]] = {
+    TypeName.INT8: (-(2**7), 2**7 - 1),
+    TypeName.INT16: (-(2**15), 2**15 - 1),
+    TypeName.INT32: (-(2**31), 2**31 - 1),
+    TypeName.INT64: _INT64,
+    TypeName.DATE32: (-(2**31), 2**31 - 1),  # epoch days
+    TypeName.TIMESTAMP_MS: (-(2**63 // 1000), (2**63 - 1) // 1000),  # stored in microseconds
+    TypeName.TIMESTAMP_US: _INT64,
+    TypeName.TIMESTAMP_NS: _INT64,
+    TypeName.TIMESTAMP_US_UTC: _INT64,
+}
+_FLOAT_INT_BOUND = 2**1023  # float() of a larger integer may overflow
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_INT, _FLOAT, _BOOL, _TEXT = "int", "float", "bool", "text"
+_MISFIT = "row does not fit the columns its record declares"
+
+
+def _screen(types: dict[str, str]) -> tuple[tuple[str, str, int, int], ...]:
+    """Per column of a type map: (name, kind of plain value that surely fits, integer range)."""
+    columns = []
+    for name, type_name in types.items():
+        if type_name in _INT_RANGES:
+            columns.append((name, _INT, *_INT_RANGES[type_name]))
+        elif type_name in TypeName.FLOATS:
+            columns.append((name, _FLOAT, -_FLOAT_INT_BOUND, _FLOAT_INT_BOUND))
+        elif type_name == TypeName.BOOL:
+            columns.append((name, _BOOL, 0, 0))
+        elif type_name == TypeName.STRING:
+            columns.append((name, _TEXT, 0, 0))
+        else:
+            columns.append((name, "", 0, 0))  # no plain value vouched for
+    return tuple(columns)
+
+
+def _plainly_fits(image: dict, columns: tuple[tuple[str, str, int, int], ...]) -> bool:
+    for name, kind, low, high in columns:
+        value = image.get(name)
+        if value is None:
+            continue
+        kind_of = type(value)
+        if kind == _INT:
+            if kind_of is not int or not low <= value <= high:
+                return False
+        elif kind == _FLOAT:
+            if kind_of is not float and (kind_of is not int or not low <= value <= high):
+                return False
+        elif kind == _BOOL:
+            if kind_of is not bool:
+                return False
+        elif kind == _TEXT:
+            if kind_of is not str or not (value.isascii() or _SURROGATE.search(value) is None):
+                return False
+        else:
+            return False
+    return True
+
+
+def _misfit(images: list[dict], types: dict[str, str]) -> str | None:
+    rows: list[dict | None] = list(images)
+    try:
+        rows_to_table(rows, types)
+    except ValueError as exc:  # names the column and the type, never a value
+        return str(exc)
+    return None
+
+
+def _case_twin(columns: Any, declared: dict[str, str]) -> str | None:
+    """A column that differs from a declared one only by case (Delta names are case-insensitive)."""
+    for column in columns:
+        twin = declared.get(column.lower())
+        if twin is not None and twin != column:
+            return f"column {column!r} differs from column {twin!r} only by case"
+    return None
+
+
+class _Screen:
+    """What is known of one column-type map: its plain-value screen and its names, lower-cased."""
+
+    def __init__(self, types: dict[str, str]) -> None:
+        self.types = types  # held, so that its id is not reused during the batch
+        self.columns = _screen(types)
+        self.lowered = {name.lower(): name for name in types}
+        twins = len(self.lowered) != len(types)
+        self.broken = "the record declares columns that differ only by case" if twins else None
+
+
+class TypedRows:
+    """The row images of one batch's typed records, checked against their declared types."""
+
+    def __init__(self) -> None:
+        self._screens: dict[int, _Screen] = {}
+        self._found: dict[int, str] = {}
+        # id(types) -> (types, [(record index, row images)]); the map is held, so its id is not reused
+        self._unsure: dict[int, tuple[dict[str, str], list[tuple[int, list[dict]]]]] = {}
+
+    def add(self, index: int, images: list[dict], types: dict[str, str]) -> None:
+        """The row images of record `index`, whose column types are `types`."""
+        screen = self._screens.get(id(types))
+        if screen is None:
+            screen = self._screens[id(types)] = _Screen(types)
+        for image in images:
+            undeclared = image.keys() - types.keys()
+            reason = screen.broken or (_case_twin(undeclared, screen.lowered) if undeclared else None)
+            if reason is not None:
+                self._found[index] = f"{_MISFIT}: {reason}"
+                return
+        if not all(_plainly_fits(image, screen.columns) for image in images):
+            self._unsure.setdefault(id(types), (types, []))[1].append((index, images))
+
+    def misfits(self) -> dict[int, str]:
+        """Record index -> why its rows do not fit the column types it declares."""
+        found = dict(self._found)
+        for types, records in self._unsure.values():
+            if _misfit([image for _, images in records for image in images], types) is None:
+                continue
+            for index, images in records:
+                reason = _misfit(images, types)
+                if reason is not None:
+                    found[index] = f"{_MISFIT}: {reason}"
+        return found
