@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from service.redaction import shown
+
 
 class CdcLakehouseError(Exception):
     """Root of every error the service raises on purpose."""
@@ -23,7 +25,7 @@ class ConfigError(TerminalError):
 
 @dataclass(frozen=True)
 class SourceCoordinates:
-    """Where a record came from: enough to find it again in Kafka."""
+    """Where a record came from: enough to find it again in Kafka. The key is shown per `log_values`."""
 
     topic: str
     partition: int
@@ -32,7 +34,7 @@ class SourceCoordinates:
 
     def __str__(self) -> str:
         where = f"topic={self.topic} partition={self.partition} offset={self.offset}"
-        return f"{where} key={self.key}" if self.key is not None else where
+        return f"{where} key={shown(self.key)}" if self.key is not None else where
 
 
 class DecodeError(TerminalError):

@@ -26,7 +26,7 @@ from http.server import ThreadingHTTPServer
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from service import health, metrics
+from service import health, metrics, redaction
 from service.delta_to_kafka.exports import export_pipeline
 from service.delta_to_kafka.pipeline import ExportPipeline
 from service.errors import ConfigError, TerminalError
@@ -77,6 +77,7 @@ class Runner:
         if not settings.pipelines and not settings.exports:
             raise ConfigError("no pipelines or exports configured: nothing to run")
         self.settings = settings
+        redaction.configure(settings.log_values)
         self.stop_requested = threading.Event()
         self.supervised: list[_Supervised] = []
         self.until_idle = False

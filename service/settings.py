@@ -276,6 +276,9 @@ class Settings(_Frozen):
     # Spark's idle progress interval); see service/health.py.
     readiness_stale_triggers: int = Field(default=DEFAULT_READINESS_STALE_TRIGGERS, ge=1)
     log_format: LogFormat = "text"  # text | json (one JSON object per line, for log shippers)
+    # Key values and row contents in logs and error messages (personal data): off = fingerprints
+    # only (service/redaction.py); topic, partition and offset are always named.
+    log_values: bool = False
     pipelines: tuple[PipelineSettings, ...] = ()
     exports: tuple[ExportSettings, ...] = ()
 

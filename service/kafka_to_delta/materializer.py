@@ -23,6 +23,7 @@ from service.kafka_to_delta.materializer_state import (
     decode_state,
     encode_state,
 )
+from service.redaction import shown
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,7 @@ class MaterializerConfig:
     primary_key: tuple[str, ...]
     on_conflict: OnConflict
     tombstone_retention_ms: int = 0
+    log_values: bool = False  # key values in messages (service/redaction.py); carried to the executors
 
     def __post_init__(self) -> None:
         if self.on_conflict not in get_args(OnConflict):
@@ -204,7 +206,9 @@ class Materializer:
         try:
             return decode_state(state)
         except StateFormatError as exc:
-            raise MaterializerError(f"table {self.config.table}, primary key {pk}: stored state: {exc}") from None
+            raise MaterializerError(
+                f"table {self.config.table}, primary key {self._shown(pk)}: stored state: {exc}"
+            ) from None
 
     def _prune(self, barrier: _Barrier) -> None:
         retention = self.config.tombstone_retention_ms
@@ -250,7 +254,8 @@ class Materializer:
         tombstone = barrier.state.tombstones.get(change.upsert_key)
         if change.sequence is not None and tombstone is not None and self._drop_if_older(barrier, change, tombstone):
             return
-        log.warning(STATE_CLEARED_WARNING, self.config.table, barrier.pk, change.kind.value, _where(change.position))
+        log.warning(STATE_CLEARED_WARNING, self.config.table, self._shown(barrier.pk), change.kind.value,
+                    _where(change.position))
         barrier.counters.cleared_state_warnings += 1
         self._bury(barrier, change)
 
@@ -266,7 +271,8 @@ class Materializer:
     def _drop_if_older(self, barrier: _Barrier, change: Change, newest: LiveRow | Tombstone) -> bool:
         if not self._older(barrier, change, newest):
             return False
-        log.debug(STALE_CHANGE_MESSAGE, self.config.table, barrier.pk, change.kind.value, _where(change.position))
+        log.debug(STALE_CHANGE_MESSAGE, self.config.table, self._shown(barrier.pk), change.kind.value,
+                  _where(change.position))
         barrier.counters.stale_dropped += 1
         return True
 
@@ -275,7 +281,7 @@ class Materializer:
             return (change.sequence, change.position) < (newest.sequence, newest.position)
         except TypeError:
             raise MaterializerError(
-                f"table {self.config.table}, primary key {barrier.pk}: sequence_by values of "
+                f"table {self.config.table}, primary key {self._shown(barrier.pk)}: sequence_by values of "
                 f"{_where(change.position)} and {_where(newest.position)} cannot be compared"
             ) from None
 
@@ -298,16 +304,19 @@ class Materializer:
         rows = barrier.state.rows
         return rows[-1] if rows else None
 
+    def _shown(self, value: str) -> str:
+        return shown(value, self.config.log_values)
+
     def _conflict_message(self, pk: str, rows: list[LiveRow]) -> str:
         listed = [
-            f"{'a whole-row key' if live.key_mode == 'whole_row' else 'upsert key ' + live.upsert_key} "
+            f"{'a whole-row key' if live.key_mode == 'whole_row' else 'upsert key ' + self._shown(live.upsert_key)} "
             f"from {_where(live.position)}"
             for live in rows[:_CONFLICT_LISTED]
         ]
         more = f"; and {len(rows) - _CONFLICT_LISTED} more" if len(rows) > _CONFLICT_LISTED else ""
         columns = ", ".join(self.config.primary_key)
         return (
-            f"table {self.config.table}: primary key ({columns}) = {pk} has {len(rows)} live rows after "
+            f"table {self.config.table}: primary key ({columns}) = {self._shown(pk)} has {len(rows)} live rows after "
             f"compaction (on_conflict=error): {'; '.join(listed)}{more}"
         )
 

@@ -25,7 +25,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from connectors.delta.engines import open_table
 from connectors.kafka.source import FORMAT_NAME, KafkaSource
-from service import metrics, test_hooks
+from service import metrics, redaction, test_hooks
 from service.kafka_to_delta.bad_records import (
     DeadLetterStore,
     failed_rows,
@@ -57,6 +57,7 @@ def stage_config(pipeline: PipelineSettings) -> StageConfig:
         primary_key=pipeline.primary_key,
         on_conflict=pipeline.on_conflict or "error",
         tombstone_retention_ms=int(pipeline.tombstone_retention_seconds * 1000),
+        log_values=redaction.log_values(),
     )
     ttl_ms = int(pipeline.materializer_ttl_seconds * 1000)
     return StageConfig(

@@ -21,6 +21,7 @@ from service.kafka_to_delta.materializer import (
     OnConflict,
 )
 from service.kafka_to_delta.materializer_state import LiveRow, PkState, Tombstone, decode_state, encode_state
+from service.redaction import fingerprint
 
 INS, UB, UA, DEL = ChangeKind.INSERT, ChangeKind.UPDATE_BEFORE, ChangeKind.UPDATE_AFTER, ChangeKind.DELETE
 STRATEGIES: tuple[OnConflict, ...] = ("error", "nothing", "deduplicate")
@@ -154,9 +155,10 @@ def test_fan_in_error_names_key_and_both_topics_without_row_contents() -> None:
         h.barrier([from_topic(INS, "topicB", SECRET_B, 22)])
     message = str(caught.value)
     assert isinstance(caught.value, TerminalError)
-    assert "t1" in message and "(id) = [7]" in message
-    assert '["topicA",7]' in message and "topic=topicA partition=3 offset=11" in message
-    assert '["topicB",7]' in message and "topic=topicB partition=3 offset=22" in message
+    # Key values are personal data: a stable fingerprint by default (log_values: false).
+    assert "t1" in message and f"(id) = <redacted #{fingerprint('[7]')}>" in message and "[7]" not in message
+    assert f"<redacted #{fingerprint(canon(['topicA', 7]))}>" in message and "topic=topicA partition=3 offset=11" in message
+    assert f"<redacted #{fingerprint(canon(['topicB', 7]))}>" in message and "topic=topicB partition=3 offset=22" in message
     assert "alice" not in message and "bob" not in message
     assert h.table == {"[7]": SECRET_A}  # the failed barrier changed nothing
 
@@ -236,7 +238,7 @@ def test_email_swap_in_one_transaction_is_no_conflict() -> None:
         canon(["a@x"]): canon({"id": 2, "email": "a@x"}),
         canon(["b@x"]): canon({"id": 1, "email": "b@x"}),
     }
-    split = harness("error")
+    split = Harness(Materializer(MaterializerConfig("t1", ("id",), "error", log_values=True)))
     split.barrier([by_email(INS, 1, "a@x", 0), by_email(INS, 2, "b@x", 1)])
     with pytest.raises(ConflictError, match=r"upsert key \[1\].*upsert key \[2\]|upsert key \[2\].*upsert key \[1\]"):
         split.barrier(swap[:2])  # a barrier inside the transaction sees b@x twice
@@ -339,7 +341,8 @@ def test_retraction_without_state_is_counted_and_logged(on_conflict: OnConflict,
         assert h.apply("[7]", [Change(DEL, "[7]", SECRET_A, ("users", 2, 40))]) is None
     assert h.totals.cleared_state_warnings == 1 and h.states == {} and h.table == {}
     text = caplog.text
-    assert "t1" in text and "[7]" in text and "offset=40" in text and "alice" not in text
+    assert "t1" in text and fingerprint("[7]") in text and "offset=40" in text and "alice" not in text
+    assert "[7]" not in text
 
 
 def test_whole_row_duplicates_conflict_without_row_contents() -> None:
@@ -423,6 +426,6 @@ def test_apply_through_text_equals_apply_in_one_go() -> None:
 @pytest.mark.parametrize("bad", ["not json", '{"v": 99, "l": []}', '{"v": 1}', '{"v": 1, "l": [{"r": 1}]}', "[]"])
 def test_unreadable_state_is_a_terminal_error_naming_the_key(bad: str) -> None:
     m = Materializer(MaterializerConfig("t1", ("id",), "error"))
-    with pytest.raises(MaterializerError, match=r"table t1, primary key \[7\]: stored state") as caught:
+    with pytest.raises(MaterializerError, match=rf"table t1, primary key <redacted #{fingerprint('[7]')}>: stored state") as caught:
         m.apply("[7]", bad, [], 0)
     assert bad not in str(caught.value)
