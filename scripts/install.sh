@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what cdc-lakehouse needs on a fresh Debian/Ubuntu machine: Java 17 for Spark and
-# a virtualenv (.venv) with the project. Pass "test" to include the test extras.
+# a virtualenv (.venv) with the project. Pass "test" to include the test extras, "demo" for the
+# embedded broker of `cdc-lakehouse demo` (the tests use it too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,7 +21,8 @@ PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v '^WARNING' || true
 extras=""
-[ "${1:-}" = "test" ] && extras="[test]"
+[ "${1:-}" = "test" ] && extras="[test,demo]"
+[ "${1:-}" = "demo" ] && extras="[demo]"
 .venv/bin/pip install -q --disable-pip-version-check -e ".${extras}" 2>&1 | grep -v '^WARNING' || true
 # Spark puts its pyspark.zip and py4j zip first on the path of every Python worker it starts, and
 # Python compiles pyspark from a zip anew each time (measured: 7.7 s against 1.5 s from the venv on

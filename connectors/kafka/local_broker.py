@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from connectors.kafka.errors import KafkaUnavailable
+from service.errors import ConfigError
 
 _READY_TIMEOUT_S = 30.0
 _STOP_TIMEOUT_S = 30.0
@@ -28,7 +29,10 @@ def _executable() -> str:
     beside = Path(sys.executable).with_name("noida-db")
     found = str(beside) if beside.exists() else shutil.which("noida-db")
     if not found:
-        raise KafkaUnavailable("noida-db is not installed (pip install noida-db)")
+        raise ConfigError(
+            "the embedded broker (noida-db) is not installed: it comes with the `demo` extra, "
+            "pip install 'cdc-lakehouse[demo]' (or bash scripts/demo.sh)"
+        )
     return found
 
 
