@@ -20,6 +20,7 @@ from service.errors import ConfigError
 from service.kafka_to_delta.dead_letters import DeadLetterSettings
 from service.kafka_to_delta.from_changelog_settings import FromChangelogSettings
 from service.kafka_to_delta.op_mapping import Grouping, parse_op_mapping
+from service.registry_settings import SchemaRegistrySettings, share_registry
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SECRET_HINTS = ("password", "secret", "token", "jaas", "key.pem", "credentials")
@@ -114,14 +115,6 @@ class RecoverySettings(_Frozen):
         """Seconds to wait before restart number `attempt` (1-based): doubling, capped."""
         doublings = min(attempt - 1, 64)  # an unbounded power overflows a float after 1024 attempts
         return min(self.max_backoff_seconds, self.initial_backoff_seconds * 2 ** doublings)
-
-
-class SchemaRegistrySettings(_Frozen):
-    """A Confluent-compatible Schema Registry (REST)."""
-
-    url: str
-    username: str | None = None
-    password: str | None = None
 
 
 class PipelineSettings(_Frozen):
@@ -279,8 +272,15 @@ class Settings(_Frozen):
     # Key values and row contents in logs and error messages (personal data): off = fingerprints
     # only (service/redaction.py); topic, partition and offset are always named.
     log_values: bool = False
+    # Shared by every pipeline and export without a `schema_registry` block of its own.
+    schema_registry: SchemaRegistrySettings | None = None
     pipelines: tuple[PipelineSettings, ...] = ()
     exports: tuple[ExportSettings, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _share_registry(cls, data: Any) -> Any:
+        return share_registry(data)
 
     @model_validator(mode="after")
     def _unique_names(self) -> "Settings":

@@ -3,12 +3,16 @@
 Serves, with Confluent's response shapes and error codes:
   GET  /schemas/ids/{id}                  {"schema": text}            40403 Schema not found
   POST /subjects/{subject}/versions       {"id": id}                  42201 Invalid schema
-  GET  /subjects/{subject}/versions/latest {"subject","version","id","schema"}  40401 Subject not found
+  POST /subjects/{subject}/versions       {"id": id}                  42201 Invalid schema, 409 incompatible
+  GET  /subjects/{subject}/versions/{v}   {"subject","version","id","schema"}  40401/40402 not found
   GET  /subjects                          [subject, ...]
 Ids are assigned incrementally; one schema text (compared in compact canonical JSON) has one
 id across subjects, and registering it again under a subject returns that id without a new
-version. No compatibility checks. Optional basic auth (401, error code 40101). `fail_next`
-makes the next requests answer with a server error, to exercise retry paths.
+version. Schema references ({"name", "subject", "version"}) are resolved as named types.
+A new version must pass the subject's compatibility check against the latest version:
+BACKWARD by default (the new schema reads data written with the latest one), or NONE.
+Optional HTTPS (`tls=(certfile, keyfile)`) and basic auth (401, error code 40101).
+`fail_next` makes the next requests answer with a server error, to exercise retry paths.
 """
 
 from __future__ import annotations
@@ -17,10 +21,11 @@ import base64
 import json
 import os
 import re
+import ssl
 import threading
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal
 from urllib.parse import unquote
 
 import fastavro
@@ -29,9 +34,14 @@ import pytest
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 SCHEMA_BY_ID = re.compile(r"^/schemas/ids/(\d+)$")
 SUBJECT_VERSIONS = re.compile(r"^/subjects/([^/]+)/versions$")
-SUBJECT_LATEST = re.compile(r"^/subjects/([^/]+)/versions/latest$")
+SUBJECT_VERSION = re.compile(r"^/subjects/([^/]+)/versions/(latest|\d+)$")
 SUBJECTS = re.compile(r"^/subjects$")
 GET_SCHEMA, GET_LATEST, LIST_SUBJECTS, REGISTER = "get_schema", "get_latest", "list_subjects", "register"
+Compatibility = Literal["BACKWARD", "NONE"]
+
+
+class Incompatible(Exception):
+    """A new schema cannot read data written with the latest one."""
 
 
 class RegistryState:
@@ -40,27 +50,81 @@ class RegistryState:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.texts: dict[int, str] = {}
+        self.references: dict[int, list[dict]] = {}
         self.ids: dict[str, int] = {}
         self.subjects: dict[str, list[int]] = {}
 
-    def register(self, subject: str, text: str) -> int:
-        """The id of `text` (new or existing), added as a version of `subject` if it is not one."""
+    def register(self, subject: str, text: str, references: list[dict], compatibility: Compatibility) -> int:
+        """The id of `text` (new or existing), added as a version of `subject` if it is not one;
+        raises `Incompatible` when the subject's latest version cannot be read with it."""
         with self.lock:
             schema_id = self.ids.get(text)
+            versions = self.subjects.setdefault(subject, [])
+            if schema_id is not None and schema_id in versions:
+                return schema_id
+            if versions and compatibility == "BACKWARD":
+                check_backward(self.named(references), self.texts[versions[-1]], text,
+                               self.named(self.references[versions[-1]]))
             if schema_id is None:
                 schema_id = len(self.texts) + 1
                 self.ids[text], self.texts[schema_id] = schema_id, text
-            versions = self.subjects.setdefault(subject, [])
-            if schema_id not in versions:
-                versions.append(schema_id)
+                self.references[schema_id] = references
+            versions.append(schema_id)
             return schema_id
 
+    def named(self, references: list[dict]) -> dict[str, Any]:
+        """fastavro named types of `references` (caller holds the lock); KeyError if one is missing."""
+        named: dict[str, Any] = {}
+        for reference in references:
+            schema_id = self.subjects[reference["subject"]][int(reference["version"]) - 1]
+            named.update(self.named(self.references[schema_id]))
+            fastavro.parse_schema(json.loads(self.texts[schema_id]), named_schemas=named)
+        return named
 
-def _canonical(text: Any) -> str | None:
+
+def check_backward(named: dict[str, Any], old: str, new: str, old_named: dict[str, Any]) -> None:
+    """Raise `Incompatible` unless a reader with `new` reads data written with `old`: fastavro
+    resolves the schemas on a value with every field at its default, or null."""
+    writer = fastavro.parse_schema(json.loads(old), named_schemas=dict(old_named))
+    reader = fastavro.parse_schema(json.loads(new), named_schemas=dict(named))
+    if not _resolvable(writer, reader):
+        raise Incompatible("the new schema cannot read data written with the latest version")
+
+
+def _resolvable(writer: Any, reader: Any) -> bool:
+    """Schema resolution of record fields (Avro spec): a reader field missing from the writer
+    needs a default; a field both have must have the same type or a promotable one."""
+    if isinstance(writer, dict) and isinstance(reader, dict) and writer.get("type") == reader.get("type") == "record":
+        written = {field["name"]: field for field in writer["fields"]}
+        for field in reader["fields"]:
+            if field["name"] not in written:
+                if "default" not in field:
+                    return False
+            elif not _resolvable(written[field["name"]]["type"], field["type"]):
+                return False
+        return True
+    if isinstance(reader, list):
+        return all(any(_resolvable(w, r) for r in reader) for w in (writer if isinstance(writer, list) else [writer]))
+    if isinstance(writer, list):
+        return False
+    return _type_name(writer) == _type_name(reader) or (_type_name(writer), _type_name(reader)) in PROMOTIONS
+
+
+PROMOTIONS = {("int", "long"), ("int", "float"), ("int", "double"), ("long", "float"), ("long", "double"),
+              ("float", "double"), ("string", "bytes"), ("bytes", "string")}
+
+
+def _type_name(schema: Any) -> str:
+    if isinstance(schema, dict):
+        return str(schema.get("name") or schema.get("type"))
+    return str(schema)
+
+
+def _canonical(text: Any, named: dict[str, Any]) -> str | None:
     """Compact JSON of a valid Avro schema text, `None` when it is not one."""
     try:
         definition = json.loads(text)
-        fastavro.parse_schema(definition)
+        fastavro.parse_schema(definition, named_schemas=dict(named))
     except (TypeError, ValueError, KeyError, fastavro.schema.SchemaParseException):
         return None
     return json.dumps(definition, separators=(",", ":"))
@@ -96,20 +160,24 @@ class _Handler(BaseHTTPRequestHandler):
         return True
 
     def _schema_by_id(self, match: re.Match) -> None:
-        text = self.server.double.state.texts.get(int(match[1]))
+        state = self.server.double.state
+        text = state.texts.get(int(match[1]))
         if text is None:
             return self._error(404, 40403, "Schema not found")
-        self._answer(200, {"schema": text})
+        self._answer(200, {"schema": text, **_references(state.references[int(match[1])])})
 
-    def _latest(self, match: re.Match) -> None:
+    def _version(self, match: re.Match) -> None:
         state, subject = self.server.double.state, unquote(match[1])
         with state.lock:
             versions = list(state.subjects.get(subject, ()))
         if not versions:
             return self._error(404, 40401, f"Subject '{subject}' not found.")
-        schema_id = versions[-1]
-        self._answer(200, {"subject": subject, "version": len(versions), "id": schema_id,
-                           "schema": state.texts[schema_id]})
+        version = len(versions) if match[2] == "latest" else int(match[2])
+        if not 1 <= version <= len(versions):
+            return self._error(404, 40402, f"Version {version} not found.")
+        schema_id = versions[version - 1]
+        self._answer(200, {"subject": subject, "version": version, "id": schema_id,
+                           "schema": state.texts[schema_id], **_references(state.references[schema_id])})
 
     def _subjects(self, match: re.Match) -> None:
         state = self.server.double.state
@@ -123,10 +191,23 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             return self._error(422, 42201, "Invalid schema: the request is not JSON")
         kind = body.get("schemaType", "AVRO") if isinstance(body, dict) else None
-        text = _canonical(body.get("schema")) if kind == "AVRO" else None
+        references = [{k: r[k] for k in ("name", "subject", "version")} for r in body.get("references") or []
+                      ] if kind == "AVRO" else []
+        double, subject = self.server.double, unquote(match[1])
+        try:
+            with double.state.lock:
+                named = double.state.named(references)
+        except (KeyError, IndexError, ValueError):
+            return self._error(422, 42201, "Invalid schema: a reference is not registered")
+        text = _canonical(body.get("schema"), named) if kind == "AVRO" else None
         if text is None:
             return self._error(422, 42201, "Invalid schema")
-        self._answer(200, {"id": self.server.double.state.register(unquote(match[1]), text)})
+        try:
+            schema_id = double.state.register(subject, text, references, double.compatibility)
+        except Incompatible as refused:
+            return self._error(409, 409, f"Schema being registered is incompatible with an earlier schema for "
+                                         f"subject \"{subject}\", details: [{refused}]")
+        self._answer(200, {"id": schema_id})
 
     def _route(self, method: str) -> None:
         path = self.path.split("?")[0]
@@ -147,11 +228,15 @@ class _Handler(BaseHTTPRequestHandler):
 
 ROUTES = (
     ("GET", GET_SCHEMA, SCHEMA_BY_ID, _Handler._schema_by_id),
-    ("GET", GET_LATEST, SUBJECT_LATEST, _Handler._latest),
+    ("GET", GET_LATEST, SUBJECT_VERSION, _Handler._version),
     ("GET", LIST_SUBJECTS, SUBJECTS, _Handler._subjects),
     ("POST", REGISTER, SUBJECT_VERSIONS, _Handler._register),
 )
 """(method, route name counted in `SchemaRegistryDouble.requests`, path pattern, handler)."""
+
+
+def _references(references: list[dict]) -> dict[str, Any]:
+    return {"references": references} if references else {}
 
 
 class _Server(ThreadingHTTPServer):
@@ -162,8 +247,11 @@ class _Server(ThreadingHTTPServer):
 class SchemaRegistryDouble:
     """A running registry double on 127.0.0.1; use as a context manager, or `start`/`stop`."""
 
-    def __init__(self, port: int = 0, auth: tuple[str, str] | None = None) -> None:
+    def __init__(self, port: int = 0, auth: tuple[str, str] | None = None, *,
+                 tls: tuple[str, str] | None = None, compatibility: Compatibility = "BACKWARD") -> None:
         self.state = RegistryState()
+        self.compatibility = compatibility
+        self.scheme = "https" if tls else "http"
         self.requests: Counter[str] = Counter()
         self.auth = auth
         token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode() if auth else ""
@@ -172,13 +260,17 @@ class SchemaRegistryDouble:
         self._failures_lock = threading.Lock()
         self._server = _Server(("127.0.0.1", port), _Handler)
         self._server.double = self
+        if tls is not None:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(*tls)
+            self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
         self._thread = threading.Thread(target=self._server.serve_forever, name="schema-registry-double", daemon=True)
 
     @property
     def url(self) -> str:
         """Base URL of the double, e.g. http://127.0.0.1:41234."""
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"{self.scheme}://{host}:{port}"
 
     def fail_next(self, count: int = 1) -> None:
         """Answer the next `count` requests with HTTP 500 (error code 50001)."""

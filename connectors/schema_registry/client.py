@@ -1,47 +1,51 @@
-"""A Confluent Schema Registry client for the REST subset the Avro codec needs (stdlib HTTP).
+"""The project's view of a Confluent Schema Registry, over `confluent_kafka.schema_registry`.
 
-- `schema_by_id(id)`: GET /schemas/ids/{id}, cached by id for the life of the client (a
-  registered id never changes its schema), parsed once with `fastavro.parse_schema`.
-- `register(subject, schema)`: POST /subjects/{subject}/versions, cached per (subject, text).
-- `latest(subject)`: GET /subjects/{subject}/versions/latest, never cached.
+- `schema_by_id(id)`: the schema of an id (with its references resolved), parsed once with
+  `fastavro.parse_schema` and cached by id for the life of the client.
+- `register(subject, schema)`: registers under a subject, cached per (subject, text); a schema
+  the subject's compatibility rule refuses raises `IncompatibleSchemaError` naming the subject
+  and its latest version.
+- `latest(subject)`: the latest version of a subject, never cached.
 
-Lookups are thread-safe. Unreachable registries, timeouts and 5xx/408/429 answers raise
-`SchemaRegistryUnavailable` (transient, no retry here: the caller owns the retry policy);
-other refusals raise `SchemaRegistryRequestError`. Only Avro schemas without references are
-supported. The client pickles as its settings alone, so Spark workers rebuild their caches.
+TLS (custom CA, client certificate), basic or bearer auth, retries with backoff and the HTTP
+session are the confluent client's. It is built lazily, on first use, on the process that uses
+it: the client pickles as its `RegistryConnection` alone, so each Spark executor builds its own.
+Unreachable registries, timeouts and 5xx/408/429 answers that outlast the retries raise
+`SchemaRegistryUnavailable` (transient); other refusals raise `SchemaRegistryRequestError`.
 """
 
 from __future__ import annotations
 
-import base64
-import http.client
 import json
 import threading
 from dataclasses import dataclass
 from typing import Any
-from urllib.error import HTTPError, URLError
-from urllib.parse import quote
-from urllib.request import Request, urlopen
 
 import fastavro
+from confluent_kafka.schema_registry import Schema, SchemaReference
+from confluent_kafka.schema_registry import SchemaRegistryClient as ConfluentClient
+from confluent_kafka.schema_registry.common._httpx_compat import httpx  # httpx or httpx2, as installed
+from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+from connectors.schema_registry.connection import RegistryConnection
 from connectors.schema_registry.errors import (
+    IncompatibleSchemaError,
     SchemaRegistryRequestError,
     SchemaRegistryUnavailable,
     SubjectNotFoundError,
     UnknownSchemaIdError,
     UnusableSchemaError,
 )
+from connectors.schema_registry.references import full_name, inline_references
 
-CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
-ACCEPT = f"{CONTENT_TYPE}, application/json"
-DEFAULT_TIMEOUT_S = 10.0
 AVRO_SCHEMA_TYPE = "AVRO"
 COMPACT_SEPARATORS = (",", ":")
 SCHEMA_NOT_FOUND = 40403
 SUBJECT_NOT_FOUND = 40401
+INCOMPATIBLE = 409
 RETRYABLE_STATUS = frozenset({408, 429})
 SERVER_ERROR_STATUS = 500
+MAX_REFERENCE_DEPTH = 16
 
 
 @dataclass(frozen=True)
@@ -61,36 +65,31 @@ def schema_text(schema: Any) -> str:
     return schema if isinstance(schema, str) else json.dumps(schema, separators=COMPACT_SEPARATORS)
 
 
-def _parsed(schema_id: int, answer: Any) -> tuple[str, Any, Any]:
-    """(text, definition, parsed) of a /schemas/ids answer; raises `UnusableSchemaError`."""
-    if not isinstance(answer, dict) or not isinstance(answer.get("schema"), str):
-        raise UnusableSchemaError(schema_id, "the registry answer has no schema text")
-    kind = answer.get("schemaType", AVRO_SCHEMA_TYPE)
-    if kind != AVRO_SCHEMA_TYPE:
-        raise UnusableSchemaError(schema_id, f"it is a {kind} schema, not Avro")
-    if answer.get("references"):
-        raise UnusableSchemaError(schema_id, "schema references are not supported")
-    text = answer["schema"]
-    try:
-        definition = json.loads(text)
-        return text, definition, fastavro.parse_schema(definition)
-    except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as exc:
-        raise UnusableSchemaError(schema_id, f"invalid Avro schema ({type(exc).__name__})") from None
-
-
 class SchemaRegistryClient:
-    """Client of one Schema Registry at `url`; `auth` is (user, password) for HTTP basic auth."""
+    """Client of one Schema Registry; `url`/`auth`/`timeout` or a full `connection`."""
 
-    def __init__(self, url: str, *, auth: tuple[str, str] | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
-        self.url = url.rstrip("/")
-        self.auth = auth
-        self.timeout = timeout
+    def __init__(self, url: str | None = None, *, auth: tuple[str, str] | None = None,
+                 timeout: float | None = None, connection: RegistryConnection | None = None) -> None:
+        if connection is None:
+            if url is None:
+                raise ValueError("SchemaRegistryClient needs a url or a connection")
+            connection = RegistryConnection.basic(url, auth, timeout)
+        self.connection = connection
+        self.url = connection.url
         self._lock = threading.Lock()
+        self._client: ConfluentClient | None = None
         self._by_id: dict[int, RegisteredSchema] = {}
         self._registered: dict[tuple[str, str], int] = {}
 
     def __reduce__(self) -> tuple:
-        return _rebuild_client, (self.url, self.auth, self.timeout)
+        return _rebuild_client, (self.connection,)
+
+    @property
+    def confluent(self) -> ConfluentClient:
+        """The confluent client, built on first use in this process."""
+        if self._client is None:
+            self._client = ConfluentClient(self.connection.client_config())
+        return self._client
 
     def schema_by_id(self, schema_id: int) -> RegisteredSchema:
         """The schema registered under `schema_id`; raises `UnknownSchemaIdError` if there is none."""
@@ -105,17 +104,50 @@ class SchemaRegistryClient:
         return cached
 
     def _fetch_by_id(self, schema_id: int) -> RegisteredSchema:
+        what = f"GET /schemas/ids/{schema_id}"
         try:
-            answer = self._call("GET", f"/schemas/ids/{schema_id}")
+            schema = self._call(what, lambda: self.confluent.get_schema(schema_id))
         except SchemaRegistryRequestError as exc:
             # A bare 404 (no Confluent error code) means a wrong URL, not an unknown id.
             if exc.error_code == SCHEMA_NOT_FOUND:
                 raise UnknownSchemaIdError(schema_id, self.url) from None
             raise
-        text, definition, parsed = _parsed(schema_id, answer)
-        return RegisteredSchema(schema_id, text, definition, parsed)
+        return self._parsed(schema_id, schema)
 
-    def register(self, subject: str, schema: Any) -> int:
+    def _parsed(self, schema_id: int, schema: Schema, subject: str | None = None,
+                version: int | None = None) -> RegisteredSchema:
+        kind = schema.schema_type or AVRO_SCHEMA_TYPE
+        if kind != AVRO_SCHEMA_TYPE or not isinstance(schema.schema_str, str):
+            raise UnusableSchemaError(schema_id, f"it is a {kind} schema, not Avro")
+        referenced: dict[str, Any] = {}
+        self._resolve(schema_id, schema.references or [], referenced, 0)
+        try:
+            definition = inline_references(json.loads(schema.schema_str), referenced)
+            parsed = fastavro.parse_schema(definition)
+        except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as exc:
+            raise UnusableSchemaError(schema_id, f"invalid Avro schema ({type(exc).__name__})") from None
+        return RegisteredSchema(schema_id, schema.schema_str, definition, parsed, subject, version)
+
+    def _resolve(self, schema_id: int, references: list[SchemaReference], named: dict[str, Any], depth: int) -> None:
+        """Referenced definitions (depth first, their own references inlined) into `named` by full name."""
+        if depth > MAX_REFERENCE_DEPTH:
+            raise UnusableSchemaError(schema_id, f"schema references nest deeper than {MAX_REFERENCE_DEPTH}")
+        for reference in references:
+            what = f"GET /subjects/{reference.subject}/versions/{reference.version}"
+            found = self._call(what, lambda r=reference: self.confluent.get_version(r.subject, r.version))
+            inner: dict[str, Any] = {}
+            self._resolve(schema_id, found.schema.references or [], inner, depth + 1)
+            try:
+                definition = inline_references(json.loads(found.schema.schema_str), inner)
+                name = full_name(definition)
+                if name is None:
+                    raise ValueError("not a named type")
+                named[name] = definition
+            except ValueError as exc:
+                raise UnusableSchemaError(schema_id, f"reference {reference.name!r} is not a valid Avro schema "
+                                                     f"({type(exc).__name__})") from None
+
+    def register(self, subject: str, schema: Any, references: list[SchemaReference] | None = None) -> int:
         """Register `schema` (definition or text) under `subject`; its id, cached per (subject, text)."""
         text = schema_text(schema)
         cached = self._registered.get((subject, text))
@@ -124,65 +156,45 @@ class SchemaRegistryClient:
         with self._lock:
             cached = self._registered.get((subject, text))
             if cached is None:
-                body = {"schema": text, "schemaType": AVRO_SCHEMA_TYPE}
-                path = f"/subjects/{quote(subject, safe='')}/versions"
-                cached = self._answer_id(self._call("POST", path, body), f"POST {path}")
+                cached = self._register(subject, Schema(text, AVRO_SCHEMA_TYPE, references or []))
                 self._registered[(subject, text)] = cached
         return cached
 
+    def _register(self, subject: str, schema: Schema) -> int:
+        what = f"POST /subjects/{subject}/versions"
+        try:
+            return self._call(what, lambda: self.confluent.register_schema(subject, schema))
+        except SchemaRegistryRequestError as exc:
+            if exc.status != INCOMPATIBLE:
+                raise
+            latest = self.latest(subject)
+            raise IncompatibleSchemaError(self.url, subject, latest.version, exc.message) from None
+
     def latest(self, subject: str) -> RegisteredSchema:
         """The latest version registered under `subject`; raises `SubjectNotFoundError` if there is none."""
-        path = f"/subjects/{quote(subject, safe='')}/versions/latest"
-        answer = self._call("GET", path)
-        schema_id = self._answer_id(answer, f"GET {path}")
-        text, definition, parsed = _parsed(schema_id, answer)
-        return RegisteredSchema(schema_id, text, definition, parsed, answer.get("subject"), answer.get("version"))
+        what = f"GET /subjects/{subject}/versions/latest"
+        found = self._call(what, lambda: self.confluent.get_version(subject, "latest"))
+        return self._parsed(found.schema_id, found.schema, found.subject, found.version)
 
-    def _answer_id(self, answer: Any, what: str) -> int:
-        schema_id = answer.get("id") if isinstance(answer, dict) else None
-        if not isinstance(schema_id, int) or isinstance(schema_id, bool):
-            raise SchemaRegistryRequestError(self.url, what, 200, None, "the answer has no integer 'id'")
-        return schema_id
-
-    def _headers(self, with_body: bool) -> dict[str, str]:
-        headers = {"Accept": ACCEPT}
-        if with_body:
-            headers["Content-Type"] = CONTENT_TYPE
-        if self.auth is not None:
-            token = base64.b64encode(f"{self.auth[0]}:{self.auth[1]}".encode()).decode("ascii")
-            headers["Authorization"] = f"Basic {token}"
-        return headers
-
-    def _call(self, method: str, path: str, body: Any = None) -> Any:
-        """One request; the JSON answer, or the adapter's error for a failure."""
-        data = None if body is None else json.dumps(body).encode()
-        request = Request(self.url + path, data=data, method=method, headers=self._headers(data is not None))
-        what = f"{method} {path}"
+    def _call(self, what: str, request: Any) -> Any:
+        """Run one confluent client call; its answer, or the adapter's error for a failure."""
         try:
-            with urlopen(request, timeout=self.timeout) as response:
-                return json.loads(response.read())
-        except HTTPError as exc:
+            return request()
+        except SchemaRegistryError as exc:
             raise self._refusal(what, exc) from None
-        except (URLError, OSError, http.client.HTTPException) as exc:
-            reason = getattr(exc, "reason", None) or exc
-            raise SchemaRegistryUnavailable(self.url, f"{what}: {type(exc).__name__}: {reason}") from None
+        except (httpx.HTTPError, OSError) as exc:
+            raise SchemaRegistryUnavailable(self.url, f"{what}: {type(exc).__name__}: {exc}") from None
         except ValueError:
             raise SchemaRegistryUnavailable(self.url, f"{what}: the answer is not JSON") from None
 
-    def _refusal(self, what: str, exc: HTTPError) -> Exception:
-        try:
-            answer = json.loads(exc.read())
-        except (ValueError, OSError):
-            answer = {}
-        answer = answer if isinstance(answer, dict) else {}
-        code = answer.get("error_code")
-        code = code if isinstance(code, int) else None
-        message = str(answer.get("message") or exc.reason)
-        if exc.code >= SERVER_ERROR_STATUS or exc.code in RETRYABLE_STATUS:
-            return SchemaRegistryUnavailable(self.url, f"{what}: HTTP {exc.code}: {message}")
+    def _refusal(self, what: str, exc: SchemaRegistryError) -> Exception:
+        status, message = exc.http_status_code, str(exc.error_message)
+        code = exc.error_code if isinstance(exc.error_code, int) and exc.error_code >= 0 else None
+        if status >= SERVER_ERROR_STATUS or status in RETRYABLE_STATUS:
+            return SchemaRegistryUnavailable(self.url, f"{what}: HTTP {status}: {message}")
         error = SubjectNotFoundError if code == SUBJECT_NOT_FOUND else SchemaRegistryRequestError
-        return error(self.url, what, exc.code, code, message)
+        return error(self.url, what, status, code, message)
 
 
-def _rebuild_client(url: str, auth: tuple[str, str] | None, timeout: float) -> SchemaRegistryClient:
-    return SchemaRegistryClient(url, auth=auth, timeout=timeout)
+def _rebuild_client(connection: RegistryConnection) -> SchemaRegistryClient:
+    return SchemaRegistryClient(connection=connection)

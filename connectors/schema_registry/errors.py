@@ -119,3 +119,12 @@ class AvroEncodeError(_Picklable, TerminalError):
 
 class AvroSchemaError(_Picklable, TerminalError):
     """An Avro schema cannot be built from, or mapped to, the project's column types."""
+
+
+class IncompatibleSchemaError(SchemaRegistryRequestError):
+    """The subject's compatibility rule refused a new schema (HTTP 409); names subject and latest version."""
+
+    def __init__(self, registry_url: str, subject: str, version: int | None, message: str) -> None:
+        self.subject, self.version = subject, version
+        SchemaRegistryRequestError.__init__(
+            self, registry_url, f"a new schema for subject {subject!r} (latest version {version})", 409, 409, message)

@@ -167,7 +167,7 @@ def avro_serializers(
     export: ExportSettings, uri: str, storage_options: dict[str, str]
 ) -> tuple[TableAvroSerializer, TableAvroSerializer]:
     """(key serializer, value serializer) of an avro-confluent export."""
-    client = SchemaRegistryClient(export.schema_registry_url)
+    client = SchemaRegistryClient(connection=export.schema_registry.connection())
     return (
         TableAvroSerializer(export, uri, storage_options, "key", client),
         TableAvroSerializer(export, uri, storage_options, "value", client),

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from service.changes import ChangeKind, DebeziumOp, Envelope
 from service.kafka_to_delta.op_mapping import KIND_BY_NAME, Grouping, op_code_text, split_list
+from service.registry_settings import SchemaRegistrySettings
 
 _NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$"
 _TOPIC = r"^[A-Za-z0-9._\-]{1,249}$"
@@ -150,13 +151,16 @@ class ExportSettings(BaseModel):
     starting_version: int | None = Field(default=None, ge=0)
     starting_timestamp: datetime | None = None
     max_versions_per_trigger: int | None = Field(default=DEFAULT_MAX_VERSIONS_PER_TRIGGER, ge=1)
-    schema_registry_url: str | None = None
+    schema_registry: SchemaRegistrySettings | None = None
+    schema_registry_url: str | None = None  # shorthand for `schema_registry: {url: ...}` without auth
 
     @model_validator(mode="before")
     @classmethod
     def _apply_preset(cls, data: Any) -> Any:
         if isinstance(data, dict) and isinstance(data.get("preset"), str) and data["preset"] in PRESETS:
-            return {**PRESETS[data["preset"]], **data}
+            data = {**PRESETS[data["preset"]], **data}
+        if isinstance(data, dict) and data.get("schema_registry_url") and data.get("schema_registry") is None:
+            data = {**data, "schema_registry": {"url": data["schema_registry_url"]}}
         return data
 
     @field_validator("primary_key", "passthrough", mode="before")
@@ -202,8 +206,8 @@ class ExportSettings(BaseModel):
             seen.add(name)
 
     def _check_format(self, codes: OpCodes) -> None:
-        if self.format == "avro-confluent" and not self.schema_registry_url:
-            raise ValueError("format avro-confluent needs schema_registry_url")
+        if self.format == "avro-confluent" and self.schema_registry is None:
+            raise ValueError("format avro-confluent needs schema_registry_url or a `schema_registry: {url: ...}` block")
         if self.format == "deletion-flag-json" and self.image_fields is not None:
             raise ValueError("format deletion-flag-json writes flat records: leave before and after unset")
         if not self.debezium_envelope:

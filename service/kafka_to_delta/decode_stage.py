@@ -30,9 +30,9 @@ def batch_decoder(pipeline: PipelineSettings) -> ChangelogBatchDecoder:
     """The picklable decoder of one pipeline (its format and FROM_CHANGELOG settings)."""
     value_decoder = None
     if pipeline.format == "avro-confluent":
-        registry = pipeline.schema_registry
-        auth = (registry.username, registry.password) if registry.username else None
-        value_decoder = ConfluentAvroDecoder(SchemaRegistryClient(registry.url, auth=auth))
+        # The client pickles as its connection; each executor builds its own on first use.
+        connection = pipeline.schema_registry.connection()
+        value_decoder = ConfluentAvroDecoder(SchemaRegistryClient(connection=connection))
     return ChangelogBatchDecoder(
         pipeline.changelog_settings, pipeline.primary_key, pipeline.effective_upsert_key, value_decoder=value_decoder
     )

@@ -18,6 +18,7 @@ from connectors.delta.connect_types import connect_schema_to_types
 from connectors.schema_registry.avro_codec import ConfluentAvroDecoder, ConfluentAvroEncoder
 from connectors.schema_registry.avro_types import avro_schema_for, debezium_envelope_schema
 from connectors.schema_registry.client import SchemaRegistryClient
+from connectors.schema_registry.connection import RegistryConnection
 from connectors.schema_registry.errors import (
     AvroBodyError,
     BadMagicByteError,
@@ -107,7 +108,7 @@ def test_registry_refusals(client: SchemaRegistryClient, unique: str) -> None:
 
 
 def test_unreachable_registry_is_transient() -> None:
-    client = SchemaRegistryClient(f"http://127.0.0.1:{_free_port()}", timeout=2)
+    client = SchemaRegistryClient(connection=RegistryConnection(f"http://127.0.0.1:{_free_port()}", max_retries=0))
     with pytest.raises(SchemaRegistryUnavailable) as caught:
         client.schema_by_id(1)
     assert isinstance(caught.value, TransientError) and not isinstance(caught.value, DecodeError)
@@ -119,16 +120,21 @@ def test_a_registry_that_never_answers_times_out_as_transient() -> None:
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(1)  # accepts the connection in the kernel, never answers
-        client = SchemaRegistryClient(f"http://127.0.0.1:{silent.getsockname()[1]}", timeout=0.5)
-        with pytest.raises(SchemaRegistryUnavailable, match="timed out"):
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        client = SchemaRegistryClient(connection=RegistryConnection(url, timeout_seconds=0.5, max_retries=0))
+        with pytest.raises(SchemaRegistryUnavailable, match="Timeout"):
             client.schema_by_id(1)
 
 
-def test_server_errors_are_transient_and_the_next_call_succeeds(registry: SchemaRegistryDouble, unique: str) -> None:
-    client = SchemaRegistryClient(registry.url)
-    schema_id = client.register(unique, avro_schema_for("S", {"a": "int64"}))
+def test_server_errors_are_retried_then_transient(registry: SchemaRegistryDouble, unique: str) -> None:
+    schema_id = SchemaRegistryClient(registry.url).register(unique, avro_schema_for("S", {"a": "int64"}))
+    before = registry.requests[GET_SCHEMA]
+    registry.fail_next(2)
+    retrying = SchemaRegistryClient(connection=RegistryConnection(registry.url, max_retries=2, retries_wait_ms=10))
+    assert retrying.schema_by_id(schema_id).schema_id == schema_id  # two 500s absorbed by the retries
+    assert registry.requests[GET_SCHEMA] - before == 3
     registry.fail_next()
-    fresh = SchemaRegistryClient(registry.url)
+    fresh = SchemaRegistryClient(connection=RegistryConnection(registry.url, max_retries=0))
     with pytest.raises(SchemaRegistryUnavailable, match="HTTP 500"):
         fresh.schema_by_id(schema_id)
     assert fresh.schema_by_id(schema_id).schema_id == schema_id
