@@ -23,6 +23,7 @@ from deltalake import DeltaTable
 
 from service.errors import DecodeError
 from service.kafka_to_delta.dead_letters import DlqHeader
+from service.redaction import fingerprint
 from service.runner import Runner
 from service.settings import settings_from_mapping
 from service.workload import create_topics
@@ -117,7 +118,8 @@ def test_fail_stops_at_the_first_bad_record_and_commits_nothing_of_its_batch(spa
         with pytest.raises(DecodeError) as raised:
             _run_in_process(kafka_bootstrap, workdir, pipeline)
         message = str(raised.value)
-        assert f"topic={topic} partition=0 offset={BAD_OFFSET} key={{\"id\":900}}" in message, message
+        key = f"<redacted #{fingerprint(BAD[0][0])}>"  # the key value is personal data (log_values: false)
+        assert f"topic={topic} partition=0 offset={BAD_OFFSET} key={key}" in message, message
         assert BAD[0][2] in message and "1 more bad record(s) in this batch" in message, message
         assert PII not in message
         assert table_rows(uri) == [earlier] and table_version(uri) == version
@@ -165,7 +167,9 @@ def test_log_skip_and_dead_letter_keep_every_good_change(kafka_bootstrap, unique
     warnings = [line for line in result.stderr.splitlines() if "dropped a bad record" in line]
     assert len(warnings) == PARTITIONS and all("pipeline p_log:" in line for line in warnings), warnings
     for partition, (key, _, reason, stage) in BAD.items():
-        where = f"topic={topics['LOG']} partition={partition} offset={BAD_OFFSET} key={key.decode()}"
+        shown_key = f"<redacted #{fingerprint(key)}>"  # the key value is personal data (log_values: false)
+        where = f"topic={topics['LOG']} partition={partition} offset={BAD_OFFSET} key={shown_key}"
         assert any(where in line and reason in line and f"[stage {stage}]" in line for line in warnings), where
     assert PII not in result.stderr and PII not in result.stdout, "a payload reached the output"
+    assert all(key.decode() not in result.stderr for key, _, _, _ in BAD.values()), "a key value reached the log"
     _assert_dead_letters(kafka_bootstrap, workdir, topics["DEAD_LETTER"], dlq)

@@ -19,6 +19,7 @@ import pytest
 from confluent_kafka import Producer
 from deltalake import DeltaTable
 
+from service.redaction import fingerprint
 from service.workload import create_topics
 from tests.pipeline_harness import run_cli, table_rows, write_config
 
@@ -317,11 +318,15 @@ def test_fan_in_error_stops_naming_the_key_and_both_topics(kafka_bootstrap, uniq
     pipeline = fan_in_pipeline(unique, "error")
     create_topics(kafka_bootstrap, pipeline["topics"], 1)
     produce(kafka_bootstrap, fan_in_records(unique, "error", 1))
-    result = run_cli(write_config(workdir / "config.yaml", kafka_bootstrap, workdir, [pipeline]), "--until-idle")
-    assert result.returncode != 0
-    message = [line for line in result.stderr.splitlines() if line.startswith("error: ")][-1]
-    assert "ConflictError" in message and "= [7]" in message, message[-2000:]
-    assert all(topic in message for topic in pipeline["topics"]), message[-2000:]
+    # By default the key value is personal data: a stable fingerprint names it; log_values: true shows it.
+    for log_values, named in ((False, f"= <redacted #{fingerprint('[7]')}>"), (True, "= [7]")):
+        config = write_config(workdir / "config.yaml", kafka_bootstrap, workdir, [pipeline], log_values=log_values)
+        result = run_cli(config, "--until-idle")
+        assert result.returncode != 0
+        message = [line for line in result.stderr.splitlines() if line.startswith("error: ")][-1]
+        assert "ConflictError" in message and named in message, message[-2000:]
+        assert ("= [7]" in result.stderr) is log_values, result.stderr[-2000:]
+        assert all(topic in message for topic in pipeline["topics"]), message[-2000:]
 
 
 def test_sequence_by_a_late_older_upsert_does_not_resurrect_inside_tombstone_retention(
