@@ -23,7 +23,7 @@ from service.kafka_to_delta.op_mapping import Grouping, parse_op_mapping
 from service.registry_settings import SchemaRegistrySettings, share_registry
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_SECRET_HINTS = ("password", "secret", "token", "jaas", "key.pem", "credentials")
+_SECRET_HINTS = ("password", "secret", "token", "jaas", "key.pem", "credentials", "oauthbearer.config")
 _NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$"
 
 DEFAULT_MAX_OFFSETS_PER_TRIGGER = 200_000

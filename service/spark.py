@@ -12,8 +12,9 @@ from service.settings import SparkSettings
 
 _ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 _QUIET_LOG_LEVEL = "ERROR"
-# Spark masks option and conf values whose keys match this in logs, plans and the UI.
-_REDACTION = r"(?i)secret|password|token|access[.]?key|jaas|credential"
+# Spark masks option and conf values whose keys match this in logs, plans and the UI; it covers
+# every key `settings.is_secret_key` hides (tests/integration/test_secrets.py).
+_REDACTION = r"(?i)secret|password|token|access[.]?key|jaas|credential|key[.]pem|oauthbearer[.]config"
 _LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 
 
