@@ -29,6 +29,7 @@ from typing import Any, Iterable
 from zoneinfo import ZoneInfo
 
 from service.errors import TerminalError
+from service.redaction import shown
 
 Image = dict[str, Any]
 Key = tuple[Any, ...]
@@ -210,7 +211,7 @@ class ChangelogState:
             _, columns, key, pending, previous = document
             if tuple(columns) != state.primary_key:
                 raise StateRestoreError(
-                    f"state record of key {list(key)} was written for primary key {list(columns)}, "
+                    f"state record of key {shown(list(key))} was written for primary key {list(columns)}, "
                     f"not {list(state.primary_key)}"
                 )
             for entries, pair in ((state._pending, pending), (state._previous, previous)):

@@ -36,6 +36,7 @@ from service.delta_to_kafka.changelog_state import StateRecord
 from service.delta_to_kafka.export_settings import ExportSettings
 from service.delta_to_kafka.to_changelog import OutputRecord, ToChangelog
 from service.errors import ConfigError, TerminalError
+from service.redaction import shown
 
 CONNECTOR = "cdc-lakehouse"
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -210,7 +211,7 @@ class KafkaRecordEncoder:
                 key = self._key.encode(key_document(record))
             except EncodeError as error:
                 raise EncodeError(f"export {self.settings.name!r} commit version {record.commit_version} "
-                                  f"key {record.key}: {error}") from None
+                                  f"key {shown(record.key)}: {error}") from None
             headers = [self._table_header, (Header.COMMIT_VERSION, str(record.commit_version).encode("ascii"))]
             encoded.append(KafkaRecord(key, value, headers))
         return encoded

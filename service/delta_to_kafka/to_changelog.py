@@ -30,6 +30,7 @@ from service.changes import ChangeKind
 from service.delta_to_kafka.changelog_state import ChangelogState, Image, Key, StateRecord
 from service.delta_to_kafka.export_settings import ChangeFeedColumn, ExportSettings
 from service.errors import TerminalError
+from service.redaction import shown
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +180,7 @@ class ToChangelog:
             if pair[side] is not None:
                 raise ChangeFeedError(
                     f"table {self.settings.table!r} commit version {row.version} feed row {row.position}: "
-                    f"key {self._key(row.key)} has two {'before' if side == 0 else 'after'} images in one "
+                    f"key {shown(self._key(row.key))} has two {'before' if side == 0 else 'after'} images in one "
                     "commit; the primary key is not unique"
                 )
             pair[side] = row
