@@ -11,7 +11,8 @@ id across subjects, and registering it again under a subject returns that id wit
 version. Schema references ({"name", "subject", "version"}) are resolved as named types.
 A new version must pass the subject's compatibility check against the latest version:
 BACKWARD by default (the new schema reads data written with the latest one), or NONE.
-Optional HTTPS (`tls=(certfile, keyfile)`) and basic auth (401, error code 40101).
+Optional HTTPS (`tls=(certfile, keyfile)`, client certificates required with `client_ca`) and
+basic or bearer auth (401, error code 40101).
 `fail_next` makes the next requests answer with a server error, to exercise retry paths.
 """
 
@@ -154,7 +155,7 @@ class _Handler(BaseHTTPRequestHandler):
         if double.take_failure():
             self._error(500, 50001, "Error in the backend data store")
             return False
-        if double.auth is not None and self.headers.get("Authorization") != double.auth_header:
+        if double.auth_required and self.headers.get("Authorization") != double.auth_header:
             self._error(401, 40101, "Unauthorized")
             return False
         return True
@@ -248,14 +249,16 @@ class SchemaRegistryDouble:
     """A running registry double on 127.0.0.1; use as a context manager, or `start`/`stop`."""
 
     def __init__(self, port: int = 0, auth: tuple[str, str] | None = None, *,
-                 tls: tuple[str, str] | None = None, compatibility: Compatibility = "BACKWARD") -> None:
+                 tls: tuple[str, str] | None = None, client_ca: str | None = None, bearer_token: str | None = None,
+                 compatibility: Compatibility = "BACKWARD") -> None:
         self.state = RegistryState()
         self.compatibility = compatibility
         self.scheme = "https" if tls else "http"
         self.requests: Counter[str] = Counter()
         self.auth = auth
         token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode() if auth else ""
-        self.auth_header = f"Basic {token}"
+        self.auth_header = f"Bearer {bearer_token}" if bearer_token else f"Basic {token}"
+        self.auth_required = auth is not None or bearer_token is not None
         self._failures = 0
         self._failures_lock = threading.Lock()
         self._server = _Server(("127.0.0.1", port), _Handler)
@@ -263,6 +266,9 @@ class SchemaRegistryDouble:
         if tls is not None:
             context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             context.load_cert_chain(*tls)
+            if client_ca is not None:
+                context.verify_mode = ssl.CERT_REQUIRED
+                context.load_verify_locations(client_ca)
             self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
         self._thread = threading.Thread(target=self._server.serve_forever, name="schema-registry-double", daemon=True)
 

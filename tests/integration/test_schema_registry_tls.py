@@ -108,6 +108,24 @@ def test_tls_and_auth_failures(registry: SchemaRegistryDouble, certificates: Cer
     assert (refused.value.status, refused.value.error_code) == (401, 40101)
 
 
+def test_client_certificates_and_bearer_auth(certificates: CertificateFiles, unique: str) -> None:
+    tls = (certificates.server_cert, certificates.server_key)
+    with SchemaRegistryDouble(tls=tls, client_ca=certificates.ca_cert, bearer_token="t0ken") as mutual:
+        block = {"url": mutual.url, "ssl.ca.location": certificates.ca_cert, "bearer.auth.token": "t0ken",
+                 "bearer.auth.logical.cluster": "lsrc-1", "max_retries": 0}
+        anonymous = SchemaRegistryClient(connection=SchemaRegistrySettings(**block).connection())
+        with pytest.raises(SchemaRegistryUnavailable):  # the TLS handshake wants a client certificate
+            anonymous.register(unique, '"string"')
+        presented = {**block, "ssl.certificate.location": certificates.client_cert,
+                     "ssl.key.location": certificates.client_key}
+        client = SchemaRegistryClient(connection=SchemaRegistrySettings(**presented).connection())
+        assert client.schema_by_id(client.register(unique, '"string"')).definition == "string"
+        wrong = SchemaRegistrySettings(**{**presented, "bearer.auth.token": "other"}).connection()
+        with pytest.raises(SchemaRegistryRequestError) as refused:
+            SchemaRegistryClient(connection=wrong).register(unique, '"long"')
+        assert refused.value.status == 401 and "t0ken" not in repr(SchemaRegistrySettings(**presented))
+
+
 def test_an_incompatible_schema_change_is_refused_with_subject_and_version(
         registry: SchemaRegistryDouble, block: dict, unique: str, workdir: Path) -> None:
     uri = str(workdir / "users")
