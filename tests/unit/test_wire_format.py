@@ -18,6 +18,7 @@ from connectors.schema_registry.errors import (
 )
 from connectors.schema_registry.wire_format import HEADER_SIZE, MAX_SCHEMA_ID, frame, split_frame
 from service.errors import DecodeError, SourceCoordinates, TerminalError, TransientError
+from service.redaction import fingerprint
 
 WHERE = SourceCoordinates("orders", 3, 1234, "k-1")
 SECRET = b"s3cr3t-personal-data"
@@ -74,7 +75,8 @@ def test_located_errors_keep_their_class_and_fields() -> None:
     located = BadMagicByteError(0x7B).at(WHERE)
     assert isinstance(located, BadMagicByteError) and located.found == 0x7B
     assert located.where == WHERE
-    assert str(located).endswith("(topic=orders partition=3 offset=1234 key=k-1)")
+    # The key is personal data: its fingerprint by default (log_values: false).
+    assert str(located).endswith(f"(topic=orders partition=3 offset=1234 key=<redacted #{fingerprint('k-1')}>)")
     unknown = UnknownSchemaIdError(42, "http://registry:8081").at(WHERE)
     assert isinstance(unknown, UnknownSchemaIdError) and unknown.schema_id == 42
     assert "schema id 42" in str(unknown) and "http://registry:8081" in str(unknown)
