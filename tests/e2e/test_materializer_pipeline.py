@@ -339,6 +339,7 @@ def test_sequence_by_a_late_older_upsert_does_not_resurrect_inside_tombstone_ret
     create_topics(kafka_bootstrap, [topic], 1)
     pipeline = {"name": "seq", "topics": [topic], "table": "seq", "from_changelog": FLAT, "primary_key": ["id"],
                 "sequence_by": ["version"], "upsert_materialize": "force", "max_offsets_per_trigger": 1,
+                "compaction": "batch",  # each record a barrier of its own (a flat source defaults to watermark)
                 "tombstone_retention_seconds": retention_s}
     config = write_config(workdir / "config.yaml", kafka_bootstrap, workdir, [pipeline])
     uri = workdir / "tables" / "seq"
