@@ -2,8 +2,9 @@
 
 2,000 records of `tests.fuzz_records` (Debezium JSON with and without the schema block, flat
 op-coded JSON, Confluent Avro through the registry double; `EXCLUDED` says which mutations are
-left out and why) go to one topic per format (3 partitions each, offsets as generated), and one CLI run ingests every topic twice: under
-DEAD_LETTER (a dead-letter topic per pipeline) and under SKIP. The service exits 0; each table
+left out and why) go to one topic per format (3 partitions each, offsets as generated), and one
+CLI run ingests every topic twice: under DEAD_LETTER (a dead-letter topic per pipeline) and under
+SKIP. The service exits 0; each table
 equals the replay of the records the decoder accepts (`tests.fuzz_accounting.decode`, the same
 settings, all in one micro-batch: the last change per key in (partition, offset) order wins);
 every record it rejects is in the DEAD_LETTER pipeline's dead-letter topic, read read_committed,
@@ -35,6 +36,7 @@ pytestmark = pytest.mark.slow
 RECORDS = 2_000
 SEED = int(os.environ.get("FUZZ_SEED", 7))
 POLICIES = ("DEAD_LETTER", "SKIP")
+ONE_BATCH = 100 * RECORDS
 # Records without declared column types (bare JSON, flat) give the decoder nothing to check a
 # row against: one whose value contradicts the table's column type (text in an int64 column, an
 # integer beyond 64 bits), or whose flipped bit renames a column to a case twin of another
@@ -67,6 +69,7 @@ def _produce(bootstrap: str, fuzz: FuzzInput, topic_of: dict[str, str]) -> None:
 def _pipeline(fmt: FuzzFormat, policy: str, topic: str, registry_url: str, unique: str) -> dict:
     name = f"fz_{fmt.name.replace('-', '_')}_{policy.lower()}"
     pipeline = {"name": name, "topics": [topic], "table": name, "primary_key": ["id"],
+                "max_offsets_per_trigger": ONE_BATCH,  # the replay's order: one micro-batch
                 "from_changelog": fmt.config(policy, pipeline=True)}  # type: ignore[arg-type]
     if fmt.avro:
         pipeline.update({"format": "avro-confluent", "schema_registry": {"url": registry_url}})
