@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any, Callable
+from typing import Callable
 
 from connectors.schema_registry.errors import AvroEncodeError
 from connectors.schema_registry.wire_format import HEADER_SIZE, frame, split_frame
