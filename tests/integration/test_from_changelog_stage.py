@@ -355,10 +355,10 @@ def test_spark_4_1_2_2_2_upsert_unzip_with_a_real_state_ttl(spark, workdir):
         assert shown(collected.wait_for(2)[4:]) == [
             ("-D", {"id": 99, "name": "Orphan Updated"}), ("+I", {"id": 99, "name": "Resurrected"}),
         ]
-        # TTL_S + 1 later in data time; the second record moves the watermark (Kafka time) a minute
-        # on: the cleanup timers fire.
+        # TTL_S + 1 later in data time: 99 expired. The second record moves the watermark (Kafka time)
+        # past 98's expiry but not past 99's new one: the cleanup timers remove 98's image only.
         again = decoded({"op": "upsert", "id": 99, "name": "Again"}, timestamp_ms=now + int((TTL_S + 1) * 1000))
-        mover = decoded({"op": "upsert", "id": 97, "name": "Mover"}, timestamp_ms=now + 60_000)
+        mover = decoded({"op": "upsert", "id": 97, "name": "Mover"}, timestamp_ms=now + int((TTL_S + 4) * 1000))
         write_batch(workdir / "in", 2, again + mover)
         assert shown(collected.wait_for(3)[6:]) == [
             ("+I", {"id": 99, "name": "Again"}), ("+I", {"id": 97, "name": "Mover"}),  # 99 expired: no -U
