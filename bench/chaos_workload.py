@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass
 from itertools import islice
@@ -153,16 +154,17 @@ def send(bootstrap: str, events: list[Event], acked: Counter, timestamp_ms: int 
 
 
 class Feeder(threading.Thread):
-    """Produces `stream` at `rate` records/s in chunks until stopped; pause() waits for the chunk in flight."""
+    """Produces `stream` at `rate` records/s (pauses excluded) until stopped; pause() waits for the chunk in flight."""
 
     def __init__(self, bootstrap: str, stream: Iterator[Event], rate: float) -> None:
         super().__init__(daemon=True)
-        self.bootstrap, self.stream = bootstrap, stream
-        self.chunk = max(1, round(rate * _CHUNK_INTERVAL_S))
+        self.bootstrap, self.stream, self.rate = bootstrap, stream, rate
         self.acked: Counter = Counter()
         self.error: BaseException | None = None
         self._go, self._done, self._lock = threading.Event(), threading.Event(), threading.Lock()
         self._go.set()
+        self._sent, self._paused_s, self._paused_at = 0, 0.0, 0.0
+        self._began = time.monotonic()
 
     def run(self) -> None:
         try:
@@ -170,7 +172,10 @@ class Feeder(threading.Thread):
                 self._go.wait()
                 with self._lock:
                     if self._go.is_set() and not self._done.is_set():
-                        send(self.bootstrap, list(islice(self.stream, self.chunk)), self.acked)
+                        due = round(self.rate * (time.monotonic() - self._began - self._paused_s)) - self._sent
+                        events = list(islice(self.stream, max(1, due)))
+                        send(self.bootstrap, events, self.acked)
+                        self._sent += len(events)
                 self._done.wait(_CHUNK_INTERVAL_S)
         except BaseException as error:  # noqa: BLE001 - reported by the benchmark
             self.error = error
@@ -179,10 +184,11 @@ class Feeder(threading.Thread):
         """Stop producing; returns when the chunk in flight is acknowledged."""
         self._go.clear()
         with self._lock:
-            pass
+            self._paused_at = time.monotonic()
 
     def resume(self) -> None:
-        """Go on producing."""
+        """Go on producing (the paused time does not count towards the rate)."""
+        self._paused_s += time.monotonic() - self._paused_at
         self._go.set()
 
     def finish(self) -> None:
