@@ -22,7 +22,7 @@ The final rows of the dedup table must not depend on how the service interleaves
 topics (see `chaos_workload.py`); the movers, one record per dedup partition an hour ahead in
 event time, let the watermark pass everything else at the end and are left out of the check.
 
-    .venv/bin/python bench/chaos_benchmark.py --kills 3 --broker-restarts 1 --events 6000
+    .venv/bin/python bench/chaos_benchmark.py --kills 3 --broker-restarts 1 --events 4000
     .venv/bin/python bench/chaos_benchmark.py                        # 20 kills, 2 broker restarts
 """
 
