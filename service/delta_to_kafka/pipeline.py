@@ -38,6 +38,7 @@ from pyspark.sql.streaming import StreamingQuery
 from connectors.delta.change_feed import COMMIT_VERSION, FORMAT_NAME, DeltaChangeFeedSource
 from connectors.kafka.transactional_producer import KafkaRecord, TransactionalProducer
 from service import metrics
+from service.checkpoints import remove_abandoned_writes
 from service.delta_to_kafka.export_position import (
     EncoderState,
     ExportPosition,
@@ -204,6 +205,7 @@ class ExportPipeline:
 
     def start(self, until_idle: bool) -> StreamingQuery:
         """Start the streaming query; `until_idle` exports what is there now, then ends."""
+        remove_abandoned_writes(self.checkpoint_dir)
         self.spark.dataSource.register(DeltaChangeFeedSource)
         writer = (
             self._source()

@@ -26,6 +26,7 @@ from pyspark.sql.streaming import StreamingQuery
 from connectors.delta.engines import open_table
 from connectors.kafka.source import FORMAT_NAME, KafkaSource
 from service import metrics, redaction, test_hooks
+from service.checkpoints import remove_abandoned_writes
 from service.kafka_to_delta.bad_records import (
     DeadLetterStore,
     failed_rows,
@@ -214,6 +215,7 @@ class IngestPipeline:
 
     def start(self, until_idle: bool) -> StreamingQuery:
         """Start the streaming query; `until_idle` reads what is there now, then ends."""
+        remove_abandoned_writes(self.settings.checkpoint_dir(self.pipeline.name))
         self.spark.dataSource.register(KafkaSource)
         changelog = changelog_stream(self._source(), self.pipeline, self.event_times)
         stream = stateful_changelog(changelog, self.pipeline)

@@ -82,3 +82,19 @@ def test_records_deleted_before_they_were_read_fail_with_data_loss_or_resume_whe
     assert result.returncode == 0, result.stderr[-3000:]
     assert "were deleted before they were read: resuming at offset 15" in result.stderr
     assert _ids(workdir) == [*range(20), *range(25, 35)]
+
+
+def test_a_run_killed_while_writing_its_first_offsets_starts_again(kafka_bootstrap, unique, workdir):
+    """A SIGKILL between Spark's temporary write of the batch-0 offsets and its rename leaves a hidden
+    file in `offsets/`; Spark alone then refuses to start the query ("should be empty on batch 0")."""
+    topic = f"first-batch-{unique}"
+    create_topics(kafka_bootstrap, [topic], 1)
+    _send(Producer({"bootstrap.servers": kafka_bootstrap}), topic, 0, range(3))
+    offsets = workdir / "checkpoints" / "p" / "offsets"
+    offsets.mkdir(parents=True)
+    (offsets / ".0.cdccc0b8-6707-4491-8a59-21e238611936.tmp").write_bytes(b"")
+    config = write_config(workdir / "c.yaml", kafka_bootstrap, workdir, [_pipeline(topic)])
+    result = run_cli(config, "--until-idle", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "removed 1 abandoned write(s) of a killed run" in result.stderr
+    assert _ids(workdir) == [0, 1, 2]

@@ -1,0 +1,48 @@
+"""Housekeeping of Spark checkpoints before a query starts.
+
+Spark writes each offset-log and commit-log entry to a hidden temporary file and renames it into
+place. A process killed between the two (SIGKILL, power loss) leaves the temporary file behind.
+Spark ignores such leftovers except on batch 0: a query whose `offsets/` directory holds anything
+at all refuses to start ("should be empty on batch 0"), so one kill during a query's very first
+batch would stop the service for good. No query runs on the checkpoint while this runs (one
+service per checkpoint), so every such leftover is an abandoned write and is removed.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from urllib.parse import urlparse
+
+log = logging.getLogger(__name__)
+_LOGS = ("offsets", "commits")
+# Spark's temporary names: ".<batch>.<uuid>.tmp" and their checksum files ("..<batch>.<uuid>.tmp.crc").
+_ABANDONED = re.compile(r"^\.+\d+\.[0-9a-f-]+\.tmp(\.crc)?$")
+
+
+def _local_path(location: str) -> Path | None:
+    parsed = urlparse(location)
+    if parsed.scheme in ("", "file"):
+        return Path(parsed.path if parsed.scheme else location)
+    return None  # object stores: renames there are not how Spark commits a log entry
+
+
+def remove_abandoned_writes(checkpoint: str) -> list[str]:
+    """Remove temporary files of log entries a killed process never renamed; returns their names."""
+    root = _local_path(checkpoint)
+    removed: list[str] = []
+    if root is None:
+        return removed
+    for name in _LOGS:
+        directory = root / name
+        if not directory.is_dir():
+            continue
+        for entry in directory.iterdir():
+            if entry.is_file() and _ABANDONED.match(entry.name):
+                entry.unlink()
+                removed.append(f"{name}/{entry.name}")
+    if removed:
+        log.warning("checkpoint %s: removed %d abandoned write(s) of a killed run: %s",
+                    checkpoint, len(removed), ", ".join(sorted(removed)))
+    return removed
