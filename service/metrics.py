@@ -47,6 +47,20 @@ STAGE_SECONDS = Histogram(
 )
 
 
+MAINTENANCE_RUNS = Counter(
+    "cdc_maintenance_runs", "Table maintenance steps by result (done, refused by the retention rule, failed)",
+    PIPELINE + ("step", "result"),
+)
+MAINTENANCE_FILES_REMOVED = Counter(
+    "cdc_maintenance_files_removed", "Files removed by maintenance (compact: small files rewritten; vacuum: deleted)",
+    PIPELINE + ("step",),
+)
+MAINTENANCE_SECONDS = Histogram(
+    "cdc_maintenance_seconds", "Time per table maintenance step", PIPELINE + ("step",),
+    buckets=(0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128),
+)
+
+
 def record_state(pipeline: str, progress: dict | None) -> None:
     """State store figures of a streaming query's last progress (no-op without stateful operators)."""
     operators = (progress or {}).get("stateOperators") or []

@@ -20,6 +20,7 @@ from service.errors import ConfigError
 from service.kafka_to_delta.dead_letters import DeadLetterSettings
 from service.kafka_to_delta.from_changelog_settings import FromChangelogSettings
 from service.kafka_to_delta.op_mapping import Grouping, parse_op_mapping
+from service.maintenance_settings import MaintenanceSettings
 from service.registry_settings import SchemaRegistrySettings, share_registry
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -146,6 +147,8 @@ class PipelineSettings(_Frozen):
     tombstone_retention_seconds: float = Field(default=86_400.0, ge=0)
     state_ttl_seconds: float = Field(default=0.0, ge=0)
     materializer_state_ttl_seconds: float | None = Field(default=None, ge=0)
+    # Maintenance of this pipeline's table; unset: the top-level `maintenance` block.
+    maintenance: MaintenanceSettings | None = None
 
     @field_validator("topics", "primary_key", "upsert_key", "sequence_by", mode="before")
     @classmethod
@@ -274,6 +277,8 @@ class Settings(_Frozen):
     log_values: bool = False
     # Shared by every pipeline and export without a `schema_registry` block of its own.
     schema_registry: SchemaRegistrySettings | None = None
+    # Scheduled compaction, checkpoints and VACUUM of every pipeline's table (service/maintenance.py).
+    maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
     pipelines: tuple[PipelineSettings, ...] = ()
     exports: tuple[ExportSettings, ...] = ()
 
@@ -290,6 +295,10 @@ class Settings(_Frozen):
         if dupes:
             raise ValueError(f"pipeline and export names must be unique; repeated: {', '.join(dupes)}")
         return self
+
+    def maintenance_of(self, pipeline: PipelineSettings) -> MaintenanceSettings:
+        """The maintenance settings of one pipeline's table: its own block, else the top-level one."""
+        return pipeline.maintenance or self.maintenance
 
     def checkpoint_dir(self, pipeline: str) -> str:
         """Checkpoint location of one pipeline's streaming query."""
