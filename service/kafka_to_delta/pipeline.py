@@ -40,6 +40,7 @@ from service.kafka_to_delta.materializer import MaterializerConfig
 from service.kafka_to_delta.materializer_stage import StageConfig, materialize
 from service.kafka_to_delta.merge_sink import MergeOutcome, MergeSink
 from service.kafka_to_delta.net_changes import CHANGES_COLUMN, TRUNCATE, net_changes
+from service.maintenance import TableMaintenance
 from service.settings import PipelineSettings, Settings
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,7 @@ class IngestPipeline:
         lakehouse = settings.lakehouse
         self.table = open_table(lakehouse.engine, lakehouse.table_uri(pipeline.table), lakehouse.storage_options, spark)
         self.sink = MergeSink(self.table, pipeline.primary_key)
+        self.maintenance = TableMaintenance(settings, pipeline)
         self.committed_batches = 0
         self.last_outcome: MergeOutcome | None = None
         self.failure: BaseException | None = None
@@ -188,6 +190,7 @@ class IngestPipeline:
             "pipeline %s: batch %d -> %s: %d upserts, %d deletes (read+decode+reduce %.2fs, merge %.2fs)",
             name, batch_id, self.table.uri, outcome.upserts, outcome.deletes, reduced - started, merged - reduced,
         )
+        self.maintenance.after_batch()  # between this table's MERGEs: its commits never collide with them
 
     def _count_materializer(self, net: pa.Table) -> None:
         if not self.pipeline.materialized or net.num_rows == 0:
