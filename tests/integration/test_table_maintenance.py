@@ -1,0 +1,169 @@
+"""Table maintenance on real Delta tables (delta-rs), alone and next to a running export."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+from prometheus_client import REGISTRY
+
+from connectors.delta.delta_rs import DELETE_FLAG, DeltaRsTable
+from connectors.kafka.cluster import ClusterView
+from service.delta_to_kafka.pipeline import DEFAULT_POSITIONS_TOPIC, ExportPipeline
+from service.maintenance import StepResult, TableMaintenance
+from service.settings import Settings, settings_from_mapping
+from service.status import export_status
+from service.workload import create_topics
+from tests.export_driver import consume, json_records
+
+SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("batch", pa.int64())])
+PER_BATCH = 10
+
+
+def _settings(workdir: Path, unique: str, bootstrap: str = "127.0.0.1:9", exports: bool = False) -> Settings:
+    export = {"name": f"exp-{unique}", "table": "orders", "topic": f"out-{unique}", "primary_key": ["id"]}
+    return settings_from_mapping({
+        "kafka": {"bootstrap_servers": bootstrap},
+        "lakehouse": {"root": str(workdir / "tables")},
+        "checkpoint_root": str(workdir / "checkpoints"),
+        "maintenance": {"every_batches": 3, "every_seconds": None, "vacuum_retention_hours": 0},
+        "pipelines": [{"name": f"in-{unique}", "topics": ["orders"], "table": "orders", "primary_key": ["id"]}],
+        "exports": [export] if exports else [],
+    })
+
+
+def _merge_batch(table: DeltaRsTable, batch: int) -> list[tuple[int, str]]:
+    """Batch `batch`: 10 new keys; every third batch also updates 3 keys of the previous batch and
+    deletes its last key (delta-rs rewrites the files it matches, so the other batches add small files).
+
+    Returns the change feed rows it must produce: (id, change type)."""
+    new = list(range(batch * PER_BATCH, (batch + 1) * PER_BATCH))
+    previous = list(range((batch - 1) * PER_BATCH, batch * PER_BATCH)) if batch % 3 == 2 else []
+    updated, deleted = previous[:3], previous[-1:]
+    ids = new + updated + deleted
+    flags = [key in deleted for key in ids]
+    changes = pa.table({
+        "id": pa.array(ids, pa.int64()),
+        "name": pa.array([None if gone else f"n{key}-{batch}" for key, gone in zip(ids, flags)], pa.string()),
+        "batch": pa.array([None if gone else batch for gone in flags], pa.int64()),
+        DELETE_FLAG: pa.array(flags, pa.bool_()),
+    })
+    table.merge(changes, ("id",), "maintenance-test", batch)
+    return ([(key, "insert") for key in new] + [(key, kind) for key in updated
+            for kind in ("update_preimage", "update_postimage")] + [(key, "delete") for key in deleted])
+
+
+def _step(results: list[StepResult], name: str) -> StepResult:
+    return next(result for result in results if result.step == name)
+
+
+def _files(uri: str) -> int:
+    return len(DeltaTable(uri).file_uris())
+
+
+def _read(uri: str) -> pa.Table:
+    return DeltaTable(uri).to_pyarrow_table().sort_by("id")
+
+
+def test_compaction_reduces_files_and_the_table_reads_back_identical(workdir, unique):
+    settings = _settings(workdir, unique)
+    uri = settings.lakehouse.table_uri("orders")
+    table = DeltaRsTable(uri)
+    table.create(SCHEMA)
+    for batch in range(8):
+        _merge_batch(table, batch)
+    before, files_before = _read(uri), _files(uri)
+    vacuumed = REGISTRY.get_sample_value("cdc_maintenance_files_removed_total",
+                                         {"pipeline": f"in-{unique}", "step": "vacuum"}) or 0
+
+    results = TableMaintenance(settings, settings.pipelines[0]).run()
+
+    assert [r.result for r in results] == ["done"] * 4, results
+    assert files_before > 1 and _files(uri) == 1
+    assert _step(results, "compact").files_removed == files_before
+    assert _read(uri).equals(before)
+    deleted = _step(results, "vacuum").files_removed
+    assert deleted >= files_before and len(list(Path(uri).glob("*.parquet"))) == 1
+    assert REGISTRY.get_sample_value("cdc_maintenance_files_removed_total",
+                                     {"pipeline": f"in-{unique}", "step": "vacuum"}) == vacuumed + deleted
+    assert list(Path(uri, "_delta_log").glob("*.checkpoint.parquet"))
+
+
+def _published(settings: Settings) -> int | None:
+    cluster = ClusterView(settings.kafka.client_config())
+    try:
+        return export_status(settings, settings.exports[0], cluster).published_version
+    finally:
+        cluster.close()
+
+
+def _await_caught_up(settings: Settings, table: DeltaRsTable, query, timeout_s: float = 180.0) -> None:
+    """Return once the export's committed position is the table's current version."""
+    target = table.version()
+    deadline = time.monotonic() + timeout_s
+    while (_published(settings) or -1) < target:
+        assert query.isActive, query.exception()
+        assert time.monotonic() < deadline, f"export not at version {target} within {timeout_s}s"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_an_export_running_concurrently_with_maintenance_and_vacuum_loses_nothing(
+        spark, kafka_bootstrap, workdir, unique):
+    settings = _settings(workdir, unique, kafka_bootstrap, exports=True)
+    export = settings.exports[0]
+    uri = settings.lakehouse.table_uri("orders")
+    create_topics(kafka_bootstrap, [export.topic], 1)
+    table = DeltaRsTable(uri)
+    table.create(SCHEMA)
+    maintenance = TableMaintenance(settings, settings.pipelines[0])
+    expected: list[tuple[int, str, int]] = []
+
+    def merge(batch: int) -> None:
+        changes = _merge_batch(table, batch)
+        expected.extend((key, kind, table.version()) for key, kind in changes)
+
+    for batch in range(3):
+        merge(batch)
+    # The export has read nothing yet: VACUUM with a zero retention would delete its change feed.
+    refused = _step(maintenance.run(), "vacuum")
+    assert refused.result == "refused"
+    assert f"VACUUM of table {uri} refused: export {export.name} has not read the change feed from version 0" \
+        in refused.detail
+
+    pipeline = ExportPipeline(
+        spark, export.name, uri, export.topic, settings.kafka.client_config(), settings.checkpoint_dir(export.name),
+        json_records, positions_topic=DEFAULT_POSITIONS_TOPIC, max_versions_per_trigger=2,
+        trigger_interval_seconds=0.2,
+    )
+    query = pipeline.start(until_idle=False)
+    runs: list[list[StepResult]] = []
+    try:
+        for batch in range(3, 15):
+            merge(batch)
+            runs.append(maintenance.after_batch())  # every 3 batches, while the export reads
+            if batch in (8, 14):
+                _await_caught_up(settings, table, query)
+                runs.append(maintenance.run())  # nothing unread: VACUUM runs
+                assert _step(runs[-1], "vacuum").result == "done", runs[-1]
+        _await_caught_up(settings, table, query)
+    finally:
+        query.stop()
+        pipeline.close()
+    assert query.exception() is None
+
+    steps = [result for run in runs for result in run]
+    assert sum(r.files_removed for r in steps if r.step == "vacuum" and r.result == "done") > 0
+    assert sum(r.files_removed for r in steps if r.step == "compact") > 0
+    published = Counter()
+    for key, value, _ in consume(kafka_bootstrap, export.topic):
+        document = json.loads(value)
+        published[(int(key), document["change"], document["version"])] += 1
+    assert published == Counter(expected)  # every change exactly once, none lost
+    final = _read(uri)
+    assert final.num_rows == 15 * PER_BATCH - 5 and set(final.column("batch").to_pylist()) == set(range(15))
