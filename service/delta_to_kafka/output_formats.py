@@ -34,6 +34,7 @@ import pyarrow as pa
 from service.changes import Envelope
 from service.delta_to_kafka.changelog_state import StateRecord
 from service.delta_to_kafka.export_settings import ExportSettings
+from service.delta_to_kafka.feed_changes import pair_changes
 from service.delta_to_kafka.to_changelog import OutputRecord, ToChangelog
 from service.errors import ConfigError, TerminalError
 from service.redaction import shown
@@ -222,6 +223,10 @@ class ExportEncoder:
 
     Callable as the export pipeline's encoder, and its `EncoderState` (state records per key). The
     clock gives epoch seconds: the state's TTL and the envelope's `ts_ms` both use it.
+
+    JSON formats encode a flush column by column (`feed_changes` pairs and compacts in Arrow,
+    `columnar_records` writes the layout) whenever the flush needs no encoder state; otherwise,
+    and for Avro, TO_CHANGELOG runs row by row. Both give the same bytes.
     """
 
     def __init__(
@@ -231,14 +236,36 @@ class ExportEncoder:
         value_serializer: ValueSerializer | None = None,
         clock: Callable[[], float] = walltime.time,
     ) -> None:
+        # Imported here: the columnar layout builds on this module's names.
+        from service.delta_to_kafka.columnar_records import ColumnarRecords
+
         self.changelog = ToChangelog(settings)
         self.records = KafkaRecordEncoder(settings, key_serializer, value_serializer)
+        self.columnar = ColumnarRecords(settings) if settings.format != "avro-confluent" else None
         self._clock = clock
 
     def __call__(self, feed: pa.Table) -> list[KafkaRecord]:
         """The Kafka records of one flush, in order."""
         now = self._clock()
-        return self.records.encode(self.changelog.encode_flush(feed, now), processed_at_ms=int(now * 1000))
+        processed_at_ms = int(now * 1000)
+        records = self._by_column(feed, processed_at_ms)
+        if records is not None:
+            return records
+        return self.records.encode(self.changelog.encode_flush(feed, now), processed_at_ms=processed_at_ms)
+
+    def _by_column(self, feed: pa.Table, processed_at_ms: int) -> list[KafkaRecord] | None:
+        """The flush encoded column by column; None when it needs the row path (state, errors, Avro)."""
+        if self.columnar is None or not self.changelog.stateless:
+            return None
+        settings = self.changelog.settings
+        self.changelog.check_columns(feed)
+        changes = pair_changes(feed, settings.primary_key, settings.compaction == "per-flush")
+        if changes is None:
+            return None
+        try:
+            return self.columnar.encode(feed, changes, processed_at_ms)
+        except TypeError:
+            return None  # a value without a JSON form: the row path names it
 
     def snapshot(self) -> bytes:
         """The encoder's whole state after the last flush."""

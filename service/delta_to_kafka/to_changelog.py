@@ -113,9 +113,14 @@ class ToChangelog:
             self._distinct_images or self._codes.combines_updates
         )
 
+    @property
+    def stateless(self) -> bool:
+        """True when the next flush neither reads nor keeps state unless a commit holds half an update."""
+        return len(self.state) == 0 and not self._keeps_previous
+
     def encode_flush(self, feed: pa.Table, now: float) -> list[OutputRecord]:
         """Records for one flush (one or more whole commit versions); `now` is epoch seconds for TTL."""
-        self._check_columns(feed)
+        self.check_columns(feed)
         self.state.expire(now)
         resolved = (self._resolve(pair, now) for pair in self._commit_changes(feed))
         changes = [change for change in resolved if change is not None]
@@ -146,7 +151,8 @@ class ToChangelog:
         ttl, key = self.settings.state_ttl_seconds, self.settings.primary_key
         self.state = ChangelogState.load(records.values(), ttl, key)
 
-    def _check_columns(self, feed: pa.Table) -> None:
+    def check_columns(self, feed: pa.Table) -> None:
+        """Raise ChangeFeedError when the feed lacks a column the export needs."""
         names = set(feed.column_names)
         where = f"change feed of table {self.settings.table!r}"
         for column in (*ChangeFeedColumn.ALL, *self.settings.primary_key, *self._columns):
