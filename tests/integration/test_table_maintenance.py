@@ -16,9 +16,10 @@ from connectors.delta.delta_rs import DELETE_FLAG, DeltaRsTable
 from connectors.kafka.cluster import ClusterView
 from service.delta_to_kafka.pipeline import DEFAULT_POSITIONS_TOPIC, ExportPipeline
 from service.maintenance import StepResult, TableMaintenance
+from service.runner import Runner
 from service.settings import Settings, settings_from_mapping
 from service.status import export_status
-from service.workload import create_topics
+from service.workload import DebeziumWorkload, create_topics, produce
 from tests.export_driver import consume, json_records
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("batch", pa.int64())])
@@ -167,3 +168,29 @@ def test_an_export_running_concurrently_with_maintenance_and_vacuum_loses_nothin
     assert published == Counter(expected)  # every change exactly once, none lost
     final = _read(uri)
     assert final.num_rows == 15 * PER_BATCH - 5 and set(final.column("batch").to_pylist()) == set(range(15))
+
+
+@pytest.mark.slow
+def test_the_ingest_pipeline_maintains_its_table_between_micro_batches(spark, kafka_bootstrap, unique, workdir):
+    workload = DebeziumWorkload(f"maintained-{unique}", 2, "never", seed=5)
+    create_topics(kafka_bootstrap, [workload.topic], 2)
+    produce(kafka_bootstrap, workload.generate(900, 150))
+    name = f"in-{unique}"
+    settings = settings_from_mapping({
+        "kafka": {"bootstrap_servers": kafka_bootstrap},
+        "lakehouse": {"root": str(workdir / "tables")},
+        "checkpoint_root": str(workdir / "checkpoints"),
+        "maintenance": {"every_batches": 2, "every_seconds": None, "vacuum_retention_hours": 0},
+        "pipelines": [{"name": name, "topics": [workload.topic], "table": "t", "primary_key": ["id"],
+                       "max_offsets_per_trigger": 150}],
+    })
+    runner = Runner(settings)
+    runner.start(until_idle=True)
+    runner.wait()
+    assert runner.pipelines[0].committed_batches >= 4
+    for step in ("compact", "checkpoint", "log_cleanup", "vacuum"):
+        assert (REGISTRY.get_sample_value("cdc_maintenance_runs_total",
+                                          {"pipeline": name, "step": step, "result": "done"}) or 0) >= 2, step
+    assert REGISTRY.get_sample_value("cdc_maintenance_files_removed_total", {"pipeline": name, "step": "vacuum"}) > 0
+    uri = settings.lakehouse.table_uri("t")
+    assert sorted(DeltaTable(uri).to_pyarrow_table().to_pylist(), key=lambda r: r["id"]) == workload.expected_rows()
