@@ -32,7 +32,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Callable
 
 from deltalake import DeltaTable
-from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from service import metrics
 from service.settings import PipelineSettings, Settings
@@ -46,7 +46,7 @@ Step = Callable[[DeltaTable], tuple[int, str]]  # -> (files removed, what was do
 
 @dataclass(frozen=True)
 class StepResult:
-    """One maintenance step of one run: `done`, `refused` (retention) or `failed` (Delta error)."""
+    """One maintenance step of one run: `done`, `refused` (retention) or `failed` (any error)."""
 
     step: str
     result: str
@@ -91,6 +91,9 @@ class TableMaintenance:
             table = DeltaTable(self.uri, storage_options=self.settings.lakehouse.storage_options or None)
         except TableNotFoundError:
             return []
+        except Exception as error:  # noqa: BLE001 - maintenance never stops ingestion
+            log.warning("pipeline %s: maintenance of %s skipped: %s", self.pipeline.name, self.uri, error)
+            return []
         config = self.config
         steps: list[tuple[str, bool, Step]] = [
             ("compact", config.compact or config.z_order, self._compact),
@@ -111,7 +114,7 @@ class TableMaintenance:
         except RetentionRefused as refusal:
             removed, detail, result = 0, str(refusal), "refused"
             log.warning("pipeline %s: %s", self.pipeline.name, refusal)
-        except DeltaError as error:
+        except Exception as error:  # noqa: BLE001 - maintenance never stops ingestion; the next run tries again
             removed, detail, result = 0, f"{type(error).__name__}: {error}", "failed"
             log.warning("pipeline %s: maintenance step %s of %s failed: %s", self.pipeline.name, step, self.uri, error)
         seconds = time.monotonic() - started
