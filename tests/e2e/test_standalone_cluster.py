@@ -1,0 +1,85 @@
+"""Ingest on a Spark standalone cluster: executors in their own JVMs read Kafka and decode.
+
+The cluster (a master and two workers of one core each, `tests.spark_cluster`) runs on
+loopback; the service is the real CLI in its own process with `spark.master: spark://...`.
+The application's event log says which executors ran which tasks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from service.workload import DebeziumWorkload, create_topics, produce
+from tests.pipeline_harness import run_cli, table_rows, write_config
+from tests.spark_cluster import StandaloneCluster
+
+# One core and 512 MB per executor, so two workers host two executors; the driver stays on
+# loopback (the only network of the test).
+CLUSTER_CONF = {"spark.executor.memory": "512m", "spark.executor.cores": "1",
+                "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+                "spark.scheduler.minRegisteredResourcesRatio": "1.0"}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    """Two workers on loopback for the tests of this module."""
+    with StandaloneCluster(tmp_path_factory.mktemp("cluster"), workers=2) as running:
+        yield running
+
+
+def event_log(directory: Path) -> dict[str, str]:
+    """Spark conf for one plain (uncompressed, single-file) JSON event log in `directory`."""
+    return {"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(directory),
+            "spark.eventLog.rolling.enabled": "false", "spark.eventLog.compress": "false"}
+
+
+def executors_per_stage(event_log_dir: Path) -> list[tuple[set[str], set[str]]]:
+    """(plan operators, executor ids of its successful tasks) of every stage, from the event log."""
+    (log,) = event_log_dir.iterdir()
+    operators: dict[int, set[str]] = {}
+    executors: dict[int, set[str]] = {}
+    for line in log.read_text().splitlines():
+        event = json.loads(line)
+        if event["Event"] == "SparkListenerStageSubmitted":
+            info = event["Stage Info"]
+            operators[info["Stage ID"]] = {json.loads(rdd["Scope"])["name"] for rdd in info["RDD Info"]
+                                           if rdd.get("Scope")}
+        elif event["Event"] == "SparkListenerTaskEnd" and event["Task End Reason"]["Reason"] == "Success":
+            executors.setdefault(event["Stage ID"], set()).add(event["Task Info"]["Executor ID"])
+    return [(operators[stage], ran) for stage, ran in executors.items()]
+
+
+@pytest.mark.slow
+def test_ingest_runs_on_standalone_executors(cluster, kafka_bootstrap, unique, workdir):
+    workload = DebeziumWorkload(f"cluster-{unique}", 2, "mixed", seed=11)
+    create_topics(kafka_bootstrap, [workload.topic], 2)
+    produce(kafka_bootstrap, workload.generate(2000, 200))
+    events = workdir / "events"
+    events.mkdir()
+    config = write_config(
+        workdir / "c.yaml", kafka_bootstrap, workdir,
+        [{"name": "p", "topics": [workload.topic], "table": "t", "primary_key": ["id"]},
+         {"name": "m", "topics": [workload.topic], "table": "m", "primary_key": ["id"], "upsert_materialize": "force"}],
+        spark={"master": cluster.master_url, "shuffle_partitions": 2,
+               "conf": {**CLUSTER_CONF, **event_log(events)}})
+
+    result = run_cli(config, "--until-idle", timeout=600)
+
+    assert result.returncode == 0, result.stderr[-3000:] + cluster.logs()
+    assert table_rows(workdir / "tables" / "t") == workload.expected_rows()
+    assert table_rows(workdir / "tables" / "m") == workload.expected_rows()
+    stages = executors_per_stage(events)
+    # Every task ran on the two executors (never the driver), and the stages that read Kafka
+    # (the project's Python source reader, `connectors.kafka.source`) ran on both of them.
+    assert set().union(*(ran for _, ran in stages)) == {"0", "1"}, stages
+    reading = [ran for operators, ran in stages if "MicroBatchScan" in operators]
+    assert reading and all(ran == {"0", "1"} for ran in reading), stages
+    # The materializer's executors decoded and kept keyed state: the event times their decode
+    # tasks reported through the accumulator reached the driver's progress file, per partition.
+    progress = json.loads((workdir / "checkpoints" / "m" / "event_time_progress.json").read_text())
+    assert set(progress[workload.topic]) == {"0", "1"}, progress
+    apps = cluster.status()["completedapps"]
+    assert [app["name"] for app in apps].count("cdc-lakehouse") >= 1, apps
