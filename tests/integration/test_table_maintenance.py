@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 from prometheus_client import REGISTRY
 
 from connectors.delta.delta_rs import DELETE_FLAG, DeltaRsTable
@@ -40,10 +40,17 @@ def _settings(workdir: Path, unique: str, bootstrap: str = "127.0.0.1:9", export
 
 def _merge_batch(table: DeltaRsTable, batch: int) -> list[tuple[int, str]]:
     """Batch `batch`: 10 new keys; every third batch also updates 3 keys of the previous batch and
-    deletes its last key (delta-rs rewrites the files it matches, so the other batches add small files).
+    deletes its last key (delta-rs rewrites the files it matches, so the other batches add small
+    files). Every third batch is a plain append: its change feed is read from its data file, which
+    compaction removes and VACUUM then deletes (a MERGE's feed is in `_change_data`, which stays).
 
     Returns the change feed rows it must produce: (id, change type)."""
     new = list(range(batch * PER_BATCH, (batch + 1) * PER_BATCH))
+    if batch % 3 == 1:
+        rows = pa.table({"id": pa.array(new, pa.int64()), "name": [f"n{key}-{batch}" for key in new],
+                         "batch": pa.array([batch] * len(new), pa.int64())}, schema=SCHEMA)
+        write_deltalake(table.uri, rows, mode="append")
+        return [(key, "insert") for key in new]
     previous = list(range((batch - 1) * PER_BATCH, batch * PER_BATCH)) if batch % 3 == 2 else []
     updated, deleted = previous[:3], previous[-1:]
     ids = new + updated + deleted
@@ -95,19 +102,21 @@ def test_compaction_reduces_files_and_the_table_reads_back_identical(workdir, un
     assert list(Path(uri, "_delta_log").glob("*.checkpoint.parquet"))
 
 
-def _published(settings: Settings) -> int | None:
+def _read_up_to(settings: Settings) -> int:
+    """The last version both the export's position in Kafka and its checkpoint have passed."""
     cluster = ClusterView(settings.kafka.client_config())
     try:
-        return export_status(settings, settings.exports[0], cluster).published_version
+        status = export_status(settings, settings.exports[0], cluster)
     finally:
         cluster.close()
+    return min(-1 if version is None else version for version in (status.published_version, status.checkpoint_version))
 
 
 def _await_caught_up(settings: Settings, table: DeltaRsTable, query, timeout_s: float = 180.0) -> None:
-    """Return once the export's committed position is the table's current version."""
+    """Return once the export has published and checkpointed the table's current version."""
     target = table.version()
     deadline = time.monotonic() + timeout_s
-    while (_published(settings) or -1) < target:
+    while _read_up_to(settings) < target:
         assert query.isActive, query.exception()
         assert time.monotonic() < deadline, f"export not at version {target} within {timeout_s}s"
         time.sleep(0.2)
