@@ -9,7 +9,10 @@ tombstone; changes come in `FeedChanges` order.
 
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -133,8 +136,9 @@ class ColumnarRecords:
         versions = feed.column(ChangeFeedColumn.COMMIT_VERSION).take(pa.array(last)).to_pylist()
         version_headers = {v: (Header.COMMIT_VERSION, str(v).encode("ascii")) for v in set(versions)}
         table = self._table_header
-        return [KafkaRecord(key, value, [table, version_headers[version]])
-                for key, value, version in zip(keys, values, versions)]
+        with _collector_paused():
+            return [KafkaRecord(key, value, [table, version_headers[version]])
+                    for key, value, version in zip(keys, values, versions)]
 
     def _image(self, rows: _Rows, part: _Part, which: str | None, images: dict[str, np.ndarray],
                payload: bool) -> Text:
@@ -187,6 +191,18 @@ class ColumnarRecords:
             (SourceField.TABLE, dump(self.settings.table)), (SourceField.VERSION, version),
             (SourceField.TS_MS, millis),
         ])
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a burst of acyclic records is built (it rescans them all)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _column(text: Text, length: int) -> pa.Array:
