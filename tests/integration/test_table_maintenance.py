@@ -102,6 +102,24 @@ def test_compaction_reduces_files_and_the_table_reads_back_identical(workdir, un
     assert list(Path(uri, "_delta_log").glob("*.checkpoint.parquet"))
 
 
+def test_z_order_by_the_primary_key_rewrites_the_files_and_the_table_reads_back_identical(workdir, unique):
+    settings = _settings(workdir, unique)
+    settings = settings.model_copy(update={"maintenance": settings.maintenance.model_copy(update={"z_order": True})})
+    uri = settings.lakehouse.table_uri("orders")
+    table = DeltaRsTable(uri)
+    table.create(SCHEMA)
+    for batch in range(5):
+        _merge_batch(table, batch)
+    before, files_before = _read(uri), _files(uri)
+
+    results = TableMaintenance(settings, settings.pipelines[0]).run()
+
+    assert _step(results, "compact").result == "done" and _step(results, "compact").files_removed == files_before
+    (optimized,) = [commit for commit in DeltaTable(uri).history() if commit["operation"] == "OPTIMIZE"]
+    assert optimized["operationMetrics"]["plannerStrategy"] == "zOrder"
+    assert _files(uri) == 1 and _read(uri).equals(before)
+
+
 def _read_up_to(settings: Settings) -> int:
     """The last version both the export's position in Kafka and its checkpoint have passed."""
     cluster = ClusterView(settings.kafka.client_config())
