@@ -29,7 +29,7 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Callable
+from typing import Callable, Literal
 
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 CONFLICT_ATTEMPTS = 3
 
 Step = Callable[[DeltaTable], tuple[int, str]]  # -> (files removed, what was done)
+Outcome = Literal["done", "refused", "failed"]
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class StepResult:
     """One maintenance step of one run: `done`, `refused` (retention) or `failed` (any error)."""
 
     step: str
-    result: str
+    result: Outcome
     files_removed: int
     seconds: float
     detail: str
@@ -108,9 +109,9 @@ class TableMaintenance:
 
     def _step(self, step: str, action: Step, table: DeltaTable) -> StepResult:
         started = time.monotonic()
+        result: Outcome = "done"
         try:
             removed, detail = _retrying(action, table)
-            result = "done"
         except RetentionRefused as refusal:
             removed, detail, result = 0, str(refusal), "refused"
             log.warning("pipeline %s: %s", self.pipeline.name, refusal)
