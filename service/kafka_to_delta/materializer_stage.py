@@ -33,20 +33,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Literal
 
-import orjson
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle, TimerValues
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from service.changes import ChangeKind
 from service.kafka_to_delta.event_time_progress import WATERMARK_COLUMN
-from service.kafka_to_delta.materializer import Change, Materializer, MaterializerConfig, Outcome
-from service.kafka_to_delta.net_changes import NET_SCHEMA, error_group_key
+from service.kafka_to_delta.materializer import Materializer, MaterializerConfig
+from service.kafka_to_delta.materializer_bulk import (
+    ERROR_PREFIX,
+    EVENT_TIME,
+    GROUP,
+    arrival,
+    compact_key,
+    is_failed,
+    passthrough,
+)
+from service.kafka_to_delta.net_changes import NET_SCHEMA
 
 Compaction = Literal["batch", "watermark"]
-GROUP = "_group"
-EVENT_TIME = "event_time"
 _WATERMARK_COLUMN = "_event_ts"
 _STATE_SCHEMA = StructType([StructField("state", StringType()), StructField("touched", LongType())])
 _WAITING_FIELDS = (
@@ -58,10 +63,6 @@ _WAITING_FIELDS = (
 _WAITING_SCHEMA = StructType([StructField(name, kind) for name, kind in _WAITING_FIELDS])
 _WAITING_NAMES = tuple(name for name, _ in _WAITING_FIELDS)
 _STAGE_COLUMNS = (GROUP, *_WAITING_NAMES)
-COUNTER_COLUMNS = ("conflicts", "rollbacks", "stale_dropped", "cleared_state_warnings", "state_bytes")
-ARRIVAL_ORDER = ("timestamp", "topic", "partition", "offset", "change_index")
-_NET_NAMES = tuple(NET_SCHEMA.names)
-_ERROR_PREFIX = error_group_key("")
 
 
 @dataclass(frozen=True)
@@ -74,53 +75,14 @@ class StageConfig:
     whole_row_key: bool = False  # retract mode: no upsert key, the whole row identifies a change
 
 
-def _arrival(record: dict) -> tuple:
-    return tuple(record[name] for name in ARRIVAL_ORDER)
-
-
 def waiting_item(record: dict) -> tuple:
     """A changelog record as an item of the `waiting` list state."""
     return tuple(record.get(name) for name in _WAITING_NAMES)
 
 
-def _change(record: dict, whole_row_key: bool) -> Change:
-    sequence = record.get("sequence")
-    return Change(
-        key_mode="whole_row" if whole_row_key else "upsert_key",
-        kind=ChangeKind(record["kind"]),
-        upsert_key=record["upsert_key"],
-        row=record["row"],
-        position=(record["topic"], int(record["partition"]), int(record["offset"])),
-        sequence=None if sequence is None else tuple(orjson.loads(sequence)),
-    )
-
-
-def net_row(key: str, records: list[dict], outcome: Outcome) -> Row:
-    """The output row of one compaction of `key` (NET_SCHEMA); kind null when nothing changes."""
-    net, counters = outcome.net, outcome.counters
-    kind = row = unchanged = None
-    if net is not None:
-        kind = ChangeKind.DELETE.value if net.kind == "delete" else ChangeKind.UPDATE_AFTER.value
-        row = net.row
-        # A winner from an earlier barrier (a rollback) has no record here: its unchanged columns are unknown.
-        winner = next((r for r in reversed(records) if r["row"] == row), None) if row is not None else None
-        unchanged = winner.get("unchanged") if winner else None
-    last = records[-1]
-    values = dict.fromkeys(_NET_NAMES)
-    values.update(
-        key=key, kind=kind, row=row, unchanged=unchanged,
-        types=next((r["types"] for r in reversed(records) if r.get("types")), None),
-        topic=last["topic"], partition=int(last["partition"]), offset=int(last["offset"]),
-        timestamp=last.get("timestamp"), changes=len(records),
-        **{name: getattr(counters, name) for name in COUNTER_COLUMNS},
-    )
-    return Row(**values)
-
-
 def _passthrough(rows: Iterable[Row]) -> Iterator[Row]:
-    for source in rows:
-        record = source.asDict()
-        yield Row(**{name: record.get(name) for name in _NET_NAMES})
+    for values in passthrough(row.asDict() for row in rows):
+        yield Row(**values)
 
 
 class MaterializerProcessor(StatefulProcessor):
@@ -141,10 +103,10 @@ class MaterializerProcessor(StatefulProcessor):
     def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: TimerValues) -> Iterator[Row]:
         """Compact the key's changes of this micro-batch (batch), or those the watermark reached."""
         group = key[0]
-        if group.startswith(_ERROR_PREFIX):
+        if is_failed(group):
             yield from _passthrough(rows)
             return
-        records = sorted((row.asDict() for row in rows), key=_arrival)
+        records = sorted((row.asDict() for row in rows), key=arrival)
         if self.config.compaction == "watermark":
             records = self._due(records, timerValues.getCurrentWatermarkInMs())
         if records:
@@ -177,32 +139,29 @@ class MaterializerProcessor(StatefulProcessor):
             self.waiting.clear()
         for event_time in sorted({r[EVENT_TIME] for r in later}):
             self.handle.registerTimer(int(event_time))
-        return sorted(due, key=_arrival)
+        return sorted(due, key=arrival)
 
     def _compact(self, group: str, records: list[dict]) -> Row:
         stored = self.state.get()
-        previous, touched = stored if stored is not None else (None, None)
-        changes = [_change(r, self.config.whole_row_key) for r in records]
-        # Data time, not the wall clock: a replayed batch decides the same.
-        now_ms = max((int(r[EVENT_TIME]) for r in records if r[EVENT_TIME] is not None), default=0)
-        outcome = self.rules.apply(group, previous, changes, now_ms)
-        if outcome.new_state is None:
+        ttl_ms = self.config.state_ttl_ms
+        net, kept = compact_key(self.rules, group, records, stored, self.config.whole_row_key, ttl_ms)
+        if kept is None:
             if stored is not None:
                 self.state.clear()
-        elif self.config.state_ttl_ms:
-            self._touch(outcome.new_state, touched, max(r[EVENT_TIME] for r in records))
-        elif outcome.new_state != previous:
-            self.state.update((outcome.new_state, None))
-        return net_row(group, records, outcome)
+        elif ttl_ms:
+            self._touch(kept, None if stored is None else stored[1])
+        elif stored is None or kept[0] != stored[0]:
+            self.state.update(kept)
+        return Row(**net)
 
-    def _touch(self, state: str, touched: int | None, event_time: int) -> None:
+    def _touch(self, kept: tuple, touched: int | None) -> None:
         # One TTL timer per key: the one at (last touched + TTL).
-        latest = event_time if touched is None else max(touched, event_time)
+        latest = kept[1]
         if touched is not None and latest != touched:
             self.handle.deleteTimer(touched + self.config.state_ttl_ms)
         if latest != touched:
             self.handle.registerTimer(latest + self.config.state_ttl_ms)
-        self.state.update((state, latest))
+        self.state.update(kept)
 
     def close(self) -> None:
         """Nothing to release."""
@@ -220,7 +179,7 @@ def time_mode(config: StageConfig) -> str:
 
 def _grouped(changelog: DataFrame) -> DataFrame:
     group = F.when(F.col("error").isNull(), F.col("key")).otherwise(
-        F.concat(F.lit(_ERROR_PREFIX), F.concat_ws(":", "topic", "partition", "offset"))
+        F.concat(F.lit(ERROR_PREFIX), F.concat_ws(":", "topic", "partition", "offset"))
     )
     event_time = F.coalesce(F.col(EVENT_TIME), F.col("timestamp"))
     return changelog.withColumn(GROUP, group).withColumn(EVENT_TIME, event_time)
