@@ -1,0 +1,343 @@
+"""Performance benchmark: everything the service does against plain yardsticks, one run, one table.
+
+On one embedded broker (each topic deleted after its sections: the broker holds everything in
+memory), with a synthetic Debezium workload (`service.workload`, half of the envelopes with the
+Connect schema block):
+
+- consumer:     a plain confluent-kafka consumer reads the topic (records/s).
+- naive:        a naive single-process pipeline (`perf_naive.py`): last change per key per
+                50,000 records, one delta-rs MERGE each; its table checked against the replay.
+- service:      `cdc-lakehouse run CONFIG --until-idle` with the service's defaults, as a
+                subprocess: wall events/s from launch to exit, steady events/s over the batches
+                after the first (from its own log lines), launch to the first commit, peak RSS
+                of the process tree (driver, JVM, Python workers); table checked against the replay.
+- materializer: `upsert_materialize: force` with batches of `--materializer-batch` records,
+                steady events/s against the plain path at the same batch size.
+- whole:        the consumer, the naive pipeline and the service on a `--whole-events` topic.
+- export:       `export_benchmark.py`'s path on `--export-changes` change-feed rows (rows/s,
+                peak RSS), in a process of its own (`perf_export.py`).
+- freshness:    `cdc-lakehouse run` with a 1 s trigger while a producer writes a steady
+                `--rate` events/s for `--rate-seconds`; event-to-Delta latency p50/p95
+                (`perf_freshness.py`); the time from launch to the first commit of a small input.
+- maxrate:      (`--find-max-rate`) steps the input rate up in the same service process until
+                p95 reaches `--max-p95` s; the highest rate below it.
+
+    nice -n 10 .venv/bin/python bench/performance_benchmark.py --events 20000 --keys 5000 \\
+        --whole-events 0 --export-changes 20000 --rate 1000 --rate-seconds 20
+    nice -n 10 .venv/bin/python bench/performance_benchmark.py --json perf.json       # the defaults
+    nice -n 10 .venv/bin/python bench/performance_benchmark.py --only freshness,maxrate --find-max-rate
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import yaml
+from deltalake import DeltaTable
+from ingest_benchmark import TABLE, consume_all, delete_topic, run_pipeline
+from ingest_benchmark import write_config as ingest_config
+from materializer_benchmark import write_config as variant_config
+from perf_freshness import Service, UpsertStream, phase, wait_drained, warm_up
+from perf_naive import SCHEMA, run_naive
+
+from connectors.kafka.local_broker import LocalBroker
+from service.settings import DEFAULT_MAX_OFFSETS_PER_TRIGGER
+from service.workload import DebeziumWorkload, create_topics, produce
+
+SECTIONS = ("consumer", "naive", "service", "materializer", "whole", "export", "freshness", "maxrate")
+DEFAULT_SECTIONS = SECTIONS[:-1]
+CLI = str(Path(sys.executable).with_name("cdc-lakehouse"))
+BENCH = Path(__file__).resolve().parent
+BUSY_LOAD = 1.5
+FIRST_COMMIT_TIMEOUT_S = 600.0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command line flags."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--only", default=",".join(DEFAULT_SECTIONS),
+                        help=f"comma-separated sections out of {','.join(SECTIONS)}")
+    parser.add_argument("--events", type=int, default=300_000, help="records of the main topic (about)")
+    parser.add_argument("--keys", type=int, default=100_000, help="distinct primary keys")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--naive-window", type=int, default=50_000, help="records per MERGE of the naive pipeline")
+    parser.add_argument("--materializer-batch", type=int, default=10_000, help="max_offsets_per_trigger")
+    parser.add_argument("--whole-events", type=int, default=1_000_000, help="records of the 'whole' topic")
+    parser.add_argument("--export-changes", type=int, default=1_000_000, help="change-feed rows to export")
+    parser.add_argument("--rate", type=float, default=5_000, help="freshness: steady input events/s")
+    parser.add_argument("--rate-seconds", type=float, default=60, help="freshness: seconds of steady input")
+    parser.add_argument("--warm-up-events", type=int, default=1_000, help="freshness: the small first input")
+    parser.add_argument("--drain-seconds", type=float, default=180, help="freshness: wait for the table at most")
+    parser.add_argument("--find-max-rate", action="store_true", help="add the maxrate section")
+    parser.add_argument("--rate-steps", default="1000,2000,3000,5000,7500,10000,15000,20000,30000,50000",
+                        help="maxrate: input rates tried in order")
+    parser.add_argument("--step-seconds", type=float, default=30, help="maxrate: seconds per rate")
+    parser.add_argument("--max-p95", type=float, default=5.0, help="maxrate: the p95 latency bound, seconds")
+    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON ('-': stdout)")
+    args = parser.parse_args(argv)
+    args.sections = [s.strip() for s in args.only.split(",") if s.strip()]
+    if args.find_max_rate and "maxrate" not in args.sections:
+        args.sections.append("maxrate")
+    unknown = set(args.sections) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections {sorted(unknown)}; choose from {','.join(SECTIONS)}")
+    return args
+
+
+def load() -> dict[str, float | str]:
+    """`uptime`, and the 1-minute load average."""
+    text = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    one_minute = os.getloadavg()[0]
+    if one_minute > BUSY_LOAD:
+        print(f"WARNING: load {one_minute:.2f} > {BUSY_LOAD}: the machine is busy, figures are lower than on a quiet one",
+              flush=True)
+    return {"uptime": text, "load1": one_minute}
+
+
+def check_replay(uri: str, workload: DebeziumWorkload) -> int:
+    """Fail loudly unless the Delta table equals the replay of the workload (rows and values)."""
+    table = DeltaTable(uri).to_pyarrow_table(columns=SCHEMA.names).sort_by("id")
+    if table.to_pylist() != workload.expected_rows():
+        raise SystemExit(f"FAILED: {uri} ({table.num_rows} rows) differs from the replay "
+                         f"({len(workload.table)} live keys)")
+    return table.num_rows
+
+
+def _rate(count: float, seconds: float) -> float:
+    return count / seconds if seconds > 0 else 0.0
+
+
+def service_figures(run: dict[str, float], events: int, first_batch_records: int) -> dict[str, float]:
+    """Wall, steady (batches 2..N) and launch-to-first-commit figures of one `run --until-idle`."""
+    first_commit = run["startup"] + run["ingest"] - run["after_first"]
+    steady = _rate(events - first_batch_records, run["after_first"]) if run["batches"] > 1 else 0.0
+    return {"events": events, "wall_s": run["wall"], "wall_rate": events / run["wall"], "steady_rate": steady,
+            "first_commit_s": first_commit, "batches": run["batches"], "rss_mib": run["rss_mib"]}
+
+
+def run_service(workdir: Path, bootstrap: str, topic: str, workload: DebeziumWorkload, events: int,
+                variant: dict | None = None, max_offsets: int | None = None) -> dict[str, float]:
+    """`cdc-lakehouse run --until-idle` on `topic` in a fresh directory; its table checked; its figures."""
+    workdir.mkdir()
+    if variant is None:
+        config = ingest_config(workdir, bootstrap, topic, max_offsets)
+    else:
+        config = variant_config(workdir, bootstrap, topic, variant, max_offsets)
+    run = run_pipeline(config, workdir / "pipeline.log")
+    check_replay(str(workdir / "tables" / TABLE), workload)
+    first_batch = min(events, max_offsets or DEFAULT_MAX_OFFSETS_PER_TRIGGER)
+    return service_figures(run, events, first_batch)
+
+
+def topic_sections(args: argparse.Namespace, bootstrap: str, tmp: Path, events: int,
+                   sections: list[str]) -> dict[str, dict]:
+    """Produce one workload topic, run the `sections` on it, delete it."""
+    out: dict = {}
+    topic = f"bench.perf.{uuid.uuid4().hex[:12]}"
+    workload = DebeziumWorkload(topic, args.partitions, schema="mixed", seed=11)
+    generated = workload.generate(events, args.keys)
+    create_topics(bootstrap, [topic], args.partitions)
+    try:
+        started = time.perf_counter()
+        produced = produce(bootstrap, generated)
+        del generated
+        out["events"] = produced
+        print(f"topic {topic}: {produced:,} records, {len(workload.table):,} live keys, "
+              f"produced in {time.perf_counter() - started:.1f} s", flush=True)
+        if "consumer" in sections:
+            consumed, seconds = consume_all(bootstrap, topic, args.partitions)
+            if consumed != produced:
+                raise SystemExit(f"FAILED: plain consumer read {consumed} of {produced} records")
+            out["consumer"] = {"records": consumed, "seconds": seconds, "rate": consumed / seconds}
+            print(f"  consumer: {consumed / seconds:,.0f} records/s", flush=True)
+        if "naive" in sections:
+            uri = str(tmp / f"naive-{uuid.uuid4().hex[:8]}")
+            naive = run_naive(bootstrap, topic, args.partitions, uri, args.naive_window)
+            check_replay(uri, workload)
+            out["naive"] = {**naive, "rate": naive["records"] / naive["seconds"]}
+            print(f"  naive: {out['naive']['rate']:,.0f} events/s, table = replay", flush=True)
+        if "service" in sections:
+            out["service"] = run_service(tmp / uuid.uuid4().hex[:8], bootstrap, topic, workload, produced)
+            print(f"  service: {out['service']['wall_rate']:,.0f} events/s wall, table = replay", flush=True)
+        if "materializer" in sections:
+            batch = args.materializer_batch
+            for name, variant in (("plain_small_batches", {}), ("materializer", {"upsert_materialize": "force"})):
+                out[name] = run_service(tmp / uuid.uuid4().hex[:8], bootstrap, topic, workload, produced,
+                                        variant, batch)
+                print(f"  {name}: {out[name]['steady_rate']:,.0f} events/s steady, table = replay", flush=True)
+    finally:
+        delete_topic(bootstrap, topic)
+    return out
+
+
+def export_section(bootstrap: str, changes: int) -> dict[str, float]:
+    """`perf_export.py` as a subprocess; its JSON figures."""
+    done = subprocess.run([sys.executable, str(BENCH / "perf_export.py"), "--bootstrap", bootstrap,
+                           "--changes", str(changes)], capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"FAILED: export exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+    figures = json.loads(lines[-1])
+    figures["rate"] = figures["feed_rows"] / figures["seconds"]
+    print(f"  export: {figures['rate']:,.0f} rows/s", flush=True)
+    return figures
+
+
+def freshness_sections(args: argparse.Namespace, bootstrap: str, tmp: Path) -> dict[str, dict]:
+    """One `cdc-lakehouse run` (1 s trigger): the small first input, the steady rate, the rate steps."""
+    out: dict[str, dict] = {}
+    topic = f"bench.fresh.{uuid.uuid4().hex[:12]}"
+    workdir = tmp / f"fresh-{uuid.uuid4().hex[:8]}"
+    workdir.mkdir()
+    config = ingest_config(workdir, bootstrap, topic, None)
+    settings = yaml.safe_load(config.read_text())
+    config.write_text(yaml.safe_dump({**settings, "trigger_interval_seconds": 1}))
+    uri = str(workdir / "tables" / TABLE)
+    stream = UpsertStream(topic, args.partitions, args.keys)
+    create_topics(bootstrap, [topic], args.partitions)
+    service = Service(CLI, config, workdir / "service.log")
+    try:
+        warm_up(bootstrap, stream, args.warm_up_events)
+        service.start()
+        first = service.first_commit(FIRST_COMMIT_TIMEOUT_S)
+        if not wait_drained(uri, stream, service, args.drain_seconds):
+            raise SystemExit("FAILED: the small first input never reached Delta")
+        out["startup"] = {"events": args.warm_up_events, "first_commit_s": first}
+        print(f"  first commit of a small input {first:.1f} s after launch", flush=True)
+        if "freshness" in args.sections:
+            out["freshness"] = phase(bootstrap, uri, stream, service, args.rate, args.rate_seconds, args.drain_seconds)
+            print(f"  freshness at {args.rate:,.0f}/s: {out['freshness']}", flush=True)
+        if "maxrate" in args.sections:
+            out["maxrate"] = find_max_rate(args, bootstrap, uri, stream, service)
+        out["freshness_rss"] = {"rss_mib": service.peak_rss_mib}
+    finally:
+        service.stop()
+        delete_topic(bootstrap, topic)
+    if service.process.returncode not in (0, None):
+        print(f"WARNING: the freshness service exited {service.process.returncode}; see {service.log}")
+    return out
+
+
+def find_max_rate(args: argparse.Namespace, bootstrap: str, uri: str, stream: UpsertStream,
+                  service: Service) -> dict:
+    """Step the input rate up until p95 reaches the bound (or the table does not catch up)."""
+    steps, best = [], 0.0
+    for rate in (float(r) for r in args.rate_steps.split(",")):
+        figures = phase(bootstrap, uri, stream, service, rate, args.step_seconds, args.drain_seconds)
+        steps.append(figures)
+        print(f"  rate {rate:,.0f}/s: p95 {figures.get('p95', float('inf')):.2f} s", flush=True)
+        passed = figures["drained"] and figures["p95"] < args.max_p95
+        if not passed:
+            break
+        best = rate
+    return {"steps": steps, "best_rate": best, "bound_s": args.max_p95, "step_seconds": args.step_seconds}
+
+
+def ratio(value: float, base: float | None) -> str:
+    """'x0.25' or '' when there is no base."""
+    return f"x{value / base:.2f}" if base else ""
+
+
+def table(results: dict, args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """(what, figure, comparison) rows of the one printed table."""
+    rows: list[tuple[str, str, str]] = []
+    for label, part in (("", results.get("main", {})), ("1M: ", results.get("whole", {}))):
+        naive = part.get("naive", {}).get("rate")
+        consumer = part.get("consumer", {}).get("rate")
+        size = f" ({part['events']:,} events)" if "events" in part else ""
+        if "consumer" in part:
+            rows.append((f"{label}plain consumer{size}", f"{consumer:,.0f} records/s", ""))
+        if "naive" in part:
+            rows.append((f"{label}naive pipeline", f"{naive:,.0f} events/s",
+                         f"{ratio(naive, consumer)} of consumer" if consumer else ""))
+        if "service" in part:
+            service = part["service"]
+            rows.append((f"{label}service run --until-idle, wall", f"{service['wall_rate']:,.0f} events/s",
+                         f"{ratio(service['wall_rate'], naive)} of naive, {ratio(service['wall_rate'], consumer)} "
+                         f"of consumer ({service['wall_s']:.1f} s)"))
+            rows.append((f"{label}service steady (batches 2..{service['batches']})",
+                         f"{service['steady_rate']:,.0f} events/s" if service["steady_rate"] else "- (1 batch)",
+                         f"{ratio(service['steady_rate'], naive)} of naive"))
+            rows.append((f"{label}service launch -> first commit", f"{service['first_commit_s']:.1f} s", ""))
+            rows.append((f"{label}service peak RSS (process tree)", f"{service['rss_mib']:,.0f} MiB", ""))
+        if "materializer" in part:
+            plain, mat = part["plain_small_batches"], part["materializer"]
+            batch = args.materializer_batch
+            rows.append((f"{label}plain path, batches of {batch:,}, steady", f"{plain['steady_rate']:,.0f} events/s",
+                         f"{ratio(plain['steady_rate'], naive)} of naive"))
+            rows.append((f"{label}materializer (force), batches of {batch:,}, steady",
+                         f"{mat['steady_rate']:,.0f} events/s",
+                         f"{ratio(mat['steady_rate'], plain['steady_rate'])} of the plain path; "
+                         f"peak RSS {mat['rss_mib']:,.0f} MiB"))
+    if "export" in results:
+        export = results["export"]
+        rows.append((f"export of {export['feed_rows']:,} change-feed rows", f"{export['rate']:,.0f} rows/s",
+                     f"{export['seconds']:.1f} s, peak RSS {export['rss_mib']:,.0f} MiB"))
+    fresh = results.get("freshness", {})
+    if "startup" in fresh:
+        rows.append((f"run -> first commit, small input ({fresh['startup']['events']:,} events)",
+                     f"{fresh['startup']['first_commit_s']:.1f} s", "1 s trigger"))
+    if "freshness" in fresh:
+        phase_ = fresh["freshness"]
+        figure = f"p50 {phase_['p50']:.1f} s, p95 {phase_['p95']:.1f} s" if phase_["drained"] else "did not catch up"
+        rows.append((f"event-to-Delta latency at {phase_['rate']:,.0f} events/s for {phase_['seconds']:.0f} s",
+                     figure, f"produced {phase_['produced_rate']:,.0f}/s, {phase_['events']:,} events"
+                             + (f", max {phase_['max']:.1f} s" if phase_["drained"] else "")))
+    if "maxrate" in fresh:
+        found = fresh["maxrate"]
+        tried = ", ".join(f"{s['rate']:,.0f}: " + (f"{s['p95']:.1f} s" if s["drained"] else "behind")
+                          for s in found["steps"])
+        rows.append((f"highest steady rate with p95 < {found['bound_s']:.0f} s", f"{found['best_rate']:,.0f} events/s",
+                     f"p95 per rate ({found['step_seconds']:.0f} s each): {tried}"))
+    if "freshness_rss" in fresh:
+        rows.append(("freshness service peak RSS (process tree)", f"{fresh['freshness_rss']['rss_mib']:,.0f} MiB", ""))
+    return rows
+
+
+def print_table(results: dict, args: argparse.Namespace) -> None:
+    """The one table, as Markdown, with the load before and after."""
+    print(f"\nload at start: {results['load_start']['uptime']}")
+    print(f"load at end:   {results['load_end']['uptime']}\n")
+    print("| what | figure | compared |")
+    print("|---|---|---|")
+    for what, figure, compared in table(results, args):
+        print(f"| {what} | {figure} | {compared} |")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the selected sections once and print the table."""
+    args = parse_args(argv)
+    results: dict = {"load_start": load(), "args": vars(args)}
+    main_sections = [s for s in ("consumer", "naive", "service", "materializer") if s in args.sections]
+    whole_sections = [s for s in ("consumer", "naive", "service") if "whole" in args.sections and args.whole_events]
+    with tempfile.TemporaryDirectory(prefix="cdc-perf-") as name, LocalBroker(Path(name) / "broker") as broker:
+        tmp, bootstrap = Path(name), broker.bootstrap_servers
+        if main_sections:
+            results["main"] = topic_sections(args, bootstrap, tmp, args.events, main_sections)
+        if whole_sections:
+            results["whole"] = topic_sections(args, bootstrap, tmp, args.whole_events, whole_sections)
+        if "export" in args.sections:
+            results["export"] = export_section(bootstrap, args.export_changes)
+        if {"freshness", "maxrate"} & set(args.sections):
+            results["freshness"] = freshness_sections(args, bootstrap, tmp)
+    results["load_end"] = load()
+    print_table(results, args)
+    if args.json:
+        text = json.dumps(results, indent=2, default=str)
+        if args.json == "-":
+            print(text)
+        else:
+            Path(args.json).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
