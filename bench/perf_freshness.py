@@ -78,18 +78,16 @@ class PacedProducer(threading.Thread):
 
     def run(self) -> None:
         try:
-            producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5, "enable.idempotence": True})
+            producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5, "enable.idempotence": True,
+                                 # room for every event of a phase: a send never waits for the queue
+                                 "queue.buffering.max.messages": max(100_000, len(self.events)),
+                                 "queue.buffering.max.kbytes": 2 * 1024 * 1024})
             began = time.monotonic()
             while len(self.sent) < len(self.events):
                 due = min(len(self.events), int(self.rate * (time.monotonic() - began)) + 1)
                 now = time.time()
                 for event, key, clock in self.events[len(self.sent):due]:
-                    while True:
-                        try:
-                            producer.produce(event.topic, value=event.value, key=event.key, partition=event.partition)
-                            break
-                        except BufferError:
-                            producer.poll(0.05)
+                    producer.produce(event.topic, value=event.value, key=event.key, partition=event.partition)
                     self.sent.append(Sent(key, clock, now))
                 producer.poll(0)
                 time.sleep(_TICK_S)

@@ -26,6 +26,7 @@ Connect schema block):
         --whole-events 0 --export-changes 20000 --rate 1000 --rate-seconds 20
     nice -n 10 .venv/bin/python bench/performance_benchmark.py --json perf.json       # the defaults
     nice -n 10 .venv/bin/python bench/performance_benchmark.py --only freshness,maxrate --find-max-rate
+    .venv/bin/python bench/performance_benchmark.py --from-json perf.json               # its table again
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--step-seconds", type=float, default=30, help="maxrate: seconds per rate")
     parser.add_argument("--max-p95", type=float, default=5.0, help="maxrate: the p95 latency bound, seconds")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON ('-': stdout)")
+    parser.add_argument("--from-json", metavar="PATH", help="run nothing: print the table of an earlier --json")
     args = parser.parse_args(argv)
     args.sections = [s.strip() for s in args.only.split(",") if s.strip()]
     if args.find_max_rate and "maxrate" not in args.sections:
@@ -243,8 +245,8 @@ def find_max_rate(args: argparse.Namespace, bootstrap: str, uri: str, stream: Up
 
 
 def ratio(value: float, base: float | None) -> str:
-    """'x0.25' or '' when there is no base."""
-    return f"x{value / base:.2f}" if base else ""
+    """'x0.25' (two significant digits) or '' when there is no base."""
+    return f"x{value / base:.2g}" if base and value else ""
 
 
 def table(results: dict, args: argparse.Namespace) -> list[tuple[str, str, str]]:
@@ -266,7 +268,7 @@ def table(results: dict, args: argparse.Namespace) -> list[tuple[str, str, str]]
                          f"of consumer ({service['wall_s']:.1f} s)"))
             rows.append((f"{label}service steady (batches 2..{service['batches']})",
                          f"{service['steady_rate']:,.0f} events/s" if service["steady_rate"] else "- (1 batch)",
-                         f"{ratio(service['steady_rate'], naive)} of naive"))
+                         f"{ratio(service['steady_rate'], naive)} of naive" if service["steady_rate"] else ""))
             rows.append((f"{label}service launch -> first commit", f"{service['first_commit_s']:.1f} s", ""))
             rows.append((f"{label}service peak RSS (process tree)", f"{service['rss_mib']:,.0f} MiB", ""))
         if "materializer" in part:
@@ -296,7 +298,9 @@ def table(results: dict, args: argparse.Namespace) -> list[tuple[str, str, str]]
         found = fresh["maxrate"]
         tried = ", ".join(f"{s['rate']:,.0f}: " + (f"{s['p95']:.1f} s" if s["drained"] else "behind")
                           for s in found["steps"])
-        rows.append((f"highest steady rate with p95 < {found['bound_s']:.0f} s", f"{found['best_rate']:,.0f} events/s",
+        best = (f"{found['best_rate']:,.0f} events/s" if found["best_rate"]
+                else f"below {found['steps'][0]['rate']:,.0f} events/s")
+        rows.append((f"highest steady rate with p95 < {found['bound_s']:.0f} s", best,
                      f"p95 per rate ({found['step_seconds']:.0f} s each): {tried}"))
     if "freshness_rss" in fresh:
         rows.append(("freshness service peak RSS (process tree)", f"{fresh['freshness_rss']['rss_mib']:,.0f} MiB", ""))
@@ -316,6 +320,10 @@ def print_table(results: dict, args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Run the selected sections once and print the table."""
     args = parse_args(argv)
+    if args.from_json:
+        results = json.loads(Path(args.from_json).read_text())
+        print_table(results, argparse.Namespace(**results["args"]))
+        return
     results: dict = {"load_start": load(), "args": vars(args)}
     main_sections = [s for s in ("consumer", "naive", "service", "materializer") if s in args.sections]
     whole_sections = [s for s in ("consumer", "naive", "service") if "whole" in args.sections and args.whole_events]
@@ -330,13 +338,13 @@ def main(argv: list[str] | None = None) -> None:
         if {"freshness", "maxrate"} & set(args.sections):
             results["freshness"] = freshness_sections(args, bootstrap, tmp)
     results["load_end"] = load()
-    print_table(results, args)
     if args.json:
         text = json.dumps(results, indent=2, default=str)
         if args.json == "-":
             print(text)
         else:
             Path(args.json).write_text(text)
+    print_table(results, args)
 
 
 if __name__ == "__main__":
