@@ -38,6 +38,8 @@ TABLE = "bench_customers"
 PIPELINE = "bench"
 _CONSUME_BATCH = 10_000
 _CONSUME_STALL_S = 30.0
+# The embedded broker may answer a fetch with more than librdkafka's 100 MB default.
+MAX_RESPONSE_BYTES = 1 << 30
 _RSS_SAMPLE_S = 0.5
 _LOG_TIME_FORMAT = "%Y-%m-%d %H:%M:%S,%f"
 _LOG_TIME = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO "
@@ -140,7 +142,8 @@ def verify_table(uri: str, workload: DebeziumWorkload) -> int:
 def consume_all(bootstrap: str, topic: str, partitions: int) -> tuple[int, float]:
     """Read the topic from offset 0 to the high watermarks in batches; (messages, seconds)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False, "enable.partition.eof": False})
+                         "enable.auto.commit": False, "enable.partition.eof": False,
+                         "receive.message.max.bytes": MAX_RESPONSE_BYTES})
     try:
         targets = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
                    for p in range(partitions)}

@@ -15,6 +15,7 @@ import orjson
 import pyarrow as pa
 from confluent_kafka import Consumer, TopicPartition
 from deltalake import DeltaTable, write_deltalake
+from ingest_benchmark import MAX_RESPONSE_BYTES
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("email", pa.string()),
                     ("balance", pa.float64()), ("active", pa.bool_())])
@@ -62,7 +63,8 @@ def run_naive(bootstrap: str, topic: str, partitions: int, uri: str, window: int
     """
     started = time.perf_counter()
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"naive-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False, "enable.partition.eof": False})
+                         "enable.auto.commit": False, "enable.partition.eof": False,
+                         "receive.message.max.bytes": MAX_RESPONSE_BYTES})
     write_deltalake(uri, SCHEMA.empty_table())
     table = DeltaTable(uri)
     records = merges = pending_records = 0
