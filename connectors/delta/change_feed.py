@@ -4,8 +4,10 @@
 `_change_type` (insert / update_preimage / update_postimage / delete), `_commit_version` and
 `_commit_timestamp`, read with `DeltaTable.load_cdf` on the executors. The source offset is
 `{"version": n}`, the next commit version to read; Spark keeps it in the checkpoint's offset
-log. One input partition reads a run of at most `versionsPerPartition` versions; its rows are
-sorted by `_commit_version`, in feed order within a version.
+log (with maxRowsPerTrigger `{"version": n, "row": r}` while a commit is split: the next row
+to read). One input partition reads a run of at most `versionsPerPartition` versions; its rows
+are sorted by `_commit_version`, in feed order within a version (with maxRowsPerTrigger: in
+canonical order).
 
 Options (keys are case-insensitive):
   path                    required: the table URI
@@ -15,6 +17,11 @@ Options (keys are case-insensitive):
   startingTimestamp       ISO-8601, instead of startingVersion: the first version committed at
                           or after that instant
   maxVersionsPerTrigger   admission control: at most this many versions per micro-batch
+  maxRowsPerTrigger       admission control: at most this many feed rows per micro-batch; a larger
+                          commit is split across batches at key boundaries (feed_chunks.py), and
+                          every row carries `_commit_row`, its place in its version's canonical order
+  keyColumns              comma-separated key columns; required with maxRowsPerTrigger (the rows of
+                          one key in one version, e.g. an update's -U and +U, stay in one batch)
   versionsPerPartition    versions one Spark task reads (default 16)
 
 Types handed to Spark: string and binary views or large variants become string / binary,
@@ -48,6 +55,15 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from connectors.delta.delta_rs import DeltaRsTable
+from connectors.delta.feed_chunks import (
+    COMMIT_ROW,
+    Offset,
+    VersionLayout,
+    canonical_order,
+    chunk_end,
+    number_rows,
+    rows_in_range,
+)
 from service.errors import ConfigError, TerminalError, TransientError
 
 FORMAT_NAME = "delta_cdf"
@@ -60,6 +76,8 @@ FEED_COLUMNS = pa.schema(
 LATEST = "latest"
 DEFAULT_VERSIONS_PER_PARTITION = 16
 _VERSION = "version"
+_ROW = "row"
+_LAYOUTS_KEPT = 4  # versions whose key layout the driver keeps while it splits them
 # Parts of delta-rs error texts that mean "this history is gone", as opposed to a storage hiccup.
 _GONE_MARKERS = ("Invalid table version", "Expected contiguous commit files", "not found", "NotFound")
 
@@ -95,10 +113,21 @@ def spark_arrow_type(data_type: pa.DataType) -> pa.DataType:
     return data_type
 
 
-def feed_schema(table_schema: pa.Schema | None) -> pa.Schema:
-    """The source's Arrow schema: the table's columns (Spark types) and the feed columns."""
+def feed_schema(table_schema: pa.Schema | None, numbered: bool = False) -> pa.Schema:
+    """The source's Arrow schema: the table's columns (Spark types), the feed columns, `_commit_row` if numbered."""
     columns = [] if table_schema is None else [f.with_type(spark_arrow_type(f.type)) for f in table_schema]
-    return pa.schema(columns + list(FEED_COLUMNS))
+    return pa.schema(columns + list(FEED_COLUMNS) + ([pa.field(COMMIT_ROW, pa.int64())] if numbered else []))
+
+
+def offset_of(document: dict) -> Offset:
+    """(version, row) of a source offset."""
+    return int(document[_VERSION]), int(document.get(_ROW, 0))
+
+
+def offset_document(offset: Offset) -> dict:
+    """A source offset; the row only while a version is split (so whole-version offsets stay `{"version": n}`)."""
+    version, row = offset
+    return {_VERSION: version, _ROW: row} if row else {_VERSION: version}
 
 
 def _describe(error: BaseException) -> str:
@@ -140,27 +169,40 @@ def conform(feed: pa.Table, schema: pa.Schema, uri: str, first: int, last: int) 
     return pa.Table.from_arrays(columns, schema=schema)
 
 
+def load_feed(uri: str, storage_options: dict[str, str] | None, first: int, last: int,
+              columns: list[str] | None = None) -> pa.Table:
+    """The raw change feed of versions first..last (inclusive), as delta-rs gives it."""
+    try:
+        table = DeltaTable(uri, storage_options=storage_options or None)
+        # The arro3 reader is lazy: missing files surface while it is drained.
+        return pa.table(table.load_cdf(starting_version=first, ending_version=last, columns=columns))
+    except (DeltaError, TableNotFoundError, pa.ArrowException, OSError) as error:
+        raise read_error(uri, first, last, error) from None
+
+
 def read_versions(
     uri: str, storage_options: dict[str, str] | None, first: int, last: int, schema: pa.Schema
 ) -> pa.Table:
     """The change feed of versions first..last (inclusive), sorted by version, in `schema`."""
-    try:
-        table = DeltaTable(uri, storage_options=storage_options or None)
-        # The arro3 reader is lazy: missing files surface while it is drained.
-        feed = pa.table(table.load_cdf(starting_version=first, ending_version=last))
-    except (DeltaError, TableNotFoundError, pa.ArrowException, OSError) as error:
-        raise read_error(uri, first, last, error) from None
-    conformed = conform(feed, schema, uri, first, last)
+    conformed = conform(load_feed(uri, storage_options, first, last), schema, uri, first, last)
     # sort_indices is stable: feed order within a version is kept.
     return conformed.take(pc.sort_indices(conformed, [(COMMIT_VERSION, "ascending")]))
 
 
 class VersionRange(InputPartition):
-    """Commit versions [start, end) of one table for one Spark task."""
+    """Commit versions [start, end) of one table for one Spark task.
 
-    def __init__(self, start: int, end: int) -> None:
-        super().__init__((start, end))
-        self.start, self.end = start, end
+    With row chunks: the offsets [(start, start_row), (end, end_row)), see feed_chunks.py.
+    """
+
+    def __init__(self, start: int, end: int, start_row: int = 0, end_row: int = 0) -> None:
+        super().__init__((start, end, start_row, end_row))
+        self.start, self.end, self.start_row, self.end_row = start, end, start_row, end_row
+
+    @property
+    def last_version(self) -> int:
+        """The last version the range has rows of."""
+        return self.end if self.end_row else self.end - 1
 
 
 def _storage_options(lowered: dict[str, str]) -> dict[str, str]:
@@ -201,7 +243,7 @@ class DeltaChangeFeedSource(DataSource):
     def schema(self) -> StructType:
         lowered = self._lowered()
         table = DeltaRsTable(lowered["path"], _storage_options(lowered))
-        return from_arrow_schema(feed_schema(table.schema()))
+        return from_arrow_schema(feed_schema(table.schema(), numbered=bool(lowered.get("maxrowspertrigger"))))
 
     def streamReader(self, schema: StructType) -> "ChangeFeedStreamReader":
         return ChangeFeedStreamReader(self._lowered(), to_arrow_schema(schema, timezone="UTC"))
@@ -220,12 +262,17 @@ class ChangeFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             raise ConfigError("the delta_cdf option 'startingVersion' must be a version number or 'latest'")
         self.max_versions = _positive(lowered, "maxversionspertrigger", None)
         self.per_partition = _positive(lowered, "versionsperpartition", None) or DEFAULT_VERSIONS_PER_PARTITION
+        self.max_rows = _positive(lowered, "maxrowspertrigger", None)
+        self.key_columns = tuple(c.strip() for c in lowered.get("keycolumns", "").split(",") if c.strip())
+        if self.max_rows and not self.key_columns:
+            raise ConfigError("the delta_cdf option 'maxRowsPerTrigger' needs 'keyColumns' (the table's primary key)")
         self.target: int | None = None
         self._table: DeltaRsTable | None = None
+        self._layouts: dict[int, VersionLayout] = {}
 
     def __getstate__(self) -> dict:
-        # Executors get a copy of the reader for read(); the driver's table handle stays behind.
-        return {**self.__dict__, "_table": None}
+        # Executors get a copy of the reader for read(); the driver's table handle and layouts stay behind.
+        return {**self.__dict__, "_table": None, "_layouts": {}}
 
     @property
     def table(self) -> DeltaRsTable:
@@ -271,16 +318,30 @@ class ChangeFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self.target = self._next_version()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        begin = int(start[_VERSION])
+        begin = offset_of(start)
         following = self._next_version()
         if following is None:
-            return {_VERSION: begin}
+            return offset_document(begin)
         self._check_schema()
         if self.target is not None:
             following = min(following, self.target)
         max_versions = getattr(limit, "max_rows", None) if isinstance(limit, ReadMaxRows) else None
-        end = following if max_versions is None else min(following, begin + max_versions)
-        return {_VERSION: max(end, begin)}
+        if self.max_rows:
+            return offset_document(chunk_end(begin, following, self.max_rows, max_versions, self._layout))
+        end = following if max_versions is None else min(following, begin[0] + max_versions)
+        return offset_document((max(end, begin[0]), 0) if end > begin[0] else begin)
+
+    def _layout(self, version: int) -> VersionLayout:
+        """Where the key runs of `version` start (read on the driver: key columns and change types only)."""
+        if version not in self._layouts:
+            columns = [*self.key_columns, CHANGE_TYPE]
+            feed = load_feed(self.uri, self.storage_options, version, version, columns)
+            while len(self._layouts) >= _LAYOUTS_KEPT:
+                del self._layouts[min(self._layouts)]
+            typed = pa.table([feed.column(c).cast(spark_arrow_type(feed.column(c).type)) for c in columns],
+                             names=columns)
+            self._layouts[version] = VersionLayout.of(typed, self.key_columns)
+        return self._layouts[version]
 
     def _check_schema(self) -> None:
         table_schema = self.table.schema()
@@ -298,13 +359,27 @@ class ChangeFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return None if following is None else {_VERSION: following}
 
     def partitions(self, start: dict, end: dict) -> list[VersionRange]:
-        first, stop = int(start[_VERSION]), int(end[_VERSION])
-        return [VersionRange(s, min(s + self.per_partition, stop)) for s in range(first, stop, self.per_partition)]
+        (first, first_row), (stop, stop_row) = offset_of(start), offset_of(end)
+        last = stop if stop_row else stop - 1
+        ranges = []
+        for s in range(first, last + 1, self.per_partition):
+            e = min(s + self.per_partition, last + 1)
+            end_offset = (stop, stop_row) if e > last else (e, 0)
+            ranges.append(VersionRange(s, end_offset[0], first_row if s == first else 0, end_offset[1]))
+        return [r for r in ranges if (r.start, r.start_row) < (r.end, r.end_row)]
 
     # Spark hands back the partitions planned above: narrower than the base's InputPartition.
     def read(self, partition: VersionRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
-        table = read_versions(self.uri, self.storage_options, partition.start, partition.end - 1, self.schema)
-        yield from table.to_batches()
+        if not self.max_rows:
+            table = read_versions(self.uri, self.storage_options, partition.start, partition.end - 1, self.schema)
+            yield from table.to_batches()
+            return
+        first, last = partition.start, partition.last_version
+        data_schema = pa.schema([f for f in self.schema if f.name != COMMIT_ROW])
+        feed = conform(load_feed(self.uri, self.storage_options, first, last), data_schema, self.uri, first, last)
+        numbered = number_rows(canonical_order(feed, self.key_columns))
+        yield from rows_in_range(numbered, (partition.start, partition.start_row),
+                                 (partition.end, partition.end_row)).to_batches()
 
     def commit(self, end: dict) -> None:
         """Nothing to do: progress lives in the Spark checkpoint."""

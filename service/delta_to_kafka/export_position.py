@@ -3,7 +3,9 @@
 The position is a record in a compacted positions topic, keyed by the export name, with a
 JSON value `{"export": name, "table": uri, "version": n, "state": {"topic": t, "entries": k} | null}`.
 It is written in the same Kafka transaction as the batch's records, so for a read_committed
-reader the records up to version n and the position n appear together or not at all.
+reader the records up to version n and the position n appear together or not at all. When a
+batch ended inside a commit (`max_rows_per_trigger`), the value also has `"row": r`: the first
+r feed rows of version n + 1, in the source's canonical order (`_commit_row`), are committed too.
 
 The encoder's state (TO_CHANGELOG's previous images and pending update-befores, spec 4.2.1.3)
 is NOT in the position: with `input_changelog: upsert` it holds an image of every key, far
@@ -26,7 +28,7 @@ and it reads the whole table, not only the keys that hold state.
 A position written before the state topic existed carries the whole state as base64 in
 `state`; it is restored once and written to the state topic with the next batch.
 
-Spark's offset log says which versions a micro-batch covers: `batch_end_version` reads it
+Spark's offset log says which versions a micro-batch covers: `batch_end_offset` reads it
 from the checkpoint, so a batch without feed rows (a version with no data change) still
 moves the position.
 """
@@ -36,7 +38,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Protocol
 
 from pyspark.sql import SparkSession
@@ -79,11 +81,19 @@ class ExportPosition:
     state_topic: str | None = None
     state_entries: int = 0
     legacy_state: bytes | None = None  # a whole-state snapshot from a position of the older format
+    row: int = 0  # feed rows of version + 1 committed too (a batch that ended inside a commit)
+
+    @property
+    def next_offset(self) -> tuple[int, int]:
+        """(version, row) of the first feed row not yet committed."""
+        return self.version + 1, self.row
 
     def to_record(self) -> PositionRecord:
         """The position as the record committed next to a batch."""
         state = None if self.state_topic is None else {"topic": self.state_topic, "entries": self.state_entries}
         value = {"export": self.export, "table": self.table, "version": self.version, "state": state}
+        if self.row:
+            value["row"] = self.row
         return PositionRecord(self.export, json.dumps(value, separators=(",", ":")).encode("utf-8"))
 
     @classmethod
@@ -91,14 +101,13 @@ class ExportPosition:
         """Parse a committed position value; errors name the topic and the key."""
         try:
             document = json.loads(value)
-            position = cls(str(document["export"]), str(document["table"]), int(document["version"]))
+            position = cls(str(document["export"]), str(document["table"]), int(document["version"]),
+                           row=int(document.get("row", 0)))
             state = document.get("state")
             if isinstance(state, str):
-                return cls(position.export, position.table, position.version,
-                           legacy_state=base64.b64decode(state, validate=True))
+                return replace(position, legacy_state=base64.b64decode(state, validate=True))
             if state is not None:
-                return cls(position.export, position.table, position.version, str(state["topic"]),
-                           int(state["entries"]))
+                return replace(position, state_topic=str(state["topic"]), state_entries=int(state["entries"]))
             return position
         except (ValueError, TypeError, KeyError, AttributeError, binascii.Error):
             raise PositionError(f"topic={topic} key={export}: the committed export position is not valid") from None
@@ -144,13 +153,14 @@ class PositionStore:
         return records
 
     def publish(self, records: list[KafkaRecord], version: int, state: list[StateRecord] | None = None,
-                state_entries: int = 0) -> ExportPosition:
+                state_entries: int = 0, row: int = 0) -> ExportPosition:
         """Commit `records`, the `state` records and the new position in one transaction; returns the position.
 
         `state` None: this export keeps no encoder state; else `state_entries` live state records remain.
+        `row` > 0: the batch ended inside version `version + 1`, after that many of its feed rows.
         """
         state_topic = None if state is None else self.producer.state_topic
-        position = ExportPosition(self.export, self.table, version, state_topic, state_entries)
+        position = ExportPosition(self.export, self.table, version, state_topic, state_entries, row=row)
         self.producer.send_batch(records, position.to_record(), state or ())
         return position
 
@@ -167,8 +177,8 @@ def restore_encoder_state(store: PositionStore, position: ExportPosition | None,
         raise StateRestoreError(f"topic={store.producer.state_topic} export={store.export}: {error}") from None
 
 
-def batch_end_version(spark: SparkSession, checkpoint: str, batch_id: int) -> int | None:
-    """One past the last version micro-batch `batch_id` covers, from the checkpoint's offset log.
+def batch_end_offset(spark: SparkSession, checkpoint: str, batch_id: int) -> tuple[int, int] | None:
+    """(version, row) where micro-batch `batch_id` ends (exclusive), from the checkpoint's offset log.
 
     Read through Hadoop's file system API, so any checkpoint location Spark can use works.
     None when the log entry is not in the expected format.
@@ -184,6 +194,7 @@ def batch_end_version(spark: SparkSession, checkpoint: str, batch_id: int) -> in
     if len(lines) != _SOURCE_LINE + 1 or lines[0] != _OFFSET_LOG_VERSION:
         return None
     try:
-        return int(json.loads(lines[_SOURCE_LINE])["version"])
-    except (ValueError, KeyError, TypeError):
+        offset = json.loads(lines[_SOURCE_LINE])
+        return int(offset["version"]), int(offset.get("row", 0))
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None

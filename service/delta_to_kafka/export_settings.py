@@ -27,6 +27,8 @@ Compaction = Literal["per-flush", "none"]
 InputChangelog = Literal["retract", "upsert"]
 
 DEFAULT_MAX_VERSIONS_PER_TRIGGER = 100
+DEFAULT_MAX_ROWS_PER_TRIGGER = 100_000
+"""Feed rows per micro-batch: bounds the driver's memory; a larger commit is split at key boundaries."""
 DEFAULT_IMAGE_FIELDS = (Envelope.BEFORE, Envelope.AFTER)
 
 
@@ -151,6 +153,7 @@ class ExportSettings(BaseModel):
     starting_version: int | None = Field(default=None, ge=0)
     starting_timestamp: datetime | None = None
     max_versions_per_trigger: int | None = Field(default=DEFAULT_MAX_VERSIONS_PER_TRIGGER, ge=1)
+    max_rows_per_trigger: int | None = Field(default=DEFAULT_MAX_ROWS_PER_TRIGGER, ge=1)
     schema_registry: SchemaRegistrySettings | None = None
     schema_registry_url: str | None = None  # shorthand for `schema_registry: {url: ...}` without auth
 

@@ -24,6 +24,8 @@ def export_pipeline(spark: SparkSession, settings: Settings, export: ExportSetti
         starting_version=export.starting_version or 0,
         starting_timestamp=export.starting_timestamp,
         max_versions_per_trigger=export.max_versions_per_trigger,
+        max_rows_per_trigger=export.max_rows_per_trigger,
+        key_columns=export.primary_key,
         trigger_interval_seconds=settings.trigger_interval_seconds,
         encoder_state=encoder,
     )

@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from connectors.delta.feed_chunks import run_start_mask
 from service.delta_to_kafka.export_settings import ChangeFeedColumn
 
 NO_ROW = -1
@@ -46,20 +47,6 @@ class FeedChanges:
         return len(self.last)
 
 
-def _runs(table: pa.Table) -> np.ndarray:
-    """True where a row of the (sorted) table starts a run of rows equal in every column."""
-    starts = np.ones(table.num_rows, dtype=bool)
-    if table.num_rows < 2:
-        return starts
-    differs = np.zeros(table.num_rows - 1, dtype=bool)
-    for column in table.columns:
-        column = column.combine_chunks()
-        changed = pc.not_equal(column.slice(1), column.slice(0, len(column) - 1))
-        differs |= changed.to_numpy(zero_copy_only=False)
-    starts[1:] = differs
-    return starts
-
-
 def _kinds(feed: pa.Table) -> np.ndarray | None:
     kinds = pc.index_in(feed.column(ChangeFeedColumn.CHANGE_TYPE), value_set=pa.array(_FEED_TYPES))
     if kinds.null_count:
@@ -77,7 +64,7 @@ def _commit_pairs(feed: pa.Table, primary_key: tuple[str, ...]) -> tuple[np.ndar
                         names=["v", *(f"k{i}" for i in range(len(primary_key)))])
     order = pc.sort_indices(grouping.append_column("s", pa.array(sides)),
                             [(name, "ascending") for name in [*grouping.column_names, "s"]]).to_numpy().astype(np.int64)
-    starts = np.flatnonzero(_runs(grouping.take(order)))
+    starts = np.flatnonzero(run_start_mask(grouping.take(order)))
     sizes = np.diff(np.append(starts, len(order)))
     first, second = order[starts], order[np.minimum(starts + 1, len(order) - 1)]
     pairs = sizes == 2
@@ -96,7 +83,7 @@ def _compact(feed: pa.Table, primary_key: tuple[str, ...], changes: FeedChanges)
     keys = feed.select(list(primary_key)).take(pa.array(changes.last))
     keys = keys.append_column("__version", feed.column(ChangeFeedColumn.COMMIT_VERSION).take(pa.array(changes.last)))
     order = pc.sort_indices(keys, [(name, "ascending") for name in keys.column_names]).to_numpy().astype(np.int64)
-    starts = _runs(keys.select(list(primary_key)).take(pa.array(order)))
+    starts = run_start_mask(keys.select(list(primary_key)).take(pa.array(order)))
     group_first = order[np.flatnonzero(starts)]
     group_last = order[np.append(np.flatnonzero(starts)[1:] - 1, len(order) - 1)]
     before, after = changes.before[group_first], changes.after[group_last]

@@ -1,9 +1,13 @@
 """One export as a Spark streaming query: Delta change feed -> encoder -> Kafka, exactly once.
 
 Per micro-batch (the barrier): collect the batch's feed rows on the driver, sorted by
-`_commit_version` (feed order within a version); drop versions at or below the position
-committed in Kafka; encode the rest; publish the records and the new position (the last
-version the batch covers, from Spark's offset log) in one Kafka transaction.
+`_commit_version` (feed order within a version; with `max_rows_per_trigger` by `_commit_row`);
+drop rows at or before the position committed in Kafka; encode the rest; publish the records
+and the new position (where the batch ends, from Spark's offset log: the last whole version
+and, when the batch ended inside a commit, how many rows of the next) in one Kafka transaction.
+With `max_rows_per_trigger` a batch holds a bounded number of feed rows, so the driver's
+memory follows that bound, not the largest commit; a commit's rows of one key (an update's -U
+and +U) are never split (connectors/delta/feed_chunks.py).
 
 Commit order, enforced by `_process_batch` returning only after the Kafka commit:
   1. the Kafka transaction commits the batch's records AND the export position;
@@ -36,14 +40,16 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from connectors.delta.change_feed import COMMIT_VERSION, FORMAT_NAME, DeltaChangeFeedSource
+from connectors.delta.feed_chunks import COMMIT_ROW, Offset
 from connectors.kafka.transactional_producer import KafkaRecord, TransactionalProducer
 from service import metrics
 from service.checkpoints import remove_abandoned_writes
 from service.delta_to_kafka.export_position import (
     EncoderState,
     ExportPosition,
+    PositionError,
     PositionStore,
-    batch_end_version,
+    batch_end_offset,
     restore_encoder_state,
 )
 
@@ -57,15 +63,29 @@ TRANSACTIONAL_ID_PREFIX = "cdc-lakehouse-export-"
 
 
 def sort_feed(feed: pa.Table) -> pa.Table:
-    """Rows by commit version; sort_indices is stable, so feed order within a version is kept."""
-    return feed.take(pc.sort_indices(feed, [(COMMIT_VERSION, "ascending")]))
+    """Rows by commit version (and `_commit_row`); sort_indices is stable, so feed order within a version is kept."""
+    keys = [c for c in (COMMIT_VERSION, COMMIT_ROW) if c in feed.column_names]
+    return feed.take(pc.sort_indices(feed, [(c, "ascending") for c in keys]))
 
 
-def after_position(feed: pa.Table, committed: int | None) -> pa.Table:
-    """The rows of versions after the committed one (all rows when nothing is committed)."""
+def after_position(feed: pa.Table, committed: Offset | None) -> pa.Table:
+    """The rows at or after the committed position's next offset (all rows when nothing is committed)."""
     if committed is None:
         return feed
-    return feed.filter(pc.greater(feed.column(COMMIT_VERSION), committed))
+    version, row = committed
+    later = pc.greater_equal(feed.column(COMMIT_VERSION), version)
+    if row == 0:
+        return feed.filter(later)
+    if COMMIT_ROW not in feed.column_names:
+        raise PositionError(f"the committed export position ends inside version {version} (after {row} feed rows), "
+                            "written with max_rows_per_trigger: set max_rows_per_trigger again to continue")
+    inside = pc.and_(pc.equal(feed.column(COMMIT_VERSION), version), pc.less(feed.column(COMMIT_ROW), row))
+    return feed.filter(pc.and_(later, pc.invert(inside)))
+
+
+def feed_rows(feed: pa.Table) -> pa.Table:
+    """The feed without the source's `_commit_row` (the encoder sees the table's columns and the feed's)."""
+    return feed.drop_columns([COMMIT_ROW]) if COMMIT_ROW in feed.column_names else feed
 
 
 class ExportPipeline:
@@ -85,6 +105,8 @@ class ExportPipeline:
         starting_version: int | Literal["latest"] = 0,
         starting_timestamp: datetime | None = None,
         max_versions_per_trigger: int | None = DEFAULT_MAX_VERSIONS_PER_TRIGGER,
+        max_rows_per_trigger: int | None = None,
+        key_columns: tuple[str, ...] = (),
         positions_topic: str = DEFAULT_POSITIONS_TOPIC,
         trigger_interval_seconds: float = 1.0,
         encoder_state: EncoderState | None = None,
@@ -101,6 +123,8 @@ class ExportPipeline:
         self.starting_version = starting_version
         self.starting_timestamp = starting_timestamp
         self.max_versions_per_trigger = max_versions_per_trigger
+        self.max_rows_per_trigger = max_rows_per_trigger
+        self.key_columns = tuple(key_columns)
         self.positions_topic = positions_topic
         self.trigger_interval_seconds = trigger_interval_seconds
         self.encoder_state = encoder_state
@@ -150,39 +174,40 @@ class ExportPipeline:
         store = self._open_store()
         started = time.monotonic()
         rows = sort_feed(feed.toArrow())
-        last = self._last_version(feed.sparkSession, batch_id, rows)
-        committed = None if self.position is None else self.position.version
-        if last is None or last < 0:
+        end = self._end_offset(feed.sparkSession, batch_id, rows)
+        committed = None if self.position is None else self.position.next_offset
+        if end is None or end <= (0, 0):
             return  # no version covered yet (the table does not exist): nothing to publish
-        if committed is not None and last <= committed:
-            log.info("export %s: batch %d (to version %d) already in Kafka, skipped", self.name, batch_id, last)
+        if committed is not None and end <= committed:
+            log.info("export %s: batch %d (to %s) already in Kafka, skipped", self.name, batch_id, end)
             self.skipped_batches += 1
             metrics.BATCHES.labels(self.name, "replay_skipped").inc()
             return
         fresh = after_position(rows, committed)
-        records = self.encode(fresh)
+        records = self.encode(feed_rows(fresh))
         state, entries = None, 0
         if self.encoder_state is not None:
             state, entries = self.encoder_state.state_changes(), self.encoder_state.state_entries()
         encoded = time.monotonic()
-        self.position = store.publish(records, last, state, entries)
+        self.position = store.publish(records, end[0] - 1, state, entries, row=end[1])
         self.committed_batches += 1
         self._record(batch_id, fresh.num_rows, len(records), encoded - started, time.monotonic() - encoded)
 
-    def _last_version(self, spark: SparkSession, batch_id: int, rows: pa.Table) -> int | None:
-        """The last version the batch covers: from Spark's offset log, else the last feed row's."""
-        end = batch_end_version(spark, self.checkpoint_dir, batch_id)
+    def _end_offset(self, spark: SparkSession, batch_id: int, rows: pa.Table) -> Offset | None:
+        """Where the batch ends: from Spark's offset log, else after the last feed row's version."""
+        end = batch_end_offset(spark, self.checkpoint_dir, batch_id)
         if end is not None:
-            return end - 1
-        return pc.max(rows.column(COMMIT_VERSION)).as_py() if rows.num_rows else None
+            return end
+        return (pc.max(rows.column(COMMIT_VERSION)).as_py() + 1, 0) if rows.num_rows else None
 
     def _record(self, batch_id: int, rows: int, records: int, encode_s: float, publish_s: float) -> None:
         metrics.BATCHES.labels(self.name, "committed" if records else "empty").inc()
         metrics.STAGE_SECONDS.labels(self.name, "read_encode").observe(encode_s)
         metrics.STAGE_SECONDS.labels(self.name, "publish").observe(publish_s)
+        inside = f" and {self.position.row} rows of the next" if self.position.row else ""
         log.info(
-            "export %s: batch %d -> %s: versions to %d, %d feed rows, %d records (read+encode %.2fs, publish %.2fs)",
-            self.name, batch_id, self.output_topic, self.position.version, rows, records, encode_s, publish_s,
+            "export %s: batch %d -> %s: versions to %d%s, %d feed rows, %d records (read+encode %.2fs, publish %.2fs)",
+            self.name, batch_id, self.output_topic, self.position.version, inside, rows, records, encode_s, publish_s,
         )
 
     def close(self) -> None:
@@ -201,6 +226,9 @@ class ExportPipeline:
             reader = reader.option("storageOptions", json.dumps(self.storage_options))
         if self.max_versions_per_trigger:
             reader = reader.option("maxVersionsPerTrigger", str(self.max_versions_per_trigger))
+        if self.max_rows_per_trigger:
+            reader = reader.option("maxRowsPerTrigger", str(self.max_rows_per_trigger))
+            reader = reader.option("keyColumns", ",".join(self.key_columns))
         return reader.load()
 
     def start(self, until_idle: bool) -> StreamingQuery:

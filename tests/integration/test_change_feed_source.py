@@ -131,6 +131,20 @@ def test_max_versions_per_trigger_bounds_each_batch(spark, workdir):
     assert {row for _, table in batches for row in _summary(table)} == EXPECTED
 
 
+def test_max_rows_per_trigger_splits_commits_between_keys(spark, workdir):
+    path = str(workdir / "t")
+    _build(path)
+    batches = _collect(spark, path, workdir / "ck", maxRowsPerTrigger="2", keyColumns="id")
+    summaries = [_summary(table) for _, table in batches]
+    # v1's three inserts are split; v4's -U/+U of id 1 stay together (canonical order: id 1 before id 4).
+    assert [len(rows) for rows in summaries] == [2, 1, 2, 1, 2, 1]
+    assert [rows[0][:3] for rows in summaries[4:]] == [(4, "update_preimage", 1), (4, "insert", 4)]
+    assert {row for rows in summaries for row in rows} == EXPECTED
+    numbered = pa.concat_tables(t for _, t in batches)
+    assert numbered.schema.names[-1] == "_commit_row"
+    assert [r["_commit_row"] for r in numbered.to_pylist() if r["_commit_version"] == 1] == [0, 1, 2]
+
+
 def test_starting_version_and_timestamp(spark, workdir):
     path = str(workdir / "t")
     _build(path)

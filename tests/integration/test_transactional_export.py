@@ -185,11 +185,12 @@ def _write_versions(path: str, first_id: int, versions: int) -> None:
          .when_matched_update_all().when_not_matched_insert_all().execute())
 
 
-def _export(spark, path: str, workdir: Path, unique: str, bootstrap: str, starting_version: int = 0) -> ExportPipeline:
+def _export(spark, path: str, workdir: Path, unique: str, bootstrap: str, starting_version: int = 0,
+            max_rows: int | None = None) -> ExportPipeline:
     pipeline = ExportPipeline(
         spark, f"exp-{unique}", path, f"out-{unique}", {"bootstrap.servers": bootstrap}, str(workdir / "ck"),
         json_records, positions_topic=f"positions-{unique}", max_versions_per_trigger=2,
-        starting_version=starting_version,
+        starting_version=starting_version, max_rows_per_trigger=max_rows, key_columns=("id",),
     )
     query = pipeline.start(until_idle=True)
     try:
@@ -210,31 +211,36 @@ def _expected_keys(path: str) -> list[tuple]:
     return sorted((r["_commit_version"], r["_change_type"], r["id"]) for r in feed)
 
 
-def test_export_pipeline_publishes_once_across_replays_and_a_lost_checkpoint(spark, kafka_bootstrap, unique, workdir):
+# Versions of 3 feed rows (an insert, an update's -U/+U) in batches of at most 2 rows: every
+# version is split after its update, so batches end inside versions and positions carry a row.
+@pytest.mark.parametrize(("max_rows", "batches"), [(None, 3), (2, 9)], ids=["whole-versions", "row-chunks"])
+def test_export_pipeline_publishes_once_across_replays_and_a_lost_checkpoint(
+    spark, kafka_bootstrap, unique, workdir, max_rows, batches,
+):
     create_topics(kafka_bootstrap, [f"out-{unique}"], 1)
     path = str(workdir / "t")
     DeltaTable.create(path, SCHEMA, configuration={"delta.enableChangeDataFeed": "true"})
     write_deltalake(path, pa.table({"id": [0], "name": ["n0"]}, schema=SCHEMA), mode="append")
     _write_versions(path, 1, 4)  # versions 0..5
-    first = _export(spark, path, workdir, unique, kafka_bootstrap)
+    first = _export(spark, path, workdir, unique, kafka_bootstrap, max_rows=max_rows)
     published = _feed_keys(kafka_bootstrap, unique)
     assert sorted(published) == _expected_keys(path) and len(published) == 1 + 4 * 3
     assert [v for v, _, _ in published] == sorted(v for v, _, _ in published)
-    assert first.committed_batches == 3 and first.position.version == 5
+    assert first.committed_batches == batches and first.position.version == 5
 
     # A crash after the Kafka commit, before Spark's: the batch is replayed, found in Kafka, skipped.
     commits = workdir / "ck" / "commits"
     last_batch = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
     (commits / str(last_batch)).unlink()
     (commits / f".{last_batch}.crc").unlink()  # the local file system's checksum of that file
-    replay = _export(spark, path, workdir, unique, kafka_bootstrap)
+    replay = _export(spark, path, workdir, unique, kafka_bootstrap, max_rows=max_rows)
     assert (replay.skipped_batches, replay.committed_batches) == (1, 0)
     assert _feed_keys(kafka_bootstrap, unique) == published
 
     # New versions, and the checkpoint lost: versions already in Kafka are not published again.
     _write_versions(path, 5, 3)  # versions 6..8
     shutil.rmtree(workdir / "ck")
-    again = _export(spark, path, workdir, unique, kafka_bootstrap, starting_version=0)
+    again = _export(spark, path, workdir, unique, kafka_bootstrap, starting_version=0, max_rows=max_rows)
     assert again.position.version == 8
     final = _feed_keys(kafka_bootstrap, unique)
     assert sorted(final) == _expected_keys(path) and len(final) == len(set(final)) == 13 + 3 * 3

@@ -1,0 +1,116 @@
+"""Bounded row chunks of a Delta change feed: a commit larger than a micro-batch is split at key boundaries.
+
+With `maxRowsPerTrigger` the change-feed source orders each version's rows canonically, by
+the key columns and then the side (`update_preimage` / `delete` before `insert` /
+`update_postimage`), and numbers them from 0 (`_commit_row`). An offset is then a place in
+that order, `(version, row)`: the next row to read. Offsets are only ever placed where a key's
+run of rows starts, so the -U and +U rows of one update (one key, one version) never land in
+different micro-batches. A batch holds at most `maxRowsPerTrigger` rows, except that a batch
+always makes progress: when the next key's run alone is larger, it holds that run.
+
+The driver plans with the key columns of a version only (`VersionLayout`: where key runs
+start), read once per version and kept for the versions being split; executors read whole
+versions and keep the rows of their range (`rows_in_range`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+CHANGE_TYPE = "_change_type"
+COMMIT_VERSION = "_commit_version"
+COMMIT_ROW = "_commit_row"
+_SIDE = "__side"
+_BEFORE_SIDE = ("update_preimage", "delete")
+Offset = tuple[int, int]  # (version, row): the next row to read
+
+
+def canonical_order(feed: pa.Table, key_columns: tuple[str, ...]) -> pa.Table:
+    """Rows sorted by (version if present, key columns, before side first)."""
+    side = pc.invert(pc.is_in(feed.column(CHANGE_TYPE).cast(pa.string()), value_set=pa.array(_BEFORE_SIDE)))
+    sortable = feed.append_column(_SIDE, side)
+    keys = [c for c in (COMMIT_VERSION, *key_columns, _SIDE) if c in sortable.column_names]
+    order = pc.sort_indices(sortable, [(c, "ascending") for c in keys])
+    return feed.take(order)
+
+
+def run_start_mask(table: pa.Table) -> np.ndarray:
+    """True where a row of a sorted table starts a run of rows equal in every column."""
+    rows = table.num_rows
+    starts = np.ones(rows, dtype=bool)
+    if rows < 2:
+        return starts
+    differs = np.zeros(rows - 1, dtype=bool)
+    for column in table.columns:
+        column = column.combine_chunks()
+        differs |= pc.not_equal(column.slice(1), column.slice(0, rows - 1)).to_numpy(zero_copy_only=False)
+    starts[1:] = differs
+    return starts
+
+
+@dataclass(frozen=True)
+class VersionLayout:
+    """A version's feed in canonical order, as places where a key's run starts (the last is the row count)."""
+
+    boundaries: np.ndarray
+
+    @property
+    def rows(self) -> int:
+        return int(self.boundaries[-1])
+
+    @classmethod
+    def of(cls, keys_and_types: pa.Table, key_columns: tuple[str, ...]) -> "VersionLayout":
+        """The layout from a version's key columns and change types."""
+        if keys_and_types.num_rows == 0:
+            return cls(np.zeros(1, dtype=np.int64))
+        ordered = canonical_order(keys_and_types, key_columns)
+        starts = np.flatnonzero(run_start_mask(ordered.select(list(key_columns))))
+        return cls(np.append(starts, ordered.num_rows))
+
+    def stop(self, row: int, budget: int, taken: int) -> int:
+        """Where a batch that reached `row` with `budget` rows left stops in this version (a boundary)."""
+        bounds = self.boundaries
+        last = bounds[np.searchsorted(bounds, row + budget, side="right") - 1]
+        if last > row or taken:
+            return int(max(last, row))
+        return int(bounds[np.searchsorted(bounds, row, side="right")])  # one run beyond the budget
+
+
+def chunk_end(begin: Offset, following: int, max_rows: int, max_versions: int | None,
+              layout: Callable[[int], VersionLayout]) -> Offset:
+    """The end of the next batch from `begin`: at most `max_rows` rows and `max_versions` versions."""
+    version, row = begin
+    budget, taken, versions = max_rows, 0, 0
+    while version < following and (max_versions is None or versions < max_versions):
+        versions += 1
+        size = layout(version).rows
+        if size - row <= budget:
+            budget, taken, version, row = budget - (size - row), taken + size - row, version + 1, 0
+            continue
+        stop = layout(version).stop(row, budget, taken)
+        return (version + 1, 0) if stop >= size else (version, stop)
+    return version, row
+
+
+def number_rows(feed: pa.Table) -> pa.Table:
+    """A canonically ordered feed with `_commit_row`, each row's place in its version."""
+    versions = feed.column(COMMIT_VERSION).to_numpy()
+    if len(versions) == 0:
+        return feed.append_column(COMMIT_ROW, pa.array([], pa.int64()))
+    first = np.flatnonzero(np.concatenate(([True], versions[1:] != versions[:-1])))
+    version_start = np.repeat(first, np.diff(np.append(first, len(versions))))
+    return feed.append_column(COMMIT_ROW, pa.array(np.arange(len(versions)) - version_start))
+
+
+def rows_in_range(feed: pa.Table, start: Offset, end: Offset) -> pa.Table:
+    """The rows of a numbered feed at offsets in [start, end)."""
+    versions = feed.column(COMMIT_VERSION).to_numpy()
+    rows = feed.column(COMMIT_ROW).to_numpy()
+    after_start = (versions > start[0]) | ((versions == start[0]) & (rows >= start[1]))
+    before_end = (versions < end[0]) | ((versions == end[0]) & (rows < end[1]))
+    return feed.filter(pa.array(after_start & before_end))

@@ -1,0 +1,80 @@
+"""Row chunks of a change feed: bounded, never between the rows of one key in one version, covering every row once."""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pytest
+
+from connectors.delta.feed_chunks import (
+    COMMIT_ROW,
+    VersionLayout,
+    canonical_order,
+    chunk_end,
+    number_rows,
+    rows_in_range,
+)
+
+KEY = ("id",)
+
+
+def version_feed(seed: int, version: int, keys: int) -> pa.Table:
+    """One version's feed in delta-rs's arbitrary order: inserts, deletes and -U/+U pairs."""
+    rng = random.Random(seed * 1000 + version)
+    rows = []
+    for key in rng.sample(range(keys * 3), keys):
+        kind = rng.choice(["insert", "delete", "update"])
+        rows += [("update_preimage", key), ("update_postimage", key)] if kind == "update" else [(kind, key)]
+    rng.shuffle(rows)
+    return pa.table({"id": pa.array([k for _, k in rows], pa.int64()),
+                     "_change_type": pa.array([t for t, _ in rows], pa.string()),
+                     "_commit_version": pa.array([version] * len(rows), pa.int64())})
+
+
+@pytest.mark.parametrize("max_rows", [1, 2, 3, 7, 50])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_chunks_are_bounded_cover_every_row_once_and_keep_pairs(seed, max_rows):
+    feeds = [version_feed(seed, v, keys) for v, keys in enumerate([0, 9, 1, 25, 4])]
+    layouts = {v: VersionLayout.of(f.select(["id", "_change_type"]), KEY) for v, f in enumerate(feeds)}
+    numbered = number_rows(canonical_order(pa.concat_tables(feeds), KEY))
+    start, seen = (0, 0), []
+    while start < (len(feeds), 0):
+        end = chunk_end(start, len(feeds), max_rows, None, layouts.__getitem__)
+        assert end > start
+        chunk = rows_in_range(numbered, start, end)
+        pairs = {(r["_commit_version"], r["id"]) for r in chunk.to_pylist() if r["_change_type"] == "update_preimage"}
+        posts = {(r["_commit_version"], r["id"]) for r in chunk.to_pylist() if r["_change_type"] == "update_postimage"}
+        assert pairs == posts  # -U and +U of one update in the same chunk
+        assert chunk.num_rows <= max(max_rows, 2)
+        seen += [(r["_commit_version"], r[COMMIT_ROW]) for r in chunk.to_pylist()]
+        start = end
+    assert seen == [(r["_commit_version"], r[COMMIT_ROW]) for r in numbered.to_pylist()]
+
+
+def test_max_versions_also_bounds_a_chunk():
+    feeds = [version_feed(3, v, 4) for v in range(6)]
+    layouts = {v: VersionLayout.of(f, KEY) for v, f in enumerate(feeds)}
+    assert chunk_end((1, 0), 6, 10_000, 2, layouts.__getitem__) == (3, 0)
+
+
+def test_canonical_order_puts_the_before_image_first_and_numbers_rows_per_version():
+    feed = pa.table({"id": [2, 1, 1, 2], "_change_type": ["insert", "update_postimage", "update_preimage", "delete"],
+                     "_commit_version": pa.array([5, 5, 5, 6], pa.int64())})
+    numbered = number_rows(canonical_order(feed, KEY))
+    assert [(r["id"], r["_change_type"], r[COMMIT_ROW]) for r in numbered.to_pylist()] == [
+        (1, "update_preimage", 0), (1, "update_postimage", 1), (2, "insert", 2), (2, "delete", 0)]
+
+
+def test_a_replayed_batch_drops_the_rows_at_or_before_the_committed_position():
+    from service.delta_to_kafka.export_position import PositionError
+    from service.delta_to_kafka.pipeline import after_position
+
+    numbered = number_rows(canonical_order(pa.concat_tables([version_feed(5, v, 3) for v in range(3)]), KEY))
+    places = [(r["_commit_version"], r[COMMIT_ROW]) for r in numbered.to_pylist()]
+    kept = after_position(numbered, (1, 2))  # committed: versions to 0 and the first 2 rows of version 1
+    assert [(r["_commit_version"], r[COMMIT_ROW]) for r in kept.to_pylist()] == [p for p in places if p >= (1, 2)]
+    assert after_position(numbered.drop_columns([COMMIT_ROW]), (2, 0)).num_rows == numbered.num_rows - sum(
+        1 for r in numbered.to_pylist() if r["_commit_version"] < 2)
+    with pytest.raises(PositionError, match="max_rows_per_trigger"):
+        after_position(numbered.drop_columns([COMMIT_ROW]), (1, 2))
