@@ -114,12 +114,8 @@ def _combine_inferred(seen: set[str]) -> str:
     return TypeName.STRING
 
 
-def infer_types(rows: list[dict]) -> dict[str, str]:
-    """Column types from the values of JSON rows, columns in order of first appearance.
-
-    bool, int, float and str map to their arrow names; ints mixed with floats give float64;
-    nested values, other mixtures and all-null columns give string.
-    """
+def inferred_kinds(rows: list[dict]) -> dict[str, set[str]]:
+    """Per column (in order of first appearance), the type names its non-null values suggest."""
     seen: dict[str, set[str]] = {}
     for row in rows:
         for column, value in (row or {}).items():
@@ -127,10 +123,24 @@ def infer_types(rows: list[dict]) -> dict[str, str]:
             kind = _value_type(value)
             if kind is not None:
                 kinds.add(kind)
+    return seen
+
+
+def types_from_kinds(seen: dict[str, set[str]]) -> dict[str, str]:
+    """Column types from `inferred_kinds` (of one or several row sets, unioned per column)."""
     return {
         column: _combine_inferred(kinds) if kinds else TypeName.STRING
         for column, kinds in seen.items()
     }
+
+
+def infer_types(rows: list[dict]) -> dict[str, str]:
+    """Column types from the values of JSON rows, columns in order of first appearance.
+
+    bool, int, float and str map to their arrow names; ints mixed with floats give float64;
+    nested values, other mixtures and all-null columns give string.
+    """
+    return types_from_kinds(inferred_kinds(rows))
 
 
 def _widen(old: str, new: str) -> str:
@@ -260,7 +270,8 @@ def _converter(name: str, data_type: pa.DataType) -> Converter:
     return _decimal_converter(data_type.scale)
 
 
-def _column(name: str, type_name: str, values: list[Any]) -> pa.Array:
+def typed_column(name: str, type_name: str, values: list[Any]) -> pa.Array:
+    """One column of JSON values converted to `type_name`; `ValueError` names the column."""
     data_type = arrow_type(type_name)
     convert = _converter(type_name, data_type)
     try:
@@ -278,7 +289,7 @@ def rows_to_table(rows: list[dict | None], types: dict[str, str]) -> pa.Table:
     `ValueError` naming the column and the type when a value cannot be converted.
     """
     arrays = [
-        _column(name, type_name, [row.get(name) if row else None for row in rows])
+        typed_column(name, type_name, [row.get(name) if row else None for row in rows])
         for name, type_name in types.items()
     ]
     schema = pa.schema([pa.field(name, array.type) for name, array in zip(types, arrays)])

@@ -19,7 +19,9 @@ from connectors.delta.delta_rs import DELETE_FLAG, DeltaSchemaError
 from connectors.delta.engines import DeltaEngineTable
 from connectors.delta.merge_plan import keep_flag
 from service.changes import ChangeKind
+from service.kafka_to_delta.fill_unchanged import fill_unchanged
 from service.kafka_to_delta.net_changes import EARLIER_IMAGES
+from service.kafka_to_delta.partition_changes import Meta
 
 log = logging.getLogger(__name__)
 
@@ -69,19 +71,6 @@ def _conform(batch: pa.Table, existing: pa.Schema | None, table_uri: str) -> pa.
     return pa.Table.from_arrays(columns, schema=pa.schema(fields))
 
 
-def fill_unchanged(row: dict, unchanged: list[str], images: list[dict]) -> tuple[dict, list[str]]:
-    """(row, columns still unchanged): each unchanged column taken from the latest of the key's
-    earlier `images` (source order, `row` JSON text without its own unchanged columns) holding it."""
-    known: dict = {}
-    for image in images:
-        if image["row"] is not None:
-            known.update(json.loads(image["row"]))
-    filled = {c for c in unchanged if c in known}
-    ordered = {**known, **row}  # the complete image's column order
-    return ({c: v for c, v in ordered.items() if c in row or c in filled},
-            [c for c in unchanged if c not in filled])
-
-
 def _filled(net: pa.Table) -> pa.Table:
     """Net rows whose unchanged columns an earlier image of the batch holds, filled from it."""
     if EARLIER_IMAGES not in net.column_names or net.column(EARLIER_IMAGES).null_count == net.num_rows:
@@ -97,11 +86,12 @@ def _filled(net: pa.Table) -> pa.Table:
     return net.set_column(net.schema.get_field_index("unchanged"), "unchanged", pa.array(lefts, pa.string()))
 
 
-def _with_keep_flags(batch: pa.Table, net: pa.Table, primary_key: tuple[str, ...]) -> pa.Table:
-    """One `_cdc_keep__<column>` flag per column some row left unchanged (a TOAST placeholder)."""
-    if "unchanged" not in net.column_names or net.column("unchanged").null_count == net.num_rows:
+def _with_keep_flags(batch: pa.Table, unchanged: pa.ChunkedArray | pa.Array, primary_key: tuple[str, ...]) -> pa.Table:
+    """One `_cdc_keep__<column>` flag per column some row left unchanged (a TOAST placeholder);
+    `unchanged`: per row, the JSON list of such columns or null."""
+    if unchanged.null_count == len(unchanged):
         return batch
-    per_row = [set(json.loads(text)) if text else set() for text in net.column("unchanged").to_pylist()]
+    per_row = [set(json.loads(text)) if text else set() for text in unchanged.to_pylist()]
     columns = sorted(set().union(*per_row) - set(primary_key))
     for column in columns:
         if column not in batch.column_names:
@@ -132,9 +122,7 @@ class MergeSink:
             return MergeOutcome(batch_id, 0, 0, skipped_replay=True)
         net = _filled(net)
         if net.num_rows == 0:
-            if truncate and self.table.schema() is not None:
-                self.table.truncate(app_id, batch_id)
-            return MergeOutcome(batch_id, 0, 0, truncated=truncate)
+            return self._merge_nothing(batch_id, app_id, truncate)
         deletes = pc.equal(net.column("kind"), ChangeKind.DELETE.value)
         rows = [
             dict(zip(self.primary_key, json.loads(key))) if deleted or text is None else json.loads(text)
@@ -144,17 +132,38 @@ class MergeSink:
         ]
         upsert_rows = [r for r, d in zip(rows, deletes.to_pylist()) if not d]
         types = _batch_types(net, upsert_rows or rows)
-        missing = [c for c in self.primary_key if c not in types]
+        unchanged = net.column("unchanged") if "unchanged" in net.column_names else pa.nulls(net.num_rows, pa.string())
+        return self._merge(rows_to_table(rows, types), deletes, unchanged, app_id, batch_id, truncate)
+
+    def apply_typed(self, changes: pa.Table, app_id: str, batch_id: int, truncate: bool = False) -> MergeOutcome:
+        """MERGE typed net changes (`batch_changes.BatchChanges.changes`) unless already committed."""
+        if self.already_committed(app_id, batch_id):
+            return MergeOutcome(batch_id, 0, 0, skipped_replay=True)
+        if changes.num_rows == 0:
+            return self._merge_nothing(batch_id, app_id, truncate)
+        deletes = pc.equal(changes.column(Meta.KIND), ChangeKind.DELETE.value)
+        data = changes.drop_columns(list(Meta.ALL))
+        return self._merge(data, deletes, changes.column(Meta.UNCHANGED), app_id, batch_id, truncate)
+
+    def _merge_nothing(self, batch_id: int, app_id: str, truncate: bool) -> MergeOutcome:
+        if truncate and self.table.schema() is not None:
+            self.table.truncate(app_id, batch_id)
+        return MergeOutcome(batch_id, 0, 0, truncated=truncate)
+
+    def _merge(self, data: pa.Table, deletes: pa.ChunkedArray | pa.Array, unchanged: pa.ChunkedArray | pa.Array,
+               app_id: str, batch_id: int, truncate: bool) -> MergeOutcome:
+        """MERGE typed rows; `deletes` flags the rows that delete their key."""
+        missing = [c for c in self.primary_key if c not in data.column_names]
         if missing:
             raise DeltaSchemaError(f"{self.table.uri}: primary key column(s) {missing} not in the data")
         existing = self.table.schema()
-        typed = _conform(rows_to_table(rows, types), existing, self.table.uri)
+        typed = _conform(data, existing, self.table.uri)
         if existing is None:
             self.table.create(typed.schema)
-        typed = _with_keep_flags(typed.append_column(DELETE_FLAG, deletes), net, self.primary_key)
+        typed = _with_keep_flags(typed.append_column(DELETE_FLAG, deletes), unchanged, self.primary_key)
         if truncate:
             self.table.merge(typed, self.primary_key, app_id, batch_id, truncate=True)
         else:
             self.table.merge(typed, self.primary_key, app_id, batch_id)
         n_deletes = pc.sum(deletes).as_py() or 0
-        return MergeOutcome(batch_id, net.num_rows - n_deletes, n_deletes, truncated=truncate)
+        return MergeOutcome(batch_id, data.num_rows - n_deletes, n_deletes, truncated=truncate)

@@ -1,8 +1,12 @@
 """One ingest pipeline as a Spark streaming query: Kafka -> changelog -> net changes -> Delta MERGE.
 
-The streaming plan: decode on the executors (`decode_stage`), then either the keyed-state
-materializer (`materializer_stage`, when the upsert key differs from the primary key or
-several topics feed the table) or, per micro-batch, the plain reduction (`net_changes`).
+The streaming plan, plain path (no materializer, no stateful FROM_CHANGELOG): each Kafka range
+is read, decoded, reduced to its last change per key and typed where it is read
+(`changes_source`, `partition_changes`); the driver merges the ranges in Arrow
+(`batch_changes`) and MERGEs. Otherwise: decode on the executors (`decode_stage`), the
+stateful FROM_CHANGELOG stage when configured, then either the keyed-state materializer
+(`materializer_stage`, when the upsert key differs from the primary key or several topics
+feed the table) or, per micro-batch, the reduction in Spark (`net_changes`).
 
 Per micro-batch (the barrier): apply the bad-record policies (FAIL stops before anything of
 the batch is committed); skip the MERGE if Delta already holds the batch's commit (a replay
@@ -17,6 +21,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -32,14 +37,17 @@ from service.kafka_to_delta.bad_records import (
     failed_rows,
     handle_bad_records,
 )
+from service.kafka_to_delta.batch_changes import batch_changes
+from service.kafka_to_delta.changes_source import changes_source, changes_source_name
 from service.kafka_to_delta.dead_letters import DeadLetterSink
-from service.kafka_to_delta.decode_stage import changelog_stream
+from service.kafka_to_delta.decode_stage import batch_decoder, changelog_stream
 from service.kafka_to_delta.event_time_progress import EventTimeMaxima
 from service.kafka_to_delta.from_changelog_stage import needs_state, stateful_changelog
 from service.kafka_to_delta.materializer import MaterializerConfig
 from service.kafka_to_delta.materializer_stage import StageConfig, materialize
 from service.kafka_to_delta.merge_sink import MergeOutcome, MergeSink
 from service.kafka_to_delta.net_changes import CHANGES_COLUMN, TRUNCATE, net_changes
+from service.kafka_to_delta.partition_changes import PartitionReducer
 from service.maintenance import TableMaintenance
 from service.settings import PipelineSettings, Settings
 
@@ -90,6 +98,17 @@ def _split_truncates(changes: pa.Table) -> tuple[pa.Table, bool]:
     return kept.filter(pa.array(survives, pa.bool_())), True
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    """A micro-batch read and reduced, before the MERGE."""
+
+    failed: pa.Table
+    changes: pa.Table
+    truncate: bool
+    count: int
+    typed: bool  # `changes` is typed (plain path) or JSON row images (`NET_SCHEMA`)
+
+
 class IngestPipeline:
     """Runs one `PipelineSettings` as a streaming query into its Delta table."""
 
@@ -113,6 +132,7 @@ class IngestPipeline:
         self._query_id: str | None = None
         self._query: StreamingQuery | None = None
         self._started = threading.Event()
+        self.reduces_where_read = not pipeline.materialized and not needs_state(pipeline)
 
     @property
     def name(self) -> str:
@@ -129,18 +149,19 @@ class IngestPipeline:
         """Where the largest event time read per partition is handed to the source's planner."""
         return os.path.join(self.settings.checkpoint_dir(self.pipeline.name), "event_time_progress.json")
 
-    def _source(self) -> DataFrame:
+    def _source(self, format_name: str, watermarked: bool) -> DataFrame:
         pipeline = self.pipeline
         reader = (
-            self.spark.readStream.format(FORMAT_NAME)
+            self.spark.readStream.format(format_name)
             .option("bootstrap.servers", self.settings.kafka.bootstrap_servers)
             .option("topics", ",".join(pipeline.topics))
-            .option("progressFile", self.progress_path)
-            .option("alignmentSlackMs", str(int(pipeline.effective_watermark_delay_seconds * 1000)))
             .option("onDataLoss", pipeline.on_data_loss)
         )
-        if pipeline.idle_timeout_seconds is not None:
-            reader = reader.option("idleTimeoutMs", str(int(pipeline.idle_timeout_seconds * 1000)))
+        if watermarked:  # per-partition event-time progress, for ORDER BY and the materializer
+            reader = (reader.option("progressFile", self.progress_path)
+                      .option("alignmentSlackMs", str(int(pipeline.effective_watermark_delay_seconds * 1000))))
+            if pipeline.idle_timeout_seconds is not None:
+                reader = reader.option("idleTimeoutMs", str(int(pipeline.idle_timeout_seconds * 1000)))
         for key, value in self.settings.kafka.options.items():
             reader = reader.option(f"kafka.{key}", value)
         starting = self.pipeline.starting_offsets
@@ -159,10 +180,18 @@ class IngestPipeline:
             self.failure = error
             raise
 
-    def _net(self, batch: DataFrame) -> pa.Table:
+    def _prepared(self, batch: DataFrame) -> _Prepared:
         # Exactly one action on the batch: a second one would run the stateful plan again.
+        if self.reduces_where_read:
+            found = batch_changes(batch.toArrow())
+            return _Prepared(found.failed, found.changes, found.truncated, found.count, typed=True)
         net = batch if self.pipeline.materialized else net_changes(batch)
-        return net.toArrow()
+        net = net.toArrow()
+        self.event_times.flush()
+        self._count_materializer(net)
+        changes, truncate = _split_truncates(net.filter(pc.is_valid(net.column("kind"))))
+        count = pc.sum(net.column(CHANGES_COLUMN)).as_py() or 0
+        return _Prepared(failed_rows(net), changes, truncate, count, typed=False)
 
     def _process_batch(self, batch: DataFrame, batch_id: int) -> None:
         test_hooks.hold_batch_if_armed(self.pipeline.name, batch_id)
@@ -170,22 +199,19 @@ class IngestPipeline:
             raise RuntimeError("streaming query id not known")
         name = self.pipeline.name
         started = time.monotonic()
-        net = self._net(batch)
-        self.event_times.flush()
-        self._count_materializer(net)
+        prepared = self._prepared(batch)
         metrics.record_state(name, self._query.lastProgress if self._query is not None else None)
-        failed = failed_rows(net)
-        metrics.DECODE_ERRORS.labels(name).inc(failed.num_rows)
-        handle_bad_records(name, failed, batch_id, self.dead_letters)
-        changes, truncate = _split_truncates(net.filter(pc.is_valid(net.column("kind"))))
+        metrics.DECODE_ERRORS.labels(name).inc(prepared.failed.num_rows)
+        handle_bad_records(name, prepared.failed, batch_id, self.dead_letters)
         reduced = time.monotonic()
         if self.sink.already_committed(self.app_id, batch_id):
             log.info("pipeline %s: batch %d already in Delta, skipped", name, batch_id)
             metrics.BATCHES.labels(name, "replay_skipped").inc()
             return
-        outcome = self.sink.apply(changes, self.app_id, batch_id, truncate=truncate)
+        apply = self.sink.apply_typed if prepared.typed else self.sink.apply
+        outcome = apply(prepared.changes, self.app_id, batch_id, truncate=prepared.truncate)
         merged = time.monotonic()
-        self._record(outcome, pc.sum(net.column(CHANGES_COLUMN)).as_py() or 0, merged - reduced, reduced - started)
+        self._record(outcome, prepared.count, merged - reduced, reduced - started)
         log.info(
             "pipeline %s: batch %d -> %s: %d upserts, %d deletes (read+decode+reduce %.2fs, merge %.2fs)",
             name, batch_id, self.table.uri, outcome.upserts, outcome.deletes, reduced - started, merged - reduced,
@@ -219,9 +245,14 @@ class IngestPipeline:
     def start(self, until_idle: bool) -> StreamingQuery:
         """Start the streaming query; `until_idle` reads what is there now, then ends."""
         remove_abandoned_writes(self.settings.checkpoint_dir(self.pipeline.name))
-        self.spark.dataSource.register(KafkaSource)
-        changelog = changelog_stream(self._source(), self.pipeline, self.event_times)
-        stream = stateful_changelog(changelog, self.pipeline)
+        if self.reduces_where_read:
+            reducer = PartitionReducer(batch_decoder(self.pipeline), self.pipeline.primary_key)
+            self.spark.dataSource.register(changes_source(self.pipeline.name, reducer))
+            stream = self._source(changes_source_name(self.pipeline.name), watermarked=False)
+        else:
+            self.spark.dataSource.register(KafkaSource)
+            changelog = changelog_stream(self._source(FORMAT_NAME, watermarked=True), self.pipeline, self.event_times)
+            stream = stateful_changelog(changelog, self.pipeline)
         if self.pipeline.materialized:
             stream = materialize(
                 stream, stage_config(self.pipeline), self.pipeline.effective_watermark_delay_seconds,

@@ -1,0 +1,100 @@
+"""A micro-batch's range payloads (`partition_changes`) -> its net changes, typed, on the driver.
+
+Each Kafka range arrives already reduced and typed; here the ranges are only merged, all in
+Arrow: the column types of the whole batch are decided from every range's evidence (declared
+types win, the data types the rest, as for one range), a range whose rows were typed
+differently is cast, and a key present in several ranges keeps its last change in source
+order (topic, partition, offset, change_index).
+
+Shortcut: a change that left columns unchanged is filled from earlier images of its own range
+only; a key whose changes are spread over several partitions (a producer not keying by
+primary key) is not filled across them, and the sink keeps the stored value instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from connectors.delta.arrow_types import arrow_type, typed_column
+from service.kafka_to_delta.changelog_batch import CHANGELOG_SCHEMA
+from service.kafka_to_delta.partition_changes import (
+    FAILED_COLUMNS,
+    Meta,
+    Part,
+    TypeEvidence,
+    last_rows,
+    payload_table,
+)
+
+
+@dataclass(frozen=True)
+class BatchChanges:
+    """One micro-batch, ready for the sink."""
+
+    changes: pa.Table
+    """One row per key: the row's typed columns (`types` order), then the `Meta` columns."""
+    failed: pa.Table
+    """Records that could not become changes (`FAILED_COLUMNS`), each with its policy."""
+    truncated: bool
+    """A source TRUNCATE was read: stored rows the batch does not upsert are deleted."""
+    count: int
+    """Changelog rows read (changes, markers and failed records)."""
+
+
+def _conformed(table: pa.Table, types: dict[str, str]) -> pa.Table:
+    """A range's table with exactly the batch's columns and types, then the `Meta` columns."""
+    arrays, fields = [], []
+    for name, type_name in types.items():
+        target = arrow_type(type_name)
+        if name not in table.column_names:
+            column = pa.nulls(table.num_rows, target)
+        else:
+            column = table.column(name)
+            if column.type != target:
+                try:
+                    column = column.cast(target)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    column = typed_column(name, type_name, column.to_pylist())
+        arrays.append(column)
+        fields.append(pa.field(name, target))
+    for name in Meta.ALL:
+        arrays.append(table.column(name))
+        fields.append(table.schema.field(name))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def _empty_failed() -> pa.Table:
+    return pa.schema([CHANGELOG_SCHEMA.field(name) for name in FAILED_COLUMNS]).empty_table()
+
+
+def batch_changes(payloads: pa.Table) -> BatchChanges:
+    """Merge the payloads (`PAYLOAD_SCHEMA` rows) of one micro-batch."""
+    ranges: list[pa.Table] = []
+    failed: list[pa.Table] = []
+    evidence = TypeEvidence()
+    truncated, count = False, 0
+    for part, payload in zip(payloads.column("part").to_pylist(), payloads.column("payload").to_pylist()):
+        table, info = payload_table(payload)
+        if part == Part.FAILED:
+            failed.append(table)
+            continue
+        count += info.get("changes", 0)
+        truncated = truncated or info.get("truncated", False)
+        if table.num_rows:
+            ranges.append(table)
+            evidence.add(TypeEvidence.from_json(info["types"]))
+    types = evidence.types()
+    changes = pa.table({})
+    if ranges:
+        changes = pa.concat_tables([_conformed(table, types) for table in ranges])
+        if len(ranges) > 1:
+            ordered = changes.sort_by([(name, "ascending") for name in Meta.ORDER])
+            changes = last_rows(ordered, Meta.KEY)
+    return BatchChanges(
+        changes=changes,
+        failed=pa.concat_tables(failed) if failed else _empty_failed(),
+        truncated=truncated,
+        count=count,
+    )

@@ -1,0 +1,232 @@
+"""One Kafka partition's offset range -> its net changes as typed Arrow, on the executor.
+
+The plain path (no materializer, no stateful FROM_CHANGELOG) reduces where it reads: the
+records of a range are decoded (`ChangelogBatchDecoder`), reduced to the last change per
+primary key in source order (offset, change_index) as they arrive, and the survivors' row
+images are converted once to typed columns. Debezium keys its topics by primary key, so a
+key's changes sit in one partition and this is nearly all of the batch's reduction; the
+driver only merges the ranges (`batch_changes`).
+
+What a range sends to the driver is a few Arrow IPC streams (`PAYLOAD_SCHEMA`), not a row
+per change: part `changes` (typed net changes with the `Meta` columns; its schema metadata
+holds the types the rows declared, the kinds the data suggested and the counts) and part
+`failed` (records that could not become changes, with their policy and original bytes).
+
+Rules, as the per-batch reduction has always had them: a retraction (-U, -D) as the last
+change deletes the key; a TRUNCATE in the range wipes the range's earlier changes; a last
+change that left columns unchanged (TOAST) is filled from the key's earlier images of the
+range, from its last complete one on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from connectors.delta.arrow_types import inferred_kinds, merge_types, rows_to_table, types_from_kinds
+from service.changes import ChangeKind
+from service.kafka_to_delta.changelog_batch import ChangelogBatchDecoder, Column
+from service.kafka_to_delta.debezium_json import compact_json, loads
+from service.kafka_to_delta.fill_unchanged import fill_unchanged
+
+TRUNCATE = "TRUNCATE"
+PAYLOAD_SCHEMA = pa.schema([("part", pa.string()), ("payload", pa.binary())])
+PAYLOAD_SPARK_SCHEMA = "part string, payload binary"
+_META_KEY = b"cdc-lakehouse"
+_IMAGE_KINDS = (ChangeKind.INSERT.value, ChangeKind.UPDATE_BEFORE.value, ChangeKind.UPDATE_AFTER.value)
+_RETRACTIONS = (ChangeKind.UPDATE_BEFORE.value, ChangeKind.DELETE.value)
+FAILED_COLUMNS = (Column.TOPIC, Column.PARTITION, Column.OFFSET, Column.TIMESTAMP, Column.ERROR, Column.HANDLING,
+                  Column.STAGE, Column.RAW_KEY, Column.RAW_VALUE, Column.HEADERS)
+"""Columns of part `failed`, as the bad-record policies and dead-letter stores read them."""
+
+
+class Part:
+    """Values of the payload's `part` column."""
+
+    CHANGES = "changes"
+    FAILED = "failed"
+
+
+class Meta:
+    """Columns of part `changes` besides the row's own (upsert or delete, source position)."""
+
+    KEY = "__cdc_key"
+    KIND = "__cdc_kind"
+    TOPIC = "__cdc_topic"
+    PARTITION = "__cdc_partition"
+    OFFSET = "__cdc_offset"
+    CHANGE_INDEX = "__cdc_change_index"
+    TIMESTAMP = "__cdc_timestamp"
+    UNCHANGED = "__cdc_unchanged"
+
+    ORDER = (TOPIC, PARTITION, OFFSET, CHANGE_INDEX)
+    SOURCE = {KEY: Column.KEY, TOPIC: Column.TOPIC, PARTITION: Column.PARTITION, OFFSET: Column.OFFSET,
+              CHANGE_INDEX: Column.CHANGE_INDEX, TIMESTAMP: Column.TIMESTAMP, UNCHANGED: Column.UNCHANGED}
+    ALL = (KEY, KIND, TOPIC, PARTITION, OFFSET, CHANGE_INDEX, TIMESTAMP, UNCHANGED)
+
+
+@dataclass
+class TypeEvidence:
+    """What a set of net rows says about column types: declared (schema blocks, Avro) and seen."""
+
+    declared: dict[str, str] = field(default_factory=dict)
+    seen: dict[str, set[str]] = field(default_factory=dict)
+
+    def add(self, other: "TypeEvidence") -> None:
+        """Fold in another range's evidence (its declared types widen, its kinds union)."""
+        self.declared = merge_types(self.declared, other.declared)
+        for column, kinds in other.seen.items():
+            self.seen.setdefault(column, set()).update(kinds)
+
+    def types(self) -> dict[str, str]:
+        """Column types: declared ones win, the data types the rest."""
+        inferred = types_from_kinds(self.seen)
+        return {**self.declared, **{c: kind for c, kind in inferred.items() if c not in self.declared}}
+
+    def to_json(self) -> dict:
+        return {"declared": self.declared, "seen": {c: sorted(k) for c, k in self.seen.items()}}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "TypeEvidence":
+        return cls(dict(data["declared"]), {c: set(k) for c, k in data["seen"].items()})
+
+
+def last_rows(table: pa.Table, key: str) -> pa.Table:
+    """The last row of each `key` value (rows in source order), kept in source order."""
+    if table.num_rows == 0:
+        return table
+    index = pa.array(np.arange(table.num_rows, dtype=np.int64))
+    grouped = pa.table({"k": table.column(key), "i": index}).group_by("k", use_threads=False).aggregate(
+        [("i", "max")]
+    )
+    last = grouped.column("i_max")
+    return table.take(pc.take(last, pc.sort_indices(last)))
+
+
+def _with_filled_images(last: pa.Table, changes: pa.Table) -> pa.Table:
+    """`last` with each row that left columns unchanged filled from its key's earlier images."""
+    unchanged = last.column(Column.UNCHANGED)
+    if unchanged.null_count == last.num_rows:
+        return last
+    partial_keys = pc.filter(last.column(Column.KEY), pc.is_valid(unchanged))
+    images = changes.filter(pc.and_(pc.is_in(changes.column(Column.KEY), partial_keys),
+                                    pc.is_in(changes.column(Column.KIND), pa.array(_IMAGE_KINDS))))
+    by_key: dict[str, list[dict]] = {}
+    for image in images.select([Column.KEY, Column.ROW, Column.UNCHANGED]).to_pylist():
+        chain = by_key.setdefault(image[Column.KEY], [])
+        if image[Column.UNCHANGED] is None:
+            chain.clear()  # images from the last complete one on
+        chain.append({"row": image[Column.ROW], "unchanged": image[Column.UNCHANGED]})
+    texts, lefts = [], []
+    for key, text, left in zip(*(last.column(c).to_pylist() for c in (Column.KEY, Column.ROW, Column.UNCHANGED))):
+        chain = by_key.get(key)
+        if chain and left and text is not None:
+            row, still = fill_unchanged(json.loads(text), json.loads(left), chain)
+            text, left = compact_json(row), json.dumps(still) if still else None
+        texts.append(text)
+        lefts.append(left)
+    last = last.set_column(last.schema.get_field_index(Column.ROW), Column.ROW, pa.array(texts, pa.string()))
+    return last.set_column(last.schema.get_field_index(Column.UNCHANGED), Column.UNCHANGED,
+                           pa.array(lefts, pa.string()))
+
+
+@dataclass
+class _Reduced:
+    """The net changelog rows of the records seen so far, and what else they held."""
+
+    net: pa.Table | None = None
+    failed: list[pa.Table] = field(default_factory=list)
+    truncate_offset: int | None = None
+    changes: int = 0
+
+    def add(self, changelog: pa.Table) -> None:
+        self.changes += changelog.num_rows
+        failed = changelog.filter(pc.is_valid(changelog.column(Column.ERROR)))
+        if failed.num_rows:
+            self.failed.append(failed.select(list(FAILED_COLUMNS)))
+        kind = changelog.column(Column.KIND)
+        truncates = changelog.filter(pc.equal(kind, TRUNCATE))
+        if truncates.num_rows:
+            self.truncate_offset = max(self.truncate_offset or -1, pc.max(truncates.column(Column.OFFSET)).as_py())
+        changes = changelog.filter(pc.and_(pc.is_valid(kind), pc.not_equal(kind, TRUNCATE)))
+        if self.net is not None:
+            changes = pa.concat_tables([self.net, changes])
+        self.net = _with_filled_images(last_rows(changes, Column.KEY), changes)
+
+    def surviving(self) -> pa.Table | None:
+        """The net rows a TRUNCATE of the range did not wipe."""
+        if self.net is None or self.truncate_offset is None:
+            return self.net
+        return self.net.filter(pc.greater(self.net.column(Column.OFFSET), self.truncate_offset))
+
+
+def typed_changes(net: pa.Table, primary_key: tuple[str, ...]) -> tuple[pa.Table, TypeEvidence]:
+    """Net changelog rows (JSON row images) -> typed rows plus `Meta` columns, and their type evidence.
+
+    A delete carries its primary key only (from the key), an upsert its whole image.
+    """
+    deletes = pc.is_in(net.column(Column.KIND), pa.array(_RETRACTIONS)).to_pylist()
+    rows = [
+        dict(zip(primary_key, loads(key.encode()))) if deleted or text is None else loads(text.encode())
+        for key, text, deleted in zip(net.column(Column.KEY).to_pylist(), net.column(Column.ROW).to_pylist(), deletes)
+    ]
+    evidence = TypeEvidence()
+    for text in pc.unique(net.column(Column.TYPES).drop_null()).to_pylist():
+        evidence.declared = merge_types(evidence.declared, json.loads(text))
+    upserts = [row for row, deleted in zip(rows, deletes) if not deleted]
+    evidence.seen = inferred_kinds(upserts or rows)
+    typed = rows_to_table(rows, evidence.types())
+    kinds = pa.array([ChangeKind.DELETE.value if d else ChangeKind.UPDATE_AFTER.value for d in deletes], pa.string())
+    meta = {name: net.column(source) for name, source in Meta.SOURCE.items()}
+    meta[Meta.KIND] = kinds
+    for name in Meta.ALL:
+        typed = typed.append_column(name, meta[name])
+    return typed, evidence
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def payload_table(payload: bytes) -> tuple[pa.Table, dict]:
+    """A payload's table and the metadata its range attached."""
+    table = pa.ipc.open_stream(payload).read_all()
+    meta = (table.schema.metadata or {}).get(_META_KEY)
+    return table, json.loads(meta) if meta else {}
+
+
+class PartitionReducer:
+    """Kafka record batches of one range -> its payload (`PAYLOAD_SCHEMA`). Picklable."""
+
+    def __init__(self, decoder: ChangelogBatchDecoder, primary_key: tuple[str, ...]) -> None:
+        self.decoder = decoder
+        self.primary_key = primary_key
+
+    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        reduced = _Reduced()
+        for batch in batches:
+            reduced.add(pa.Table.from_batches([self.decoder(batch)]))
+        parts, payloads = [], []
+        net = reduced.surviving()
+        info = {"changes": reduced.changes, "truncated": reduced.truncate_offset is not None}
+        if net is not None and net.num_rows:
+            typed, evidence = typed_changes(net, self.primary_key)
+            info["types"] = evidence.to_json()
+        else:
+            typed = pa.table({})
+        metadata = {_META_KEY: json.dumps(info).encode()}
+        parts.append(Part.CHANGES)
+        payloads.append(_ipc(typed.replace_schema_metadata(metadata)))
+        if reduced.failed:
+            parts.append(Part.FAILED)
+            payloads.append(_ipc(pa.concat_tables(reduced.failed)))
+        yield pa.RecordBatch.from_arrays([pa.array(parts, pa.string()), pa.array(payloads, pa.binary())],
+                                         schema=PAYLOAD_SCHEMA)
