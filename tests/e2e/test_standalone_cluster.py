@@ -2,18 +2,23 @@
 
 The cluster (a master and two workers of one core each, `tests.spark_cluster`) runs on
 loopback; the service is the real CLI in its own process with `spark.master: spark://...`.
-The application's event log says which executors ran which tasks.
+The application's event log says which executors ran which tasks. A second test ships the
+project to the executors as a packed environment (`scripts/pack_executor_env.sh`, `spark.archives`),
+the way executors on machines without the project get it.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from service.workload import DebeziumWorkload, create_topics, produce
-from tests.pipeline_harness import run_cli, table_rows, write_config
+from tests.pipeline_harness import CLI, run_cli, table_rows, write_config
 from tests.spark_cluster import StandaloneCluster
 
 # One core and 512 MB per executor, so two workers host two executors; the driver stays on
@@ -83,3 +88,43 @@ def test_ingest_runs_on_standalone_executors(cluster, kafka_bootstrap, unique, w
     assert set(progress[workload.topic]) == {"0", "1"}, progress
     apps = cluster.status()["completedapps"]
     assert [app["name"] for app in apps].count("cdc-lakehouse") >= 1, apps
+
+
+@pytest.fixture(scope="module")
+def packed_environment(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project and its dependencies (without pyspark) packed by scripts/pack_executor_env.sh."""
+    archive = tmp_path_factory.mktemp("packed") / "environment.tar.gz"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "pack_executor_env.sh"
+    result = subprocess.run(["bash", str(script), str(archive)], capture_output=True, text=True, timeout=900,
+                            env={**os.environ, "PYTHON": sys._base_executable})
+    assert result.returncode == 0 and archive.exists(), result.stdout[-2000:] + result.stderr[-3000:]
+    return archive
+
+
+@pytest.mark.slow
+def test_executors_run_the_project_from_a_packed_environment(cluster, packed_environment, kafka_bootstrap,
+                                                             unique, workdir):
+    workload = DebeziumWorkload(f"packed-{unique}", 2, "mixed", seed=12)
+    create_topics(kafka_bootstrap, [workload.topic], 2)
+    produce(kafka_bootstrap, workload.generate(1000, 100))
+    config = write_config(
+        workdir / "c.yaml", kafka_bootstrap, workdir,
+        [{"name": "p", "topics": [workload.topic], "table": "t", "primary_key": ["id"]}],
+        spark={"master": cluster.master_url, "shuffle_partitions": 2,
+               "conf": {**CLUSTER_CONF, "spark.archives": f"{packed_environment}#environment"}})
+    # Python workers run ./environment/bin/python: on an executor, the archive Spark unpacked in
+    # its directory; on the driver (which plans the Kafka source in Python too), its own
+    # environment under the same name in the directory it runs from.
+    (workdir / "environment").symlink_to(sys.prefix)
+
+    result = subprocess.run([CLI, "run", str(config), "--until-idle"], capture_output=True, text=True,
+                            timeout=600, cwd=workdir,
+                            env={**os.environ, "PYSPARK_PYTHON": "./environment/bin/python"})
+
+    assert result.returncode == 0, result.stderr[-3000:] + cluster.executor_logs()[-3000:]
+    assert table_rows(workdir / "tables" / "t") == workload.expected_rows()
+    # Both executors of this run unpacked the archive in their directories.
+    (app,) = [app["id"] for app in cluster.status()["completedapps"]
+              if app["starttime"] == max(a["starttime"] for a in cluster.status()["completedapps"])]
+    unpacked = sorted(cluster.workdir.glob(f"worker-*/{app}/*/environment/bin/python"))
+    assert len(unpacked) == 2, unpacked
