@@ -1,8 +1,9 @@
 """A Spark standalone cluster on loopback, started with pyspark's own launcher classes.
 
 `StandaloneCluster(workdir, workers=2)` starts one `org.apache.spark.deploy.master.Master` and
-`workers` `org.apache.spark.deploy.worker.Worker` JVMs through `<pyspark>/bin/spark-class`, each
-in its own process group, waits until the master's JSON status lists every worker ALIVE, and
+`workers` `org.apache.spark.deploy.worker.Worker` JVMs through `<pyspark>/bin/spark-class`, by
+way of the image's entrypoint (`deploy/entrypoint.sh spark-master` / `spark-worker`, the roles
+a standalone cluster of the image runs), each in its own process group, waits until the master's JSON status lists every worker ALIVE, and
 stops them all on exit (also when start-up fails). Executors the workers launch are children
 of their worker, so stopping a worker's group takes its executors with it.
 """
@@ -23,9 +24,7 @@ from types import TracebackType
 import pyspark
 
 SPARK_HOME = Path(pyspark.__file__).parent
-SPARK_CLASS = SPARK_HOME / "bin" / "spark-class"
-_MASTER_CLASS = "org.apache.spark.deploy.master.Master"
-_WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+ENTRYPOINT = Path(__file__).resolve().parents[1] / "deploy" / "entrypoint.sh"
 _LOOPBACK = "127.0.0.1"
 
 
@@ -84,18 +83,18 @@ class StandaloneCluster:
     def _launch(self, name: str, *arguments: str) -> None:
         log = open(self.workdir / f"{name}.log", "w")
         self._processes.append(subprocess.Popen(
-            [str(SPARK_CLASS), *arguments], stdout=log, stderr=subprocess.STDOUT, env=self._environment(),
+            ["bash", str(ENTRYPOINT), *arguments], stdout=log, stderr=subprocess.STDOUT, env=self._environment(),
             cwd=self.workdir, start_new_session=True))
         log.close()
 
     def _start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self._launch("master", _MASTER_CLASS, "--host", _LOOPBACK, "--port", str(self.port),
+        self._launch("master", "spark-master", "--host", _LOOPBACK, "--port", str(self.port),
                      "--webui-port", str(self.webui_port))
         for index in range(self.workers):
             scratch = self.workdir / f"worker-{index}"
             scratch.mkdir(exist_ok=True)
-            self._launch(f"worker-{index}", _WORKER_CLASS, "--host", _LOOPBACK, "--cores", "1",
+            self._launch(f"worker-{index}", "spark-worker", "--host", _LOOPBACK, "--cores", "1",
                          "--memory", self.worker_memory, "--work-dir", str(scratch),
                          "--webui-port", str(free_port()), self.master_url)
         self._wait_for_workers()
