@@ -14,12 +14,13 @@ one JSON document (`encode_bucket` / `decode_bucket`).
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Literal
 
 import orjson
 
 from service.changes import ChangeKind
-from service.kafka_to_delta.materializer import Change, Materializer, Outcome
+from service.kafka_to_delta.materializer import Change, Materializer, MaterializerConfig, Outcome
 from service.kafka_to_delta.net_changes import NET_SCHEMA, error_group_key
 
 GROUP = "_group"
@@ -28,9 +29,23 @@ ARRIVAL_ORDER = ("timestamp", "topic", "partition", "offset", "change_index")
 COUNTER_COLUMNS = ("conflicts", "rollbacks", "stale_dropped", "cleared_state_warnings", "state_bytes")
 ERROR_PREFIX = error_group_key("")
 NET_NAMES = tuple(NET_SCHEMA.names)
+DEFAULT_KEY_BUCKETS = 0
+Compaction = Literal["batch", "watermark"]
 
 StoredState = tuple[str, "int | None"]
 """(the rules' state text, the event time the key was last touched at; None without a TTL)."""
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    """What the Spark adapter needs besides the rules' own config."""
+
+    rules: MaterializerConfig
+    compaction: Compaction = "batch"
+    state_ttl_ms: int = 0  # event time without changes after which a key's state is dropped; 0 = never
+    whole_row_key: bool = False  # retract mode: no upsert key, the whole row identifies a change
+    # State per bucket of hash(key) % key_buckets (part of the checkpoint's layout); 0 = state per key.
+    key_buckets: int = DEFAULT_KEY_BUCKETS
 
 
 def arrival(record: dict) -> tuple:

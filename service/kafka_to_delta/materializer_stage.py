@@ -30,8 +30,7 @@ and the number of changes it applied. Rows that failed earlier stages pass throu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Literal
+from typing import Any, Iterable, Iterator
 
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
@@ -39,19 +38,22 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor, Stateful
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from service.kafka_to_delta.event_time_progress import WATERMARK_COLUMN
-from service.kafka_to_delta.materializer import Materializer, MaterializerConfig
+from service.kafka_to_delta.materializer import Materializer
 from service.kafka_to_delta.materializer_bulk import (
     ERROR_PREFIX,
     EVENT_TIME,
     GROUP,
+    StageConfig,
     arrival,
     compact_key,
     is_failed,
     passthrough,
 )
+from service.kafka_to_delta.materializer_buckets import BUCKET, BucketProcessor, bucketed
 from service.kafka_to_delta.net_changes import NET_SCHEMA
 
-Compaction = Literal["batch", "watermark"]
+__all__ = ["MaterializerProcessor", "StageConfig", "materialize", "time_mode", "waiting_item"]
+
 _WATERMARK_COLUMN = "_event_ts"
 _STATE_SCHEMA = StructType([StructField("state", StringType()), StructField("touched", LongType())])
 _WAITING_FIELDS = (
@@ -63,16 +65,6 @@ _WAITING_FIELDS = (
 _WAITING_SCHEMA = StructType([StructField(name, kind) for name, kind in _WAITING_FIELDS])
 _WAITING_NAMES = tuple(name for name, _ in _WAITING_FIELDS)
 _STAGE_COLUMNS = (GROUP, *_WAITING_NAMES)
-
-
-@dataclass(frozen=True)
-class StageConfig:
-    """What the Spark adapter needs besides the rules' own config."""
-
-    rules: MaterializerConfig
-    compaction: Compaction = "batch"
-    state_ttl_ms: int = 0  # event time without changes after which a key's state is dropped; 0 = never
-    whole_row_key: bool = False  # retract mode: no upsert key, the whole row identifies a change
 
 
 def waiting_item(record: dict) -> tuple:
@@ -188,7 +180,8 @@ def _grouped(changelog: DataFrame) -> DataFrame:
 def materialize(
     changelog: DataFrame, config: StageConfig, watermark_delay_seconds: float = 0.0, declare_watermark: bool = True
 ) -> DataFrame:
-    """Net changes per primary key (NET_SCHEMA) through the keyed-state materializer.
+    """Net changes per primary key (NET_SCHEMA) through the keyed-state materializer: state per key
+    bucket (`materializer_buckets`, the default) or, with `key_buckets` 0, per key (`MaterializerProcessor`).
 
     In event time the watermark is declared on a column that is dropped before the stateful
     operator: the query's watermark still advances (and fires the timers), but Spark does not
@@ -205,7 +198,9 @@ def materialize(
         grouped = grouped.withColumn(_WATERMARK_COLUMN, F.timestamp_millis(moment)).withWatermark(
             _WATERMARK_COLUMN, f"{delay_ms} milliseconds"
         )
-    carried = [*_STAGE_COLUMNS, "key", "error", "handling", "stage", "raw_key", "raw_value", "headers"]
-    return grouped.select(*carried).groupBy(GROUP).transformWithState(
-        MaterializerProcessor(config), NET_SCHEMA, "Update", mode
-    )
+    carried = grouped.select(*_STAGE_COLUMNS, "key", "error", "handling", "stage", "raw_key", "raw_value", "headers")
+    if config.key_buckets:
+        return bucketed(carried, config.key_buckets).groupBy(BUCKET).transformWithStateInPandas(
+            BucketProcessor(config), NET_SCHEMA, "Update", mode
+        )
+    return carried.groupBy(GROUP).transformWithState(MaterializerProcessor(config), NET_SCHEMA, "Update", mode)

@@ -1,0 +1,136 @@
+"""The materializer with its state held per key bucket: `transformWithStateInPandas` over hash(key) % N.
+
+The per-key stage (`materializer_stage.MaterializerProcessor`) pays a round trip to the JVM
+state server for every state access of every key (about 1.2 ms a key). Here the grouping key is
+a bucket of primary keys: one call receives every change of the bucket in the micro-batch as
+pandas frames (Arrow underneath), reads the bucket's state once (one JSON document, primary key
+-> [rules' state text, event time last touched]), applies the rules to all its keys in memory
+(`materializer_bulk`) and writes the bucket back once. The state stays in Spark's state store,
+so it is checkpointed with the query exactly like the per-key state, and a replayed micro-batch
+decides the same (no wall clock).
+
+Barriers and TTL keep the per-key stage's meaning:
+- `batch`: each key's changes of the micro-batch collapse into one net change.
+- `watermark`: changes wait in the bucket's `waiting` list until the event-time watermark reaches
+  them, then every due change of a key collapses in arrival order; a change arriving behind the
+  watermark is applied at once. One timer per bucket, at the earliest waiting event time.
+- TTL (`state_ttl_ms`): a key is dropped once the watermark passes its last touched event time
+  plus the TTL, when its bucket is next called (by input or by its timer at the earliest expiry).
+
+The cost per micro-batch is one call per touched bucket plus rewriting those buckets' state, so
+the number of buckets trades per-call overhead against rewrite volume (docs/design/materializer-state.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import orjson
+import pandas as pd
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle, TimerValues
+from pyspark.sql.types import BinaryType, StructField, StructType
+
+from service.kafka_to_delta.materializer import Materializer
+from service.kafka_to_delta.materializer_bulk import (
+    EVENT_TIME,
+    GROUP,
+    NET_NAMES,
+    StageConfig,
+    arrival,
+    compact_many,
+    decode_bucket,
+    encode_bucket,
+    expire,
+    is_failed,
+    next_expiry,
+)
+
+BUCKET = "bucket"
+GROUP_COLUMN = "group_key"  # pandas frames rename columns that start with "_"
+_BUCKET_SCHEMA = StructType([StructField("keys", BinaryType())])
+_WAITING_SCHEMA = StructType([StructField("record", BinaryType())])
+WAITING_NAMES = (GROUP, "kind", "upsert_key", "row", "types", "unchanged", "sequence", EVENT_TIME, "topic",
+                 "partition", "offset", "change_index", "timestamp")
+"""The fields of a change waiting for the watermark (stored as one JSON document each)."""
+
+
+def _records(frames: Iterator[pd.DataFrame]) -> list[dict]:
+    """The bucket's input rows as plain Python values (through Arrow: no NaN for nulls, no numpy scalars)."""
+    records: list[dict] = []
+    for frame in frames:
+        records.extend(pa.Table.from_pandas(frame, preserve_index=False).to_pylist())
+    for record in records:
+        record[GROUP] = record.pop(GROUP_COLUMN)
+    return records
+
+
+class BucketProcessor(StatefulProcessor):
+    """Applies the rules to every key of a bucket in one call; state: the bucket's keys (one document) and,
+    under watermark compaction, the bucket's waiting changes."""
+
+    def __init__(self, config: StageConfig) -> None:
+        self.config = config
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        """Declare the state variables."""
+        self.handle = handle
+        self.rules = Materializer(self.config.rules)
+        self.keys = handle.getValueState("keys", _BUCKET_SCHEMA)
+        if self.config.compaction == "watermark":
+            self.waiting = handle.getListState("waiting", _WAITING_SCHEMA)
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues) -> Iterator[pd.DataFrame]:
+        """Compact the bucket's changes of this micro-batch (batch), or those the watermark reached."""
+        yield from self._compact(_records(rows), timerValues.getCurrentWatermarkInMs())
+
+    def handleExpiredTimer(self, key: Any, timerValues: TimerValues, expiredTimerInfo: Any) -> Iterator[pd.DataFrame]:
+        """Compact what the watermark reached and drop the keys that outlived the TTL."""
+        yield from self._compact([], timerValues.getCurrentWatermarkInMs())
+
+    def _compact(self, arrived: list[dict], watermark: int) -> Iterator[pd.DataFrame]:
+        due, waiting_from = arrived, None
+        if self.config.compaction == "watermark":
+            due, waiting_from = self._due(arrived, watermark)
+        stored = self.keys.get()
+        states = decode_bucket(None if stored is None else stored[0])
+        before = len(states)
+        out = compact_many(self.rules, sorted(due, key=arrival), states, self.config.whole_row_key,
+                           self.config.state_ttl_ms)
+        dropped = expire(states, self.config.state_ttl_ms, watermark)
+        if out or dropped or len(states) != before:
+            if states:
+                self.keys.update((encode_bucket(states),))
+            elif stored is not None:
+                self.keys.clear()
+        for moment in (waiting_from, next_expiry(states, self.config.state_ttl_ms)):
+            if moment is not None:
+                self.handle.registerTimer(int(moment))
+        if out:
+            yield pd.DataFrame(out, columns=list(NET_NAMES))
+
+    def _due(self, arrived: list[dict], watermark: int) -> tuple[list[dict], int | None]:
+        """The waiting and arrived changes the watermark reached (failed rows at once); the rest wait,
+        and the earliest event time among them."""
+        waiting = [orjson.loads(item[0]) for item in self.waiting.get()]
+        failed = [r for r in arrived if is_failed(r[GROUP])]
+        pool = waiting + [r for r in arrived if not is_failed(r[GROUP])]
+        due = [r for r in pool if r[EVENT_TIME] <= watermark]
+        later = [r for r in pool if r[EVENT_TIME] > watermark]
+        if later:
+            self.waiting.put([(orjson.dumps({name: r.get(name) for name in WAITING_NAMES}),) for r in later])
+        elif waiting:
+            self.waiting.clear()
+        return failed + due, min((r[EVENT_TIME] for r in later), default=None)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def bucketed(grouped: DataFrame, buckets: int) -> DataFrame:
+    """`grouped` with its `_group` column renamed for pandas, and the bucket column: a stable hash of the
+    group key modulo `buckets` (the bucket count is part of the checkpointed state's layout)."""
+    with_bucket = grouped.withColumn(BUCKET, F.pmod(F.xxhash64(GROUP), F.lit(buckets)))
+    return with_bucket.withColumnRenamed(GROUP, GROUP_COLUMN)
