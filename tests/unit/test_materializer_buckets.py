@@ -1,0 +1,113 @@
+"""The materializer with state per key bucket: its processor under pyspark's TwsTester (no Spark).
+
+Inside Spark the same processor runs through `materialize` (tests/integration/test_materializer_stage.py,
+the e2e materializer tests); here each call is one bucket's input of one micro-batch."""
+
+from __future__ import annotations
+
+import json
+
+import orjson
+import pandas as pd
+from pyspark.sql.streaming.tws_tester import TwsTester
+
+from service.kafka_to_delta.decode_stage import CHANGELOG_SCHEMA
+from service.kafka_to_delta.materializer import MaterializerConfig
+from service.kafka_to_delta.materializer_buckets import GROUP_COLUMN, BucketProcessor
+from service.kafka_to_delta.materializer_bulk import StageConfig, decode_bucket
+from service.kafka_to_delta.materializer_stage import time_mode
+from service.kafka_to_delta.net_changes import NET_SCHEMA, error_group_key
+
+BUCKET = 7
+NEVER_LATE = 2**62  # the stage does not drop late rows; TwsTester would, unless told they are never late
+
+
+def _text(value) -> str:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def change(kind: str, row: dict, offset: int, event_time: int = 5_000, **extra) -> dict:
+    """One input row of the bucket stage (CHANGELOG_SCHEMA names, the group key under GROUP_COLUMN)."""
+    key = _text([row["id"]])
+    values = dict.fromkeys(CHANGELOG_SCHEMA.names)
+    values.update(topic="t", partition=0, offset=offset, change_index=0, timestamp=1_000 + offset, kind=kind,
+                  key=key, upsert_key=key, row=_text(row), event_time=event_time)
+    values.update(extra)
+    values[GROUP_COLUMN] = values["key"] if values["error"] is None else error_group_key(f"t:0:{offset}")
+    return values
+
+
+def _tester(strategy: str = "error", compaction: str = "batch", ttl_ms: int = 0) -> TwsTester:
+    rules = MaterializerConfig(table="t1", primary_key=("id",), on_conflict=strategy)
+    config = StageConfig(rules=rules, compaction=compaction, state_ttl_ms=ttl_ms, key_buckets=64)
+    mode = time_mode(config)
+    extractor = (lambda _row: NEVER_LATE) if mode == "EventTime" else None
+    return TwsTester(BucketProcessor(config), timeMode=mode, outputMode="Update", eventTimeExtractor=extractor)
+
+
+def _call(tester: TwsTester, changes: list[dict]) -> dict[str, dict]:
+    out = tester.testInPandas(BUCKET, pd.DataFrame(changes))
+    return {row["key"]: row for row in out.to_dict("records")}
+
+
+def _keys(tester: TwsTester) -> dict:
+    stored = tester.peekValueState("keys", BUCKET)
+    return decode_bucket(None if stored is None else stored[0])
+
+
+def test_one_call_compacts_every_key_of_the_bucket_and_keeps_one_state_document():
+    tester = _tester()
+    a, b = {"id": 1, "v": "a"}, {"id": 2, "v": "b"}
+    out = _call(tester, [change("+I", a, 0), change("+I", b, 1), change("-U", a, 2),
+                         change("+U", {**a, "v": "a2"}, 3)])
+    assert {k: (r["kind"], json.loads(r["row"]), r["changes"]) for k, r in out.items()} == {
+        "[1]": ("+U", {"id": 1, "v": "a2"}, 3), "[2]": ("+U", b, 1)}
+    assert set(out["[1]"]) == set(NET_SCHEMA.names)
+    assert set(_keys(tester)) == {"[1]", "[2]"}
+    # The next micro-batch deletes one key: its state leaves the document, the other key stays.
+    out = _call(tester, [change("-D", b, 4)])
+    assert (out["[2]"]["kind"], set(_keys(tester))) == ("-D", {"[1]"})
+
+
+def test_a_conflict_of_one_key_is_decided_with_the_state_of_earlier_micro_batches():
+    tester = _tester("nothing")
+    _call(tester, [change("+I", {"id": 1, "v": "first"}, 0, upsert_key='["x"]')])
+    out = _call(tester, [change("+I", {"id": 1, "v": "second"}, 1, upsert_key='["y"]')])
+    assert (out["[1]"]["kind"], out["[1]"]["conflicts"]) == (None, 1)
+
+
+def test_failed_rows_pass_through_untouched():
+    tester = _tester()
+    bad = change("+I", {"id": 1}, 7, error="bad record", handling="FAIL", stage="decode", raw_value=b"\x00")
+    bad.update(kind=None, row=None)
+    [out] = _call(tester, [bad]).values()
+    assert (out["error"], out["offset"], out["raw_value"], out["kind"]) == ("bad record", 7, b"\x00", None)
+    assert _keys(tester) == {}
+
+
+def test_watermark_compaction_waits_in_the_bucket_until_the_watermark_reaches_each_change():
+    tester = _tester(compaction="watermark")
+    tester.setWatermark(1_000)
+    assert _call(tester, [change("+I", {"id": 1, "v": 1}, 0, event_time=5_000),
+                          change("+I", {"id": 2, "v": 2}, 1, event_time=9_000)]) == {}
+    assert len(tester.peekListState("waiting", BUCKET)) == 2
+    out = tester.setWatermark(5_000)
+    assert [(r["key"], r["kind"]) for r in out.to_dict("records")] == [("[1]", "+U")]
+    assert len(tester.peekListState("waiting", BUCKET)) == 1
+    out = tester.setWatermark(9_000)
+    assert [(r["key"], r["kind"]) for r in out.to_dict("records")] == [("[2]", "+U")]
+    assert tester.peekListState("waiting", BUCKET) == []
+
+
+def test_state_ttl_drops_the_keys_the_watermark_left_behind_and_keeps_the_others():
+    tester = _tester(ttl_ms=10_000)
+    _call(tester, [change("+I", {"id": 1, "v": 1}, 0, event_time=5_000),
+                   change("+I", {"id": 2, "v": 2}, 1, event_time=8_000)])
+    assert {k: touched for k, (_, touched) in _keys(tester).items()} == {"[1]": 5_000, "[2]": 8_000}
+    tester.setWatermark(15_000)
+    assert set(_keys(tester)) == {"[2]"}
+    tester.setWatermark(18_000)
+    assert _keys(tester) == {}
+    # After expiry a retraction finds nothing: counted, never fatal.
+    out = _call(tester, [change("-D", {"id": 2, "v": 2}, 2, event_time=20_000)])
+    assert (out["[2]"]["kind"], out["[2]"]["cleared_state_warnings"]) == (None, 1)
