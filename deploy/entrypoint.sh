@@ -12,8 +12,10 @@ set -euo pipefail
 
 case "${1:-}" in
   executor)
-    # The variables are the ones Spark's Kubernetes scheduler sets on every executor pod.
-    exec java -Xms"${SPARK_EXECUTOR_MEMORY}" -Xmx"${SPARK_EXECUTOR_MEMORY}" ${SPARK_EXECUTOR_JAVA_OPTS:-} \
+    # The variables are the ones Spark's Kubernetes scheduler sets on every executor pod; its
+    # JVM options come as SPARK_JAVA_OPT_0, SPARK_JAVA_OPT_1, ... in that order.
+    mapfile -t java_opts < <(env | grep '^SPARK_JAVA_OPT_' | sort -t_ -k4 -n | sed 's/^[^=]*=//')
+    exec java -Xms"${SPARK_EXECUTOR_MEMORY}" -Xmx"${SPARK_EXECUTOR_MEMORY}" "${java_opts[@]}" \
       -cp "${SPARK_HOME}/conf:${SPARK_HOME}/jars/*" \
       org.apache.spark.scheduler.cluster.k8s.KubernetesExecutorBackend \
       --driver-url "${SPARK_DRIVER_URL}" --executor-id "${SPARK_EXECUTOR_ID}" \
