@@ -1,4 +1,4 @@
-"""Command line: `cdc-lakehouse run | validate | status | demo`.
+"""Command line: `cdc-lakehouse run | validate | plan | status | demo`.
 
 Exit codes: 0 done (stopped by SIGTERM/SIGINT, or idle with --until-idle); 1 a terminal error
 (bad config, bad input, data loss: running again gives the same error, do not restart);
@@ -39,13 +39,17 @@ def _fail(error: CdcLakehouseError, json_logs: bool = False) -> NoReturn:
 def run(
     config: Path = typer.Argument(..., help="YAML config file"),
     until_idle: bool = typer.Option(False, "--until-idle", help="process what is available now, then exit 0"),
+    plan: Path = typer.Option(None, "--plan", help="a compiled plan (cdc-lakehouse plan): its state TTLs win"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run the configured pipelines until SIGTERM/SIGINT (or until idle)."""
+    from service.compiled_plan import apply_plan, read_plan
     from service.runner import run as run_service
 
     try:
         settings = load_settings(config)
+        if plan is not None:
+            settings = apply_plan(settings, read_plan(plan), source=str(plan))
     except CdcLakehouseError as error:
         _fail(error)
     configure_logging(verbose, settings.log_format)
@@ -63,6 +67,30 @@ def validate(config: Path = typer.Argument(..., help="YAML config file")) -> Non
     except CdcLakehouseError as error:
         _fail(error)
     typer.echo(f"{config}: valid, {len(settings.pipelines)} pipeline(s)")
+
+
+@app.command(name="plan")
+def plan_command(
+    config: Path = typer.Argument(..., help="YAML config file"),
+    output: Path = typer.Option(None, "--output", "-o", help="write the plan JSON here (default: stdout only)"),
+) -> None:
+    """Every stateful operator of every pipeline: its key, its state TTLs (plan JSON), and a summary."""
+    import json
+
+    from service.compiled_plan import compile_plan, summary
+
+    try:
+        settings = load_settings(config)
+    except CdcLakehouseError as error:
+        _fail(error)
+    document = json.dumps(compile_plan(settings), indent=2)
+    if output is None:
+        typer.echo(document)
+    else:
+        output.write_text(document + "\n")
+        typer.echo(f"plan written to {output}")
+    for line in summary(settings):
+        typer.echo(line)
 
 
 @app.command()

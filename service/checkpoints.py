@@ -21,7 +21,8 @@ _LOGS = ("offsets", "commits")
 _ABANDONED = re.compile(r"^\.+\d+\.[0-9a-f-]+\.tmp(\.crc)?$")
 
 
-def _local_path(location: str) -> Path | None:
+def local_path(location: str) -> Path | None:
+    """The local directory of a checkpoint location; None on an object store."""
     parsed = urlparse(location)
     if parsed.scheme in ("", "file"):
         return Path(parsed.path if parsed.scheme else location)
@@ -30,7 +31,7 @@ def _local_path(location: str) -> Path | None:
 
 def remove_abandoned_writes(checkpoint: str) -> list[str]:
     """Remove temporary files of log entries a killed process never renamed; returns their names."""
-    root = _local_path(checkpoint)
+    root = local_path(checkpoint)
     removed: list[str] = []
     if root is None:
         return removed

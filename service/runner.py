@@ -27,11 +27,13 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from service import health, metrics, redaction
+from service.compiled_plan import pipeline_operators
 from service.delta_to_kafka.exports import export_pipeline
 from service.delta_to_kafka.pipeline import ExportPipeline
 from service.errors import ConfigError, TerminalError
 from service.failures import classify
 from service.kafka_to_delta.pipeline import IngestPipeline
+from service.plan_upgrade import check_and_store
 from service.settings import Settings
 from service.spark import build_spark
 
@@ -103,6 +105,8 @@ class Runner:
             self.endpoint = metrics.serve(self.settings.metrics_port, self.settings.metrics_address, self.readiness)
             log.info("metrics on http://%s:%d/metrics (and /healthz, /readyz)", self.settings.metrics_address,
                      self.settings.metrics_port)
+        for config in self.settings.pipelines:  # before anything runs: an incompatible upgrade is refused
+            check_and_store(config.name, self.settings.checkpoint_dir(config.name), pipeline_operators(config))
         self._spark = build_spark(self.settings.spark)
         self._idle_progress_s = health.idle_progress_seconds(self._spark)
         log.info("kafka: %s", self.settings.kafka.redacted())
