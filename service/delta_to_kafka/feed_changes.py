@@ -47,6 +47,17 @@ class FeedChanges:
         return len(self.last)
 
 
+def plain_strings(feed: pa.Table) -> pa.Table:
+    """The feed with string and binary views (as delta-rs reads them) as plain strings and binaries: sortable."""
+    views = {pa.types.is_string_view: pa.string(), pa.types.is_large_string: pa.string(),
+             pa.types.is_binary_view: pa.binary(), pa.types.is_large_binary: pa.binary()}
+    columns = []
+    for column in feed.columns:
+        target = next((plain for test, plain in views.items() if test(column.type)), None)
+        columns.append(column if target is None else column.cast(target))
+    return pa.table(columns, names=feed.column_names)
+
+
 def _kinds(feed: pa.Table) -> np.ndarray | None:
     kinds = pc.index_in(feed.column(ChangeFeedColumn.CHANGE_TYPE), value_set=pa.array(_FEED_TYPES))
     if kinds.null_count:
@@ -92,7 +103,10 @@ def _compact(feed: pa.Table, primary_key: tuple[str, ...], changes: FeedChanges)
 
 
 def pair_changes(feed: pa.Table, primary_key: tuple[str, ...], compact: bool) -> FeedChanges | None:
-    """The flush's changes in record order (commit version, then first feed row); None: use the row path."""
+    """The flush's changes in record order (commit version, then first feed row); None: use the row path.
+
+    The feed's strings must be plain (`plain_strings`).
+    """
     if feed.num_rows == 0:
         empty = np.zeros(0, dtype=np.int64)
         return FeedChanges(empty, empty, empty, empty)

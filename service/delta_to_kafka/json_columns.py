@@ -72,7 +72,7 @@ def json_fragments(column: pa.Array | pa.ChunkedArray) -> pa.Array:
         text = pc.if_else(column, "true", "false")
     elif pa.types.is_float64(kind):
         text, odd = _floats(column)
-    elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
+    elif pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind):
         text, odd = _strings(pc.cast(column, pa.string()))
     else:
         return _one_by_one(column)

@@ -34,7 +34,7 @@ import pyarrow as pa
 from service.changes import Envelope
 from service.delta_to_kafka.changelog_state import StateRecord
 from service.delta_to_kafka.export_settings import ExportSettings
-from service.delta_to_kafka.feed_changes import pair_changes
+from service.delta_to_kafka.feed_changes import pair_changes, plain_strings
 from service.delta_to_kafka.to_changelog import OutputRecord, ToChangelog
 from service.errors import ConfigError, TerminalError
 from service.redaction import shown
@@ -259,6 +259,7 @@ class ExportEncoder:
             return None
         settings = self.changelog.settings
         self.changelog.check_columns(feed)
+        feed = plain_strings(feed)
         changes = pair_changes(feed, settings.primary_key, settings.compaction == "per-flush")
         if changes is None:
             return None

@@ -110,3 +110,15 @@ def test_fragments_are_the_exact_json_of_each_value():
     assert json_fragments(pa.array(values)).to_pylist() == ["null" if v is None else dump(v) for v in values]
     big = pa.array([2**64 - 1, None], pa.uint64())
     assert json_fragments(big).to_pylist() == [str(2**64 - 1), "null"]
+
+
+def test_string_views_as_delta_rs_reads_them():
+    settings = export({"preset": "debezium"})
+    feed = random_feed(7)
+    views = pa.table([c.cast(pa.string_view()) if pa.types.is_string(c.type) else c for c in feed.columns],
+                     names=feed.column_names)
+    encoder = ExportEncoder(settings, clock=lambda: NOW)
+    columnar = encoder._by_column(views, int(NOW * 1000))
+    assert columnar is not None
+    rows = ToChangelog(settings).encode_flush(feed, NOW)
+    assert columnar == KafkaRecordEncoder(settings).encode(rows, int(NOW * 1000))
