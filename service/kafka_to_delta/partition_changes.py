@@ -176,10 +176,16 @@ def typed_changes(net: pa.Table, primary_key: tuple[str, ...]) -> tuple[pa.Table
         for key, text, deleted in zip(net.column(Column.KEY).to_pylist(), net.column(Column.ROW).to_pylist(), deletes)
     ]
     evidence = TypeEvidence()
+    declared: dict[str, dict[str, str]] = {}
     for text in pc.unique(net.column(Column.TYPES).drop_null()).to_pylist():
-        evidence.declared = merge_types(evidence.declared, json.loads(text))
-    upserts = [row for row, deleted in zip(rows, deletes) if not deleted]
-    evidence.seen = inferred_kinds(upserts or rows)
+        declared[text] = json.loads(text)
+        evidence.declared = merge_types(evidence.declared, declared[text])
+    upserts = [(row, texts) for row, texts, deleted in zip(rows, net.column(Column.TYPES).to_pylist(), deletes)
+               if not deleted]
+    # Only what no schema declared needs the data to type it (the declared types win anyway).
+    undeclared = [row for row, texts in upserts or zip(rows, net.column(Column.TYPES).to_pylist())
+                  if texts is None or not row.keys() <= declared[texts].keys()]
+    evidence.seen = inferred_kinds(undeclared)
     typed = rows_to_table(rows, evidence.types())
     kinds = pa.array([ChangeKind.DELETE.value if d else ChangeKind.UPDATE_AFTER.value for d in deletes], pa.string())
     meta = {name: net.column(source) for name, source in Meta.SOURCE.items()}
