@@ -9,7 +9,7 @@ together even when the process dies between the two.
 from __future__ import annotations
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Transaction
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from connectors.delta.merge_plan import DELETE_FLAG, plan_merge
@@ -17,6 +17,9 @@ from service.errors import TerminalError, TransientError
 
 __all__ = ["DELETE_FLAG", "DeltaRsTable", "DeltaSchemaError", "DeltaWriteError"]
 CDF_ENABLED = {"delta.enableChangeDataFeed": "true"}
+# Log checkpoints as delta-rs writes them, but no deletion of old log entries after a commit:
+# that is table maintenance's job, which first checks that no export still needs them.
+_POST_COMMIT = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
 
 
 class DeltaWriteError(TransientError):
@@ -75,7 +78,7 @@ class DeltaRsTable:
             return
         commit = CommitProperties(app_transactions=[Transaction(app_id, int(batch_id))])
         try:
-            table.delete(commit_properties=commit)
+            table.delete(commit_properties=commit, post_commithook_properties=_POST_COMMIT)
         except DeltaError as error:
             raise DeltaWriteError(f"truncate of {self.uri} failed: {error}") from None
 
@@ -93,7 +96,7 @@ class DeltaRsTable:
             merger = (
                 table.merge(
                     changes, plan.predicate, source_alias=plan.source_alias, target_alias=plan.target_alias,
-                    merge_schema=True, commit_properties=commit,
+                    merge_schema=True, commit_properties=commit, post_commithook_properties=_POST_COMMIT,
                 )
                 .when_matched_delete(predicate=plan.delete.condition)
                 .when_matched_update(updates=plan.update.mapping(), predicate=plan.update.condition)
