@@ -40,6 +40,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Callable
 
 import yaml
 from deltalake import DeltaTable
@@ -114,6 +115,17 @@ def check_replay(uri: str, workload: DebeziumWorkload) -> int:
     return table.num_rows
 
 
+def attempt(out: dict, name: str, step: Callable[[], dict]) -> None:
+    """out[name] = step(), or {'failed': reason} when it fails loudly (the run goes on)."""
+    try:
+        out[name] = step()
+    except SystemExit as failure:
+        lines = str(failure).splitlines()
+        errors = [line for line in lines if line.startswith("error:")]
+        out[name] = {"failed": (errors or lines or ["?"])[-1][:300]}
+        print(f"  {name}: FAILED {out[name]['failed']}", flush=True)
+
+
 def _rate(count: float, seconds: float) -> float:
     return count / seconds if seconds > 0 else 0.0
 
@@ -137,7 +149,29 @@ def run_service(workdir: Path, bootstrap: str, topic: str, workload: DebeziumWor
     run = run_pipeline(config, workdir / "pipeline.log")
     check_replay(str(workdir / "tables" / TABLE), workload)
     first_batch = min(events, max_offsets or DEFAULT_MAX_OFFSETS_PER_TRIGGER)
-    return service_figures(run, events, first_batch)
+    figures = service_figures(run, events, first_batch)
+    print(f"  service{' ' + str(variant) if variant else ''}: {figures['wall_rate']:,.0f} events/s wall, "
+          f"{figures['steady_rate']:,.0f} steady, table = replay", flush=True)
+    return figures
+
+
+def consumer_figures(bootstrap: str, topic: str, partitions: int, produced: int) -> dict[str, float]:
+    """The plain consumer reads the whole topic."""
+    consumed, seconds = consume_all(bootstrap, topic, partitions)
+    if consumed != produced:
+        raise SystemExit(f"FAILED: plain consumer read {consumed} of {produced} records")
+    print(f"  consumer: {consumed / seconds:,.0f} records/s", flush=True)
+    return {"records": consumed, "seconds": seconds, "rate": consumed / seconds}
+
+
+def naive_figures(args: argparse.Namespace, bootstrap: str, topic: str, tmp: Path,
+                  workload: DebeziumWorkload) -> dict[str, float]:
+    """The naive pipeline into a new table, checked against the replay."""
+    uri = str(tmp / f"naive-{uuid.uuid4().hex[:8]}")
+    naive = run_naive(bootstrap, topic, args.partitions, uri, args.naive_window)
+    check_replay(uri, workload)
+    print(f"  naive: {naive['records'] / naive['seconds']:,.0f} events/s, table = replay", flush=True)
+    return {**naive, "rate": naive["records"] / naive["seconds"]}
 
 
 def topic_sections(args: argparse.Namespace, bootstrap: str, tmp: Path, events: int,
@@ -156,26 +190,17 @@ def topic_sections(args: argparse.Namespace, bootstrap: str, tmp: Path, events: 
         print(f"topic {topic}: {produced:,} records, {len(workload.table):,} live keys, "
               f"produced in {time.perf_counter() - started:.1f} s", flush=True)
         if "consumer" in sections:
-            consumed, seconds = consume_all(bootstrap, topic, args.partitions)
-            if consumed != produced:
-                raise SystemExit(f"FAILED: plain consumer read {consumed} of {produced} records")
-            out["consumer"] = {"records": consumed, "seconds": seconds, "rate": consumed / seconds}
-            print(f"  consumer: {consumed / seconds:,.0f} records/s", flush=True)
+            attempt(out, "consumer", lambda: consumer_figures(bootstrap, topic, args.partitions, produced))
         if "naive" in sections:
-            uri = str(tmp / f"naive-{uuid.uuid4().hex[:8]}")
-            naive = run_naive(bootstrap, topic, args.partitions, uri, args.naive_window)
-            check_replay(uri, workload)
-            out["naive"] = {**naive, "rate": naive["records"] / naive["seconds"]}
-            print(f"  naive: {out['naive']['rate']:,.0f} events/s, table = replay", flush=True)
+            attempt(out, "naive", lambda: naive_figures(args, bootstrap, topic, tmp, workload))
         if "service" in sections:
-            out["service"] = run_service(tmp / uuid.uuid4().hex[:8], bootstrap, topic, workload, produced)
-            print(f"  service: {out['service']['wall_rate']:,.0f} events/s wall, table = replay", flush=True)
+            attempt(out, "service", lambda: run_service(tmp / uuid.uuid4().hex[:8], bootstrap, topic, workload,
+                                                        produced))
         if "materializer" in sections:
-            batch = args.materializer_batch
             for name, variant in (("plain_small_batches", {}), ("materializer", {"upsert_materialize": "force"})):
-                out[name] = run_service(tmp / uuid.uuid4().hex[:8], bootstrap, topic, workload, produced,
-                                        variant, batch)
-                print(f"  {name}: {out[name]['steady_rate']:,.0f} events/s steady, table = replay", flush=True)
+                attempt(out, name, lambda variant=variant: run_service(  # type: ignore[misc]
+                    tmp / uuid.uuid4().hex[:8], bootstrap, topic, workload, produced, variant,
+                    args.materializer_batch))
     finally:
         delete_topic(bootstrap, topic)
     return out
@@ -253,6 +278,12 @@ def table(results: dict, args: argparse.Namespace) -> list[tuple[str, str, str]]
     """(what, figure, comparison) rows of the one printed table."""
     rows: list[tuple[str, str, str]] = []
     for label, part in (("", results.get("main", {})), ("1M: ", results.get("whole", {}))):
+        for name, entry in list(part.items()):
+            if isinstance(entry, dict) and "failed" in entry:
+                rows.append((f"{label}{name}", "FAILED", entry["failed"]))
+                del part[name]
+        if "materializer" in part and "plain_small_batches" not in part:
+            part.pop("materializer")
         naive = part.get("naive", {}).get("rate")
         consumer = part.get("consumer", {}).get("rate")
         size = f" ({part['events']:,} events)" if "events" in part else ""
@@ -280,6 +311,9 @@ def table(results: dict, args: argparse.Namespace) -> list[tuple[str, str, str]]
                          f"{mat['steady_rate']:,.0f} events/s",
                          f"{ratio(mat['steady_rate'], plain['steady_rate'])} of the plain path; "
                          f"peak RSS {mat['rss_mib']:,.0f} MiB"))
+    for name in ("export", "freshness"):
+        if "failed" in results.get(name, {}):
+            rows.append((name, "FAILED", results.pop(name)["failed"]))
     if "export" in results:
         export = results["export"]
         rows.append((f"export of {export['feed_rows']:,} change-feed rows", f"{export['rate']:,.0f} rows/s",
@@ -310,7 +344,7 @@ def table(results: dict, args: argparse.Namespace) -> list[tuple[str, str, str]]
 def print_table(results: dict, args: argparse.Namespace) -> None:
     """The one table, as Markdown, with the load before and after."""
     print(f"\nload at start: {results['load_start']['uptime']}")
-    print(f"load at end:   {results['load_end']['uptime']}\n")
+    print(f"load at end:   {results.get('load_end', {}).get('uptime', '-')}\n")
     print("| what | figure | compared |")
     print("|---|---|---|")
     for what, figure, compared in table(results, args):
@@ -331,20 +365,29 @@ def main(argv: list[str] | None = None) -> None:
         tmp, bootstrap = Path(name), broker.bootstrap_servers
         if main_sections:
             results["main"] = topic_sections(args, bootstrap, tmp, args.events, main_sections)
+            save(results, args.json, final=False)
         if whole_sections:
             results["whole"] = topic_sections(args, bootstrap, tmp, args.whole_events, whole_sections)
+            save(results, args.json, final=False)
         if "export" in args.sections:
-            results["export"] = export_section(bootstrap, args.export_changes)
+            attempt(results, "export", lambda: export_section(bootstrap, args.export_changes))
+            save(results, args.json, final=False)
         if {"freshness", "maxrate"} & set(args.sections):
-            results["freshness"] = freshness_sections(args, bootstrap, tmp)
+            attempt(results, "freshness", lambda: freshness_sections(args, bootstrap, tmp))
     results["load_end"] = load()
-    if args.json:
-        text = json.dumps(results, indent=2, default=str)
-        if args.json == "-":
-            print(text)
-        else:
-            Path(args.json).write_text(text)
+    save(results, args.json, final=True)
     print_table(results, args)
+
+
+def save(results: dict, path: str | None, final: bool) -> None:
+    """Write the figures so far as JSON to `path` ('-': stdout, at the end only)."""
+    if not path or (path == "-" and not final):
+        return
+    text = json.dumps(results, indent=2, default=str)
+    if path == "-":
+        print(text)
+    else:
+        Path(path).write_text(text)
 
 
 if __name__ == "__main__":
