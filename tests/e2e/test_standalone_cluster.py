@@ -77,11 +77,12 @@ def test_ingest_runs_on_standalone_executors(cluster, kafka_bootstrap, unique, w
     assert table_rows(workdir / "tables" / "t") == workload.expected_rows()
     assert table_rows(workdir / "tables" / "m") == workload.expected_rows()
     stages = executors_per_stage(events)
-    # Every task ran on the two executors (never the driver), and the stages that read Kafka
-    # (the project's Python source reader, `connectors.kafka.source`) ran on both of them.
+    # Every task ran on the two executors (never the driver), and both of them ran tasks of the
+    # stages that read Kafka (the project's Python source readers). The two pipelines' stages
+    # run at the same time, so one stage's tasks may all land on one executor.
     assert set().union(*(ran for _, ran in stages)) == {"0", "1"}, stages
     reading = [ran for operators, ran in stages if "MicroBatchScan" in operators]
-    assert reading and all(ran == {"0", "1"} for ran in reading), stages
+    assert set().union(*reading) == {"0", "1"}, stages
     # The materializer's executors decoded and kept keyed state: the event times their decode
     # tasks reported through the accumulator reached the driver's progress file, per partition.
     progress = json.loads((workdir / "checkpoints" / "m" / "event_time_progress.json").read_text())
