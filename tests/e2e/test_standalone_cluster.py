@@ -22,10 +22,12 @@ from tests.pipeline_harness import CLI, run_cli, table_rows, write_config
 from tests.spark_cluster import StandaloneCluster
 
 # One core and 512 MB per executor, so two workers host two executors; the driver stays on
-# loopback (the only network of the test).
+# loopback (the only network of the test). No task is scheduled before both executors have
+# registered (however long a loaded machine takes to start them), so both get work.
 CLUSTER_CONF = {"spark.executor.memory": "512m", "spark.executor.cores": "1",
                 "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
-                "spark.scheduler.minRegisteredResourcesRatio": "1.0"}
+                "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+                "spark.scheduler.maxRegisteredResourcesWaitingTime": "300s"}
 
 
 @pytest.fixture(scope="module")
