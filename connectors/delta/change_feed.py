@@ -61,8 +61,8 @@ from connectors.delta.feed_chunks import (
     VersionLayout,
     canonical_order,
     chunk_end,
+    chunk_of_version,
     number_rows,
-    rows_in_range,
 )
 from service.errors import ConfigError, TerminalError, TransientError
 
@@ -178,6 +178,16 @@ def load_feed(uri: str, storage_options: dict[str, str] | None, first: int, last
         return pa.table(table.load_cdf(starting_version=first, ending_version=last, columns=columns))
     except (DeltaError, TableNotFoundError, pa.ArrowException, OSError) as error:
         raise read_error(uri, first, last, error) from None
+
+
+def stream_feed(uri: str, storage_options: dict[str, str] | None, version: int) -> Iterator[pa.Table]:
+    """The raw change feed of one version, batch by batch as delta-rs reads it."""
+    try:
+        table = DeltaTable(uri, storage_options=storage_options or None)
+        for batch in pa.RecordBatchReader.from_stream(table.load_cdf(starting_version=version, ending_version=version)):
+            yield pa.Table.from_batches([batch])
+    except (DeltaError, TableNotFoundError, pa.ArrowException, OSError) as error:
+        raise read_error(uri, version, version, error) from None
 
 
 def read_versions(
@@ -331,16 +341,18 @@ class ChangeFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         end = following if max_versions is None else min(following, begin[0] + max_versions)
         return offset_document((max(end, begin[0]), 0) if end > begin[0] else begin)
 
+    def _keys_of(self, version: int) -> pa.Table:
+        """The key columns and change types of one version's feed, in Spark types."""
+        columns = [*self.key_columns, CHANGE_TYPE]
+        feed = load_feed(self.uri, self.storage_options, version, version, columns)
+        return pa.table([feed.column(c).cast(spark_arrow_type(feed.column(c).type)) for c in columns], names=columns)
+
     def _layout(self, version: int) -> VersionLayout:
         """Where the key runs of `version` start (read on the driver: key columns and change types only)."""
         if version not in self._layouts:
-            columns = [*self.key_columns, CHANGE_TYPE]
-            feed = load_feed(self.uri, self.storage_options, version, version, columns)
             while len(self._layouts) >= _LAYOUTS_KEPT:
                 del self._layouts[min(self._layouts)]
-            typed = pa.table([feed.column(c).cast(spark_arrow_type(feed.column(c).type)) for c in columns],
-                             names=columns)
-            self._layouts[version] = VersionLayout.of(typed, self.key_columns)
+            self._layouts[version] = VersionLayout.of(self._keys_of(version), self.key_columns)
         return self._layouts[version]
 
     def _check_schema(self) -> None:
@@ -374,12 +386,21 @@ class ChangeFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             table = read_versions(self.uri, self.storage_options, partition.start, partition.end - 1, self.schema)
             yield from table.to_batches()
             return
-        first, last = partition.start, partition.last_version
+        for version in range(partition.start, partition.last_version + 1):
+            start_row = partition.start_row if version == partition.start else 0
+            end_row = partition.end_row if version == partition.end else 0
+            yield from self._version_rows(version, start_row, end_row).to_batches()
+
+    def _version_rows(self, version: int, start_row: int, end_row: int) -> pa.Table:
+        """Rows [start_row, end_row) of `version` (end_row 0: to its end), canonically ordered and numbered."""
         data_schema = pa.schema([f for f in self.schema if f.name != COMMIT_ROW])
-        feed = conform(load_feed(self.uri, self.storage_options, first, last), data_schema, self.uri, first, last)
-        numbered = number_rows(canonical_order(feed, self.key_columns))
-        yield from rows_in_range(numbered, (partition.start, partition.start_row),
-                                 (partition.end, partition.end_row)).to_batches()
+        if start_row == 0 and end_row == 0:
+            feed = load_feed(self.uri, self.storage_options, version, version)
+            conformed = conform(feed, data_schema, self.uri, version, version)
+            return number_rows(canonical_order(conformed, self.key_columns))
+        batches = (conform(batch, data_schema, self.uri, version, version)
+                   for batch in stream_feed(self.uri, self.storage_options, version))
+        return chunk_of_version(self._keys_of(version), batches, data_schema, self.key_columns, start_row, end_row)
 
     def commit(self, end: dict) -> None:
         """Nothing to do: progress lives in the Spark checkpoint."""

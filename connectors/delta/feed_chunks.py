@@ -9,14 +9,16 @@ different micro-batches. A batch holds at most `maxRowsPerTrigger` rows, except 
 always makes progress: when the next key's run alone is larger, it holds that run.
 
 The driver plans with the key columns of a version only (`VersionLayout`: where key runs
-start), read once per version and kept for the versions being split; executors read whole
-versions and keep the rows of their range (`rows_in_range`).
+start), read once per version and kept for the versions being split. An executor reads a
+version it has all rows of as a whole; of a split version it reads the key columns, picks the
+keys of its row range, and streams the version's rows keeping those keys only
+(`chunk_of_version`), so its memory follows the chunk, not the commit.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -26,6 +28,7 @@ CHANGE_TYPE = "_change_type"
 COMMIT_VERSION = "_commit_version"
 COMMIT_ROW = "_commit_row"
 _SIDE = "__side"
+_INDEX = "__index"
 _BEFORE_SIDE = ("update_preimage", "delete")
 Offset = tuple[int, int]  # (version, row): the next row to read
 
@@ -107,10 +110,25 @@ def number_rows(feed: pa.Table) -> pa.Table:
     return feed.append_column(COMMIT_ROW, pa.array(np.arange(len(versions)) - version_start))
 
 
-def rows_in_range(feed: pa.Table, start: Offset, end: Offset) -> pa.Table:
-    """The rows of a numbered feed at offsets in [start, end)."""
-    versions = feed.column(COMMIT_VERSION).to_numpy()
-    rows = feed.column(COMMIT_ROW).to_numpy()
-    after_start = (versions > start[0]) | ((versions == start[0]) & (rows >= start[1]))
-    before_end = (versions < end[0]) | ((versions == end[0]) & (rows < end[1]))
-    return feed.filter(pa.array(after_start & before_end))
+def rows_of_keys(batches: Iterable[pa.Table], keys: pa.Table, schema: pa.Schema) -> pa.Table:
+    """The rows of `batches` whose key columns equal a row of `keys` (a semi-join on the key columns only)."""
+    names = keys.column_names
+    parts = [schema.empty_table()]
+    for batch in batches:
+        index = batch.select(names).append_column(_INDEX, pa.array(np.arange(batch.num_rows, dtype=np.int64)))
+        hits = index.join(keys, names, join_type="left semi").column(_INDEX)
+        parts.append(batch.take(hits))
+    return pa.concat_tables(parts)
+
+
+def chunk_of_version(keys_and_types: pa.Table, batches: Iterable[pa.Table], schema: pa.Schema,
+                     key_columns: tuple[str, ...], start_row: int, end_row: int) -> pa.Table:
+    """Rows [start_row, end_row) of one version (end_row 0: to its end), canonically ordered and numbered.
+
+    `keys_and_types` is the version's key columns and change types; `batches` its rows in `schema`.
+    """
+    ordered = canonical_order(keys_and_types, key_columns)
+    stop = ordered.num_rows if end_row == 0 else end_row
+    wanted = ordered.slice(start_row, stop - start_row).select(list(key_columns))
+    chunk = canonical_order(rows_of_keys(batches, wanted, schema), key_columns)
+    return chunk.append_column(COMMIT_ROW, pa.array(np.arange(start_row, start_row + chunk.num_rows, dtype=np.int64)))

@@ -12,11 +12,17 @@ from connectors.delta.feed_chunks import (
     VersionLayout,
     canonical_order,
     chunk_end,
+    chunk_of_version,
     number_rows,
-    rows_in_range,
 )
 
 KEY = ("id",)
+
+
+def rows_in_range(feed: pa.Table, start: tuple[int, int], end: tuple[int, int]) -> pa.Table:
+    """The rows of a numbered feed at offsets in [start, end)."""
+    places = list(zip(feed.column("_commit_version").to_pylist(), feed.column(COMMIT_ROW).to_pylist()))
+    return feed.filter(pa.array([start <= place < end for place in places]))
 
 
 def version_feed(seed: int, version: int, keys: int) -> pa.Table:
@@ -48,6 +54,12 @@ def test_chunks_are_bounded_cover_every_row_once_and_keep_pairs(seed, max_rows):
         assert pairs == posts  # -U and +U of one update in the same chunk
         assert chunk.num_rows <= max(max_rows, 2)
         seen += [(r["_commit_version"], r[COMMIT_ROW]) for r in chunk.to_pylist()]
+        if start[0] == end[0] or end[1] == 0 and start[0] == end[0] - 1:  # within one version: as an executor reads it
+            version, feed = start[0], feeds[start[0]]
+            batches = [feed.slice(i, 3) for i in range(0, feed.num_rows, 3)]
+            alone = chunk_of_version(feed.select(["id", "_change_type"]), batches, feed.schema, KEY, start[1],
+                                     end[1] if end[0] == version else 0)
+            assert alone == chunk
         start = end
     assert seen == [(r["_commit_version"], r[COMMIT_ROW]) for r in numbered.to_pylist()]
 
