@@ -18,7 +18,7 @@ keys of its row range, and streams the version's rows keeping those keys only
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -29,6 +29,7 @@ COMMIT_VERSION = "_commit_version"
 COMMIT_ROW = "_commit_row"
 _SIDE = "__side"
 _INDEX = "__index"
+_MIN_BLOCK_ROWS = 65_536
 _BEFORE_SIDE = ("update_preimage", "delete")
 Offset = tuple[int, int]  # (version, row): the next row to read
 
@@ -110,14 +111,35 @@ def number_rows(feed: pa.Table) -> pa.Table:
     return feed.append_column(COMMIT_ROW, pa.array(np.arange(len(versions)) - version_start))
 
 
+def _blocks(batches: Iterable[pa.Table], rows: int) -> Iterator[pa.Table]:
+    """The batches regrouped into tables of at least `rows` rows (the last may be smaller)."""
+    pending: list[pa.Table] = []
+    size = 0
+    for batch in batches:
+        pending.append(batch)
+        size += batch.num_rows
+        if size >= rows:
+            yield pa.concat_tables(pending)
+            pending, size = [], 0
+    if pending:
+        yield pa.concat_tables(pending)
+
+
 def rows_of_keys(batches: Iterable[pa.Table], keys: pa.Table, schema: pa.Schema) -> pa.Table:
-    """The rows of `batches` whose key columns equal a row of `keys` (a semi-join on the key columns only)."""
+    """The rows of `batches` whose key columns equal a row of `keys` (a semi-join on the key columns only).
+
+    Joined a block at a time, each block about as large as `keys`: a join per small batch costs
+    more in setting up than in matching.
+    """
     names = keys.column_names
     parts = [schema.empty_table()]
-    for batch in batches:
-        index = batch.select(names).append_column(_INDEX, pa.array(np.arange(batch.num_rows, dtype=np.int64)))
+    for block in _blocks(batches, max(keys.num_rows, _MIN_BLOCK_ROWS)):
+        if len(names) == 1:  # a hash set lookup: cheaper than a join
+            parts.append(block.filter(pc.is_in(block.column(names[0]), value_set=keys.column(0).combine_chunks())))
+            continue
+        index = block.select(names).append_column(_INDEX, pa.array(np.arange(block.num_rows, dtype=np.int64)))
         hits = index.join(keys, names, join_type="left semi").column(_INDEX)
-        parts.append(batch.take(hits))
+        parts.append(block.take(hits))
     return pa.concat_tables(parts)
 
 

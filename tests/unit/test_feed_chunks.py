@@ -90,3 +90,14 @@ def test_a_replayed_batch_drops_the_rows_at_or_before_the_committed_position():
         1 for r in numbered.to_pylist() if r["_commit_version"] < 2)
     with pytest.raises(PositionError, match="max_rows_per_trigger"):
         after_position(numbered.drop_columns([COMMIT_ROW]), (1, 2))
+
+
+@pytest.mark.parametrize("names", [["id"], ["id", "region"]])
+def test_rows_of_keys_keeps_exactly_the_rows_of_those_keys(names):
+    from connectors.delta.feed_chunks import rows_of_keys
+
+    rows = pa.table({"id": pa.array([1, 1, 2, 3, 3], pa.int64()), "region": ["a", "b", "a", "a", "a"],
+                     "v": [10, 11, 12, 13, 14]})
+    keys = pa.table({"id": pa.array([1, 3], pa.int64()), "region": ["b", "a"]}).select(names)
+    kept = rows_of_keys([rows.slice(0, 2), rows.slice(2)], keys, rows.schema)
+    assert sorted(kept.column("v").to_pylist()) == ([10, 11, 13, 14] if names == ["id"] else [11, 13, 14])
