@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
 from service.checkpoints import local_path
@@ -38,7 +39,8 @@ def _started(checkpoint: Path) -> bool:
 
 def _changes(stored: dict[str, dict[str, Any]], current: dict[str, dict[str, Any]]) -> tuple[list[str], list[str]]:
     """(incompatible changes, compatible ones), each as a sentence naming the operator."""
-    refused, allowed = [], []
+    refused: list[str] = []
+    allowed: list[str] = []
     for name in sorted(current.keys() - stored.keys()):
         refused.append(f"operator {name!r} was added")
     for name in sorted(stored.keys() - current.keys()):

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from connectors.delta.arrow_types import arrow_type, typed_column
 from service.kafka_to_delta.changelog_batch import CHANGELOG_SCHEMA
@@ -41,6 +42,8 @@ class BatchChanges:
     """A source TRUNCATE was read: stored rows the batch does not upsert are deleted."""
     count: int
     """Changelog rows read (changes, markers and failed records)."""
+    counters: dict[str, int]
+    """Materializer counters (conflicts, rollbacks, ...), summed; empty without a materializer."""
 
 
 def _conformed(table: pa.Table, types: dict[str, str]) -> pa.Table:
@@ -65,6 +68,20 @@ def _conformed(table: pa.Table, types: dict[str, str]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
+def _without_truncated(changes: pa.Table, truncates: list[tuple[str, int, int]]) -> pa.Table:
+    """The changes a source TRUNCATE does not wipe: those after it in its topic partition (changes
+    in other partitions have no order relative to it and apply after it)."""
+    cuts: dict[tuple[str, int], int] = {}
+    for topic, partition, offset in truncates:
+        cuts[(topic, partition)] = max(cuts.get((topic, partition), -1), offset)
+    for (topic, partition), offset in cuts.items():
+        wiped = pc.and_(pc.and_(pc.equal(changes.column(Meta.TOPIC), topic),
+                                pc.equal(changes.column(Meta.PARTITION), partition)),
+                        pc.less_equal(changes.column(Meta.OFFSET), offset))
+        changes = changes.filter(pc.invert(wiped))
+    return changes
+
+
 def _empty_failed() -> pa.Table:
     return pa.schema([CHANGELOG_SCHEMA.field(name) for name in FAILED_COLUMNS]).empty_table()
 
@@ -75,6 +92,8 @@ def batch_changes(payloads: pa.Table) -> BatchChanges:
     failed: list[pa.Table] = []
     evidence = TypeEvidence()
     truncated, count = False, 0
+    counters: dict[str, int] = {}
+    truncates: list[tuple[str, int, int]] = []
     for part, payload in zip(payloads.column("part").to_pylist(), payloads.column("payload").to_pylist()):
         table, info = payload_table(payload)
         if part == Part.FAILED:
@@ -82,6 +101,9 @@ def batch_changes(payloads: pa.Table) -> BatchChanges:
             continue
         count += info.get("changes", 0)
         truncated = truncated or info.get("truncated", False)
+        truncates.extend(tuple(marker) for marker in info.get("truncates", []))
+        for name, value in info.get("counters", {}).items():
+            counters[name] = counters.get(name, 0) + value
         if table.num_rows:
             ranges.append(table)
             evidence.add(TypeEvidence.from_json(info["types"]))
@@ -92,9 +114,11 @@ def batch_changes(payloads: pa.Table) -> BatchChanges:
         if len(ranges) > 1:
             ordered = changes.sort_by([(name, "ascending") for name in Meta.ORDER])
             changes = last_rows(ordered, Meta.KEY)
+        changes = _without_truncated(changes, truncates)
     return BatchChanges(
         changes=changes,
         failed=pa.concat_tables(failed) if failed else _empty_failed(),
         truncated=truncated,
         count=count,
+        counters=counters,
     )

@@ -11,9 +11,9 @@ registry appears in a query plan.
 from __future__ import annotations
 
 import re
-from typing import Iterator
+from typing import Iterator, cast
 
-from pyspark.sql.datasource import DataSource
+from pyspark.sql.datasource import DataSource, InputPartition
 
 from connectors.kafka.source import KafkaRange, KafkaSource, KafkaStreamReader
 from service.kafka_to_delta.partition_changes import PAYLOAD_SPARK_SCHEMA, PartitionReducer
@@ -28,8 +28,8 @@ class ChangesStreamReader(KafkaStreamReader):
         super().__init__(options)
         self.reducer = reducer
 
-    def read(self, partition: KafkaRange) -> Iterator:
-        return self.reducer(super().read(partition))
+    def read(self, partition: InputPartition) -> Iterator:
+        return self.reducer(super().read(cast(KafkaRange, partition)))
 
 
 def changes_source_name(pipeline_name: str) -> str:

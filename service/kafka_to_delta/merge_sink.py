@@ -19,8 +19,7 @@ from connectors.delta.delta_rs import DELETE_FLAG, DeltaSchemaError
 from connectors.delta.engines import DeltaEngineTable
 from connectors.delta.merge_plan import keep_flag
 from service.changes import ChangeKind
-from service.kafka_to_delta.fill_unchanged import fill_unchanged
-from service.kafka_to_delta.net_changes import EARLIER_IMAGES
+from service.kafka_to_delta.fill_unchanged import filled_net
 from service.kafka_to_delta.partition_changes import Meta
 
 log = logging.getLogger(__name__)
@@ -71,21 +70,6 @@ def _conform(batch: pa.Table, existing: pa.Schema | None, table_uri: str) -> pa.
     return pa.Table.from_arrays(columns, schema=pa.schema(fields))
 
 
-def _filled(net: pa.Table) -> pa.Table:
-    """Net rows whose unchanged columns an earlier image of the batch holds, filled from it."""
-    if EARLIER_IMAGES not in net.column_names or net.column(EARLIER_IMAGES).null_count == net.num_rows:
-        return net
-    texts, lefts = [], []
-    for text, unchanged, images in zip(*(net.column(c).to_pylist() for c in ("row", "unchanged", EARLIER_IMAGES))):
-        if images and unchanged and text is not None:
-            row, left = fill_unchanged(json.loads(text), json.loads(unchanged), images)
-            text, unchanged = json.dumps(row, separators=(",", ":")), json.dumps(left) if left else None
-        texts.append(text)
-        lefts.append(unchanged)
-    net = net.set_column(net.schema.get_field_index("row"), "row", pa.array(texts, pa.string()))
-    return net.set_column(net.schema.get_field_index("unchanged"), "unchanged", pa.array(lefts, pa.string()))
-
-
 def _with_keep_flags(batch: pa.Table, unchanged: pa.ChunkedArray | pa.Array, primary_key: tuple[str, ...]) -> pa.Table:
     """One `_cdc_keep__<column>` flag per column some row left unchanged (a TOAST placeholder);
     `unchanged`: per row, the JSON list of such columns or null."""
@@ -120,7 +104,7 @@ class MergeSink:
         """
         if self.already_committed(app_id, batch_id):
             return MergeOutcome(batch_id, 0, 0, skipped_replay=True)
-        net = _filled(net)
+        net = filled_net(net)
         if net.num_rows == 0:
             return self._merge_nothing(batch_id, app_id, truncate)
         deletes = pc.equal(net.column("kind"), ChangeKind.DELETE.value)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -32,7 +33,7 @@ from connectors.delta.arrow_types import inferred_kinds, merge_types, rows_to_ta
 from service.changes import ChangeKind
 from service.kafka_to_delta.changelog_batch import ChangelogBatchDecoder, Column
 from service.kafka_to_delta.debezium_json import compact_json, loads
-from service.kafka_to_delta.fill_unchanged import fill_unchanged
+from service.kafka_to_delta.fill_unchanged import fill_unchanged, filled_net
 
 TRUNCATE = "TRUNCATE"
 PAYLOAD_SCHEMA = pa.schema([("part", pa.string()), ("payload", pa.binary())])
@@ -124,9 +125,9 @@ def _with_filled_images(last: pa.Table, changes: pa.Table) -> pa.Table:
         chain.append({"row": image[Column.ROW], "unchanged": image[Column.UNCHANGED]})
     texts, lefts = [], []
     for key, text, left in zip(*(last.column(c).to_pylist() for c in (Column.KEY, Column.ROW, Column.UNCHANGED))):
-        chain = by_key.get(key)
-        if chain and left and text is not None:
-            row, still = fill_unchanged(json.loads(text), json.loads(left), chain)
+        found = by_key.get(key)
+        if found and left and text is not None:
+            row, still = fill_unchanged(json.loads(text), json.loads(left), found)
             text, left = compact_json(row), json.dumps(still) if still else None
         texts.append(text)
         lefts.append(left)
@@ -209,6 +210,51 @@ def payload_table(payload: bytes) -> tuple[pa.Table, dict]:
     return table, json.loads(meta) if meta else {}
 
 
+def _payload(typed: pa.Table | None, failed: list[pa.Table], info: dict) -> pa.RecordBatch:
+    """One range's (or one Spark partition's) payload rows."""
+    parts, payloads = [Part.CHANGES], []
+    changes = typed if typed is not None else pa.table({})
+    payloads.append(_ipc(changes.replace_schema_metadata({_META_KEY: json.dumps(info).encode()})))
+    if failed:
+        parts.append(Part.FAILED)
+        payloads.append(_ipc(pa.concat_tables(failed)))
+    return pa.RecordBatch.from_arrays([pa.array(parts, pa.string()), pa.array(payloads, pa.binary())],
+                                      schema=PAYLOAD_SCHEMA)
+
+
+COUNTERS = ("conflicts", "rollbacks", "stale_dropped", "cleared_state_warnings")
+"""Materializer counters a stateful path's net rows carry; summed into the payload's metadata."""
+
+
+class NetPayload:
+    """The `mapInArrow` function after a stateful stage: its net rows (`net_changes.NET_SCHEMA`, at
+    most one per primary key across the whole batch) -> payloads, typed where they are. Picklable."""
+
+    def __init__(self, primary_key: tuple[str, ...]) -> None:
+        self.primary_key = primary_key
+
+    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        net = pa.Table.from_batches(list(batches))
+        if net.num_rows == 0:
+            return
+        info: dict[str, Any] = {"changes": int(pc.sum(net.column("changes")).as_py() or 0), "truncated": False,
+                      "counters": {c: int(pc.sum(net.column(c)).as_py() or 0) for c in COUNTERS}}
+        failed = net.filter(pc.is_valid(net.column(Column.ERROR)))
+        kind = net.column(Column.KIND)
+        truncates = net.filter(pc.equal(kind, TRUNCATE)).select([Column.TOPIC, Column.PARTITION, Column.OFFSET])
+        if truncates.num_rows:  # applied on the driver: a marker and the changes it wipes may be apart here
+            info["truncated"] = True
+            info["truncates"] = [list(row.values()) for row in truncates.to_pylist()]
+        changes = filled_net(net.filter(pc.and_(pc.is_valid(kind), pc.not_equal(kind, TRUNCATE))))
+        typed = None
+        if changes.num_rows:
+            changes = changes.append_column(Column.CHANGE_INDEX, pa.array(np.zeros(changes.num_rows, np.int32)))
+            typed, evidence = typed_changes(changes, self.primary_key)
+            info["types"] = evidence.to_json()
+        kept = [failed.select([c for c in FAILED_COLUMNS])] if failed.num_rows else []
+        yield _payload(typed, kept, info)
+
+
 class PartitionReducer:
     """Kafka record batches of one range -> its payload (`PAYLOAD_SCHEMA`). Picklable."""
 
@@ -220,19 +266,10 @@ class PartitionReducer:
         reduced = _Reduced()
         for batch in batches:
             reduced.add(pa.Table.from_batches([self.decoder(batch)]))
-        parts, payloads = [], []
         net = reduced.surviving()
-        info = {"changes": reduced.changes, "truncated": reduced.truncate_offset is not None}
+        info: dict[str, Any] = {"changes": reduced.changes, "truncated": reduced.truncate_offset is not None}
+        typed = None
         if net is not None and net.num_rows:
             typed, evidence = typed_changes(net, self.primary_key)
             info["types"] = evidence.to_json()
-        else:
-            typed = pa.table({})
-        metadata = {_META_KEY: json.dumps(info).encode()}
-        parts.append(Part.CHANGES)
-        payloads.append(_ipc(typed.replace_schema_metadata(metadata)))
-        if reduced.failed:
-            parts.append(Part.FAILED)
-            payloads.append(_ipc(pa.concat_tables(reduced.failed)))
-        yield pa.RecordBatch.from_arrays([pa.array(parts, pa.string()), pa.array(payloads, pa.binary())],
-                                         schema=PAYLOAD_SCHEMA)
+        yield _payload(typed, reduced.failed, info)

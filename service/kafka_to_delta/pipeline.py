@@ -21,10 +21,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
@@ -34,10 +31,9 @@ from service import metrics, redaction, test_hooks
 from service.checkpoints import remove_abandoned_writes
 from service.kafka_to_delta.bad_records import (
     DeadLetterStore,
-    failed_rows,
     handle_bad_records,
 )
-from service.kafka_to_delta.batch_changes import batch_changes
+from service.kafka_to_delta.batch_changes import BatchChanges, batch_changes
 from service.kafka_to_delta.changes_source import changes_source, changes_source_name
 from service.kafka_to_delta.dead_letters import DeadLetterSink
 from service.kafka_to_delta.decode_stage import batch_decoder, changelog_stream
@@ -46,8 +42,8 @@ from service.kafka_to_delta.from_changelog_stage import needs_state, stateful_ch
 from service.kafka_to_delta.materializer import MaterializerConfig
 from service.kafka_to_delta.materializer_stage import StageConfig, materialize
 from service.kafka_to_delta.merge_sink import MergeOutcome, MergeSink
-from service.kafka_to_delta.net_changes import CHANGES_COLUMN, TRUNCATE, net_changes
-from service.kafka_to_delta.partition_changes import PartitionReducer
+from service.kafka_to_delta.net_changes import net_changes
+from service.kafka_to_delta.partition_changes import COUNTERS, PAYLOAD_SPARK_SCHEMA, NetPayload, PartitionReducer
 from service.maintenance import TableMaintenance
 from service.settings import PipelineSettings, Settings
 
@@ -74,39 +70,6 @@ def stage_config(pipeline: PipelineSettings) -> StageConfig:
         rules=rules, compaction=pipeline.effective_compaction, state_ttl_ms=ttl_ms,
         whole_row_key=not pipeline.effective_upsert_key,
     )
-
-
-def _split_truncates(changes: pa.Table) -> tuple[pa.Table, bool]:
-    """(the changes that survive the batch's source TRUNCATEs, whether the table is truncated).
-
-    A change before a TRUNCATE in the same topic partition is wiped by it; changes in other
-    partitions have no order relative to it and are applied after it.
-    """
-    is_truncate = pc.equal(changes.column("kind"), TRUNCATE)
-    truncates = changes.filter(is_truncate)
-    if truncates.num_rows == 0:
-        return changes, False
-    kept = changes.filter(pc.invert(is_truncate))
-    last: dict[tuple[str, int], int] = {}
-    for row in truncates.select(["topic", "partition", "offset"]).to_pylist():
-        where = (row["topic"], row["partition"])
-        last[where] = max(last.get(where, -1), row["offset"])
-    survives = [
-        offset > last.get((topic, partition), -1)
-        for topic, partition, offset in zip(*(kept.column(c).to_pylist() for c in ("topic", "partition", "offset")))
-    ]
-    return kept.filter(pa.array(survives, pa.bool_())), True
-
-
-@dataclass(frozen=True)
-class _Prepared:
-    """A micro-batch read and reduced, before the MERGE."""
-
-    failed: pa.Table
-    changes: pa.Table
-    truncate: bool
-    count: int
-    typed: bool  # `changes` is typed (plain path) or JSON row images (`NET_SCHEMA`)
 
 
 class IngestPipeline:
@@ -180,18 +143,15 @@ class IngestPipeline:
             self.failure = error
             raise
 
-    def _prepared(self, batch: DataFrame) -> _Prepared:
+    def _prepared(self, batch: DataFrame) -> BatchChanges:
         # Exactly one action on the batch: a second one would run the stateful plan again.
         if self.reduces_where_read:
-            found = batch_changes(batch.toArrow())
-            return _Prepared(found.failed, found.changes, found.truncated, found.count, typed=True)
+            return batch_changes(batch.toArrow())
         net = batch if self.pipeline.materialized else net_changes(batch)
-        net = net.toArrow()
+        found = batch_changes(net.mapInArrow(NetPayload(self.pipeline.primary_key), PAYLOAD_SPARK_SCHEMA).toArrow())
         self.event_times.flush()
-        self._count_materializer(net)
-        changes, truncate = _split_truncates(net.filter(pc.is_valid(net.column("kind"))))
-        count = pc.sum(net.column(CHANGES_COLUMN)).as_py() or 0
-        return _Prepared(failed_rows(net), changes, truncate, count, typed=False)
+        self._count_materializer(found.counters)
+        return found
 
     def _process_batch(self, batch: DataFrame, batch_id: int) -> None:
         test_hooks.hold_batch_if_armed(self.pipeline.name, batch_id)
@@ -208,8 +168,7 @@ class IngestPipeline:
             log.info("pipeline %s: batch %d already in Delta, skipped", name, batch_id)
             metrics.BATCHES.labels(name, "replay_skipped").inc()
             return
-        apply = self.sink.apply_typed if prepared.typed else self.sink.apply
-        outcome = apply(prepared.changes, self.app_id, batch_id, truncate=prepared.truncate)
+        outcome = self.sink.apply_typed(prepared.changes, self.app_id, batch_id, truncate=prepared.truncated)
         merged = time.monotonic()
         self._record(outcome, prepared.count, merged - reduced, reduced - started)
         log.info(
@@ -218,12 +177,11 @@ class IngestPipeline:
         )
         self.maintenance.after_batch()  # between this table's MERGEs: its commits never collide with them
 
-    def _count_materializer(self, net: pa.Table) -> None:
-        if not self.pipeline.materialized or net.num_rows == 0:
+    def _count_materializer(self, counters: dict[str, int]) -> None:
+        if not self.pipeline.materialized or not counters:
             return
         name = self.pipeline.name
-        total = {c: pc.sum(net.column(c)).as_py() or 0 for c in ("conflicts", "rollbacks", "stale_dropped",
-                                                                 "cleared_state_warnings")}
+        total = {c: counters.get(c, 0) for c in COUNTERS}
         metrics.CONFLICTS.labels(name, self.pipeline.on_conflict or "error").inc(total["conflicts"])
         metrics.ROLLBACKS.labels(name).inc(total["rollbacks"])
         metrics.STALE_DROPPED.labels(name).inc(total["stale_dropped"])

@@ -11,11 +11,13 @@ import random
 
 import pyarrow as pa
 import pytest
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from connectors.kafka.range_reader import SOURCE_SCHEMA
 from service.kafka_to_delta.batch_changes import batch_changes
 from service.kafka_to_delta.decode_stage import batch_decoder
-from service.kafka_to_delta.partition_changes import PAYLOAD_SCHEMA, Meta, PartitionReducer
+from service.kafka_to_delta.net_changes import NET_SCHEMA
+from service.kafka_to_delta.partition_changes import PAYLOAD_SCHEMA, Meta, NetPayload, PartitionReducer
 from service.settings import PipelineSettings
 from service.workload import DebeziumWorkload
 
@@ -145,3 +147,28 @@ def test_a_batch_of_nothing_but_tombstones_and_deletes_deletes_by_primary_key():
     pairs = [(_key(5), _envelope("d", {"id": 5, "v": 1}, None)), (_key(5), None)]
     upserts, deletes = _net(batch_changes(_reduce(_pipeline(), [_records(pairs)])).changes)
     assert upserts == {} and deletes == {5}
+
+
+def _net_rows(rows: list[dict]) -> pa.RecordBatch:
+    schema = to_arrow_schema(NET_SCHEMA)
+    base = {name: None for name in schema.names}
+    base.update(changes=1, conflicts=0, rollbacks=0, stale_dropped=0, cleared_state_warnings=0, state_bytes=0)
+    return pa.RecordBatch.from_pylist([{**base, **row} for row in rows], schema=schema)
+
+
+def test_net_rows_of_a_stateful_stage_become_typed_payloads_and_truncates_apply_across_spark_partitions():
+    where = {"topic": "t", "partition": 0}
+    first = [_net_rows([
+        {**where, "offset": 3, "key": "[1]", "kind": "+U", "row": '{"id":1,"v":"old"}', "conflicts": 2},
+        {**where, "offset": 9, "key": "[2]", "kind": "+U", "row": '{"id":2,"v":"new"}', "types": '{"id":"int32"}'},
+        {**where, "offset": 4, "error": "bad", "handling": "SKIP", "stage": "decode", "raw_value": b"x"},
+    ])]
+    second = [_net_rows([{**where, "offset": 5, "key": None, "kind": "TRUNCATE", "rollbacks": 1}])]
+    payloads = [pa.Table.from_batches(list(NetPayload(("id",))(iter(part)))) for part in (first, second)]
+    found = batch_changes(pa.concat_tables(payloads))
+    assert _net(found.changes)[0] == {2: {"id": 2, "v": "new"}}
+    assert found.changes.schema.field("id").type == pa.int32()
+    assert found.truncated
+    assert found.counters["conflicts"] == 2 and found.counters["rollbacks"] == 1
+    assert found.failed.column("error").to_pylist() == ["bad"]
+    assert found.count == 4
