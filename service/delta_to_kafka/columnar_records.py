@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Iterator
 
 import numpy as np
@@ -44,11 +45,21 @@ class _Rows:
     """Per-feed-row JSON texts of one flush: column fragments and image member runs."""
 
     def __init__(self, feed: pa.Table, settings: ExportSettings, passthrough: tuple[str, ...]) -> None:
-        columns = [c for c in feed.column_names if c not in ChangeFeedColumn.ALL]
-        self.fragments = {c: json_fragments(feed.column(c)) for c in columns}
-        self.full = self._members(columns)
-        self.payload = self._members([c for c in columns if c not in passthrough])
+        self._columns = [c for c in feed.column_names if c not in ChangeFeedColumn.ALL]
+        self._passthrough = passthrough
+        self.fragments = {c: json_fragments(feed.column(c)) for c in self._columns}
         self.key = self._members(list(settings.primary_key))
+
+    @cached_property
+    def full(self) -> Text:
+        """Every column's member (flat records, full images)."""
+        return self._members(self._columns)
+
+    @cached_property
+    def payload(self) -> Text:
+        """The members of an image field: the columns not passed through at the top level."""
+        columns = [c for c in self._columns if c not in self._passthrough]
+        return self.full if columns == self._columns else self._members(columns)
 
     def _members(self, columns: list[str]) -> Text:
         pieces: list[Text] = []
