@@ -25,6 +25,7 @@ from export_benchmark import (
     count_committed,
     delete_topic,
     expected_records,
+    parse_args,
     run_export,
 )
 
@@ -42,7 +43,8 @@ def measure(bootstrap: str, changes: int, preset: str = "debezium") -> dict[str,
         create_topics(bootstrap, [topic], 1)
         sampler = RssSampler(os.getpid(), None)
         try:
-            run = run_export(bootstrap, workdir, topic, argparse.Namespace(preset=preset), sampler)
+            options = parse_args(["--changes", str(changes), "--preset", preset, "--bootstrap", bootstrap])
+            run = run_export(bootstrap, workdir, topic, options, sampler)
             records = count_committed(bootstrap, topic)
         finally:
             sampler.done.set()
