@@ -27,11 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from service.workload import DebeziumWorkload, create_topics, produce  # noqa: E402
 from tests.spark_cluster import StandaloneCluster  # noqa: E402
 
-# The driver and the executors talk over loopback only.
-_LOOPBACK_CONF = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
-                  "spark.scheduler.minRegisteredResourcesRatio": "1.0"}
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command line flags."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -45,16 +40,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def write_config(workdir: Path, bootstrap: str, topic: str, master: str, args: argparse.Namespace) -> Path:
+def write_config(workdir: Path, bootstrap: str, topic: str, cluster: StandaloneCluster,
+                 args: argparse.Namespace) -> Path:
     """A one-pipeline service config whose Spark master is the cluster."""
     executor_memory = f"{max(256, _mebibytes(args.worker_memory) - 256)}m"  # leaves the worker its overhead
     pipeline = {"name": PIPELINE, "topics": [topic], "table": TABLE, "primary_key": ["id"],
                 "max_offsets_per_trigger": args.max_offsets_per_trigger}
     config = {"kafka": {"bootstrap_servers": bootstrap}, "lakehouse": {"root": str(workdir / "tables")},
               "checkpoint_root": str(workdir / "checkpoints"),
-              "spark": {"master": master, "shuffle_partitions": args.partitions,
-                        "conf": {**_LOOPBACK_CONF, "spark.executor.cores": "1",
-                                 "spark.executor.memory": executor_memory}},
+              "spark": {"master": cluster.master_url, "shuffle_partitions": args.partitions,
+                        "conf": cluster.application_conf(executor_memory)},
               "pipelines": [pipeline]}
     path = workdir / "bench.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -73,7 +68,7 @@ def run_on_cluster(workdir: Path, bootstrap: str, topic: str, workers: int, args
     started = time.perf_counter()
     with StandaloneCluster(workdir / "cluster", workers=workers, worker_memory=args.worker_memory) as cluster:
         cluster_up = time.perf_counter() - started
-        config = write_config(workdir, bootstrap, topic, cluster.master_url, args)
+        config = write_config(workdir, bootstrap, topic, cluster, args)
         run = run_pipeline(config, workdir / "pipeline.log")
     verify_table(str(workdir / "tables" / TABLE), workload)
     return {**run, "cluster_up": cluster_up}

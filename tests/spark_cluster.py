@@ -58,6 +58,15 @@ class StandaloneCluster:
         """The master's status as JSON (workers, running and completed applications)."""
         return f"http://{_LOOPBACK}:{self.webui_port}/json/"
 
+    def application_conf(self, executor_memory: str = "512m") -> dict[str, str]:
+        """Spark conf of an application on this cluster: one 1-core executor per worker, the
+        driver on loopback, and no task before every executor registered (however long a loaded
+        machine takes to start them), so that all of them get work."""
+        return {"spark.executor.memory": executor_memory, "spark.executor.cores": "1",
+                "spark.driver.host": _LOOPBACK, "spark.driver.bindAddress": _LOOPBACK,
+                "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+                "spark.scheduler.maxRegisteredResourcesWaitingTime": "300s"}
+
     def status(self) -> dict:
         """The master's current status."""
         with urllib.request.urlopen(self.status_url, timeout=10) as response:

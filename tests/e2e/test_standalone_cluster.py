@@ -21,14 +21,6 @@ from service.workload import DebeziumWorkload, create_topics, produce
 from tests.pipeline_harness import CLI, run_cli, table_rows, write_config
 from tests.spark_cluster import StandaloneCluster
 
-# One core and 512 MB per executor, so two workers host two executors; the driver stays on
-# loopback (the only network of the test). No task is scheduled before both executors have
-# registered (however long a loaded machine takes to start them), so both get work.
-CLUSTER_CONF = {"spark.executor.memory": "512m", "spark.executor.cores": "1",
-                "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
-                "spark.scheduler.minRegisteredResourcesRatio": "1.0",
-                "spark.scheduler.maxRegisteredResourcesWaitingTime": "300s"}
-
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
@@ -71,7 +63,7 @@ def test_ingest_runs_on_standalone_executors(cluster, kafka_bootstrap, unique, w
         [{"name": "p", "topics": [workload.topic], "table": "t", "primary_key": ["id"]},
          {"name": "m", "topics": [workload.topic], "table": "m", "primary_key": ["id"], "upsert_materialize": "force"}],
         spark={"master": cluster.master_url, "shuffle_partitions": 2,
-               "conf": {**CLUSTER_CONF, **event_log(events)}})
+               "conf": {**cluster.application_conf(), **event_log(events)}})
 
     result = run_cli(config, "--until-idle", timeout=600)
 
@@ -114,7 +106,7 @@ def test_executors_run_the_project_from_a_packed_environment(cluster, packed_env
         workdir / "c.yaml", kafka_bootstrap, workdir,
         [{"name": "p", "topics": [workload.topic], "table": "t", "primary_key": ["id"]}],
         spark={"master": cluster.master_url, "shuffle_partitions": 2,
-               "conf": {**CLUSTER_CONF, "spark.archives": f"{packed_environment}#environment"}})
+               "conf": {**cluster.application_conf(), "spark.archives": f"{packed_environment}#environment"}})
     # Python workers run ./environment/bin/python: on an executor, the archive Spark unpacked in
     # its directory; on the driver (which plans the Kafka source in Python too), its own
     # environment under the same name in the directory it runs from.
