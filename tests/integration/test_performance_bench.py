@@ -1,0 +1,52 @@
+"""The performance benchmark's yardsticks: the naive pipeline's table and the latency reading.
+
+The benchmark scripts live in bench/ (not a package); they are imported from there.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from perf_freshness import Sent, latencies, percentile  # noqa: E402
+from perf_naive import run_naive  # noqa: E402
+
+from service.workload import DebeziumWorkload, create_topics, produce  # noqa: E402
+
+
+def test_naive_pipeline_table_equals_the_replay(kafka_bootstrap: str, unique: str, workdir: Path) -> None:
+    topic = f"perf.naive.{unique}"
+    workload = DebeziumWorkload(topic, 2, schema="mixed", seed=3)
+    create_topics(kafka_bootstrap, [topic], 2)
+    produced = produce(kafka_bootstrap, workload.generate(3_000, 400))
+
+    figures = run_naive(kafka_bootstrap, topic, 2, str(workdir / "naive"), window=1_000)
+
+    table = DeltaTable(str(workdir / "naive")).to_pyarrow_table().sort_by("id")
+    assert figures["records"] == produced and figures["merges"] >= 3
+    assert table.to_pylist() == workload.expected_rows()
+
+
+def test_latency_is_the_first_commit_holding_the_event_or_a_later_change(workdir: Path) -> None:
+    uri = str(workdir / "fresh")
+    schema = pa.schema([("id", pa.int64()), ("email", pa.string())])
+
+    def commit(rows: list[tuple[int, int]]) -> float:
+        source = pa.table({"id": [k for k, _ in rows], "email": [f"u{k}.{c}@example.com" for k, c in rows]},
+                          schema=schema)
+        (DeltaTable(uri).merge(source, "t.id = s.id", source_alias="s", target_alias="t")
+         .when_matched_update_all().when_not_matched_insert_all().execute())
+        return DeltaTable(uri).history(1)[0]["timestamp"] / 1000
+
+    write_deltalake(uri, schema.empty_table(), configuration={"delta.enableChangeDataFeed": "true"})
+    first = commit([(1, 10), (2, 11)])
+    second = commit([(1, 13)])  # key 1 at clock 12 was superseded by 13 within this batch
+    sent = [Sent(1, 10, first - 2), Sent(2, 11, first - 1), Sent(1, 12, second - 4), Sent(1, 13, second - 3)]
+
+    assert [round(value, 3) for value in latencies(uri, sent)] == [2, 1, 4, 3]
+    assert percentile([4.0, 1.0, 3.0, 2.0], 0.5) == 2.0 and percentile([1.0, 2.0, 3.0], 0.95) == 3.0
