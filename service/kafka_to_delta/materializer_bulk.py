@@ -29,7 +29,7 @@ ARRIVAL_ORDER = ("timestamp", "topic", "partition", "offset", "change_index")
 COUNTER_COLUMNS = ("conflicts", "rollbacks", "stale_dropped", "cleared_state_warnings", "state_bytes")
 ERROR_PREFIX = error_group_key("")
 NET_NAMES = tuple(NET_SCHEMA.names)
-DEFAULT_KEY_BUCKETS = 0
+DEFAULT_KEY_BUCKETS = 64
 Compaction = Literal["batch", "watermark"]
 
 StoredState = tuple[str, "int | None"]
