@@ -234,8 +234,9 @@ class NetPayload:
         self.primary_key = primary_key
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        net = pa.Table.from_batches(list(batches))
-        if net.num_rows == 0:
+        received = list(batches)
+        net = pa.Table.from_batches(received) if received else None
+        if net is None or net.num_rows == 0:
             return
         info: dict[str, Any] = {"changes": int(pc.sum(net.column("changes")).as_py() or 0), "truncated": False,
                       "counters": {c: int(pc.sum(net.column(c)).as_py() or 0) for c in COUNTERS}}

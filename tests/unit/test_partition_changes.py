@@ -172,3 +172,7 @@ def test_net_rows_of_a_stateful_stage_become_typed_payloads_and_truncates_apply_
     assert found.counters["conflicts"] == 2 and found.counters["rollbacks"] == 1
     assert found.failed.column("error").to_pylist() == ["bad"]
     assert found.count == 4
+
+
+def test_a_spark_partition_without_net_rows_sends_nothing():
+    assert list(NetPayload(("id",))(iter([]))) == []
