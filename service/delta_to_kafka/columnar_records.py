@@ -22,7 +22,16 @@ import pyarrow.compute as pc
 from service.changes import ChangeKind, Envelope
 from service.delta_to_kafka.export_settings import ChangeFeedColumn, ExportSettings
 from service.delta_to_kafka.feed_changes import NO_ROW, FeedChanges
-from service.delta_to_kafka.json_columns import NULL, Text, dump, join, json_fragments, json_object, key_text
+from service.delta_to_kafka.json_columns import (
+    NULL,
+    Text,
+    as_array,
+    dump,
+    join,
+    json_fragments,
+    json_object,
+    key_text,
+)
 from service.delta_to_kafka.output_formats import CONNECTOR, Header, KafkaRecord, SourceField
 
 _US_PER_MS = 1000
@@ -132,7 +141,7 @@ class ColumnarRecords:
                 value = None if part.tombstone else self._value(feed, rows, part, images, last, processed_at_ms)
                 ordinals.append(picked)
                 slots.append(np.full(picked.size, slot))
-                values.append(pa.nulls(picked.size, pa.string()) if value is None else _column(value, picked.size))
+                values.append(pa.nulls(picked.size, pa.string()) if value is None else as_array(value, picked.size))
                 lasts.append(last)
         if not ordinals:
             return []
@@ -214,9 +223,3 @@ def _collector_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
-
-
-def _column(text: Text, length: int) -> pa.Array:
-    if isinstance(text, str):
-        return pa.array([text] * length, pa.string())
-    return text.combine_chunks() if isinstance(text, pa.ChunkedArray) else text

@@ -108,6 +108,8 @@ def json_object(fields: Sequence[tuple[str | None, Text]]) -> pa.Array | str:
     return join(pieces)
 
 
-def as_array(text: pa.Array | str, length: int) -> pa.Array:
+def as_array(text: pa.Array | pa.ChunkedArray | str, length: int) -> pa.Array:
     """A column of `length` texts from a column or one text."""
+    if isinstance(text, pa.ChunkedArray):
+        return text.combine_chunks()
     return text if isinstance(text, pa.Array) else pa.array([text] * length, pa.string())
