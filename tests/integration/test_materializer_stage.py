@@ -14,6 +14,8 @@ from pyspark.sql.streaming.tws_tester import TwsTester
 
 from service.kafka_to_delta.decode_stage import CHANGELOG_SCHEMA, CHANGELOG_SPARK_SCHEMA
 from service.kafka_to_delta.materializer import MaterializerConfig
+from service.kafka_to_delta.materializer_buckets import BUCKET, bucketed
+from service.kafka_to_delta.materializer_bulk import DEFAULT_KEY_BUCKETS
 from service.kafka_to_delta.materializer_stage import (
     MaterializerProcessor,
     StageConfig,
@@ -168,8 +170,10 @@ def test_join_example_in_one_micro_batch_all_orderings(spark, workdir):
     batch = [change(kind, row, i) for i, (kind, row) in enumerate(events)]
     table, operator = _run(spark, workdir, [batch], _config("error"))
     assert table == {f"[{key}]": {**B1, "id": key} for key in (1, 2, 3)}
-    # Batch compaction keeps one state row per live key and nothing else: the progress counts live keys.
-    assert operator["numRowsTotal"] == 3 and operator["memoryUsedBytes"] > 0
+    # Batch compaction keeps one state row per key bucket holding a live key, and nothing else.
+    keys = spark.createDataFrame([(f"[{key}]",) for key in (1, 2, 3)], "_group string")
+    buckets = bucketed(keys, DEFAULT_KEY_BUCKETS).select(BUCKET).distinct().count()
+    assert operator["numRowsTotal"] == buckets and operator["memoryUsedBytes"] > 0
 
 
 def test_join_example_over_separate_micro_batches_with_watermark_compaction(spark, workdir):
