@@ -274,6 +274,12 @@ def ratio(value: float, base: float | None) -> str:
     return f"x{value / base:.2g}" if base and value else ""
 
 
+def versus(value: float, base: float | None, name: str) -> str:
+    """'x0.25 of NAME', or '' when there is no base."""
+    found = ratio(value, base)
+    return f"{found} of {name}" if found else ""
+
+
 def table(results: dict, args: argparse.Namespace) -> list[tuple[str, str, str]]:
     """(what, figure, comparison) rows of the one printed table."""
     rows: list[tuple[str, str, str]] = []
@@ -291,26 +297,27 @@ def table(results: dict, args: argparse.Namespace) -> list[tuple[str, str, str]]
             rows.append((f"{label}plain consumer{size}", f"{consumer:,.0f} records/s", ""))
         if "naive" in part:
             rows.append((f"{label}naive pipeline", f"{naive:,.0f} events/s",
-                         f"{ratio(naive, consumer)} of consumer" if consumer else ""))
+                         versus(naive, consumer, "consumer")))
         if "service" in part:
             service = part["service"]
             rows.append((f"{label}service run --until-idle, wall", f"{service['wall_rate']:,.0f} events/s",
-                         f"{ratio(service['wall_rate'], naive)} of naive, {ratio(service['wall_rate'], consumer)} "
-                         f"of consumer ({service['wall_s']:.1f} s)"))
+                         ", ".join(filter(None, (versus(service["wall_rate"], naive, "naive"),
+                                                 versus(service["wall_rate"], consumer, "consumer"),
+                                                 f"{service['wall_s']:.1f} s")))))
             rows.append((f"{label}service steady (batches 2..{service['batches']})",
                          f"{service['steady_rate']:,.0f} events/s" if service["steady_rate"] else "- (1 batch)",
-                         f"{ratio(service['steady_rate'], naive)} of naive" if service["steady_rate"] else ""))
+                         versus(service["steady_rate"], naive, "naive")))
             rows.append((f"{label}service launch -> first commit", f"{service['first_commit_s']:.1f} s", ""))
             rows.append((f"{label}service peak RSS (process tree)", f"{service['rss_mib']:,.0f} MiB", ""))
         if "materializer" in part:
             plain, mat = part["plain_small_batches"], part["materializer"]
             batch = args.materializer_batch
             rows.append((f"{label}plain path, batches of {batch:,}, steady", f"{plain['steady_rate']:,.0f} events/s",
-                         f"{ratio(plain['steady_rate'], naive)} of naive"))
+                         versus(plain["steady_rate"], naive, "naive")))
             rows.append((f"{label}materializer (force), batches of {batch:,}, steady",
                          f"{mat['steady_rate']:,.0f} events/s",
-                         f"{ratio(mat['steady_rate'], plain['steady_rate'])} of the plain path; "
-                         f"peak RSS {mat['rss_mib']:,.0f} MiB"))
+                         ", ".join(filter(None, (versus(mat["steady_rate"], plain["steady_rate"], "the plain path"),
+                                                 f"peak RSS {mat['rss_mib']:,.0f} MiB")))))
     for name in ("export", "freshness"):
         if "failed" in results.get(name, {}):
             rows.append((name, "FAILED", results.pop(name)["failed"]))
