@@ -31,6 +31,7 @@ RAW_SPARK_SCHEMA = (
     f"timestamp timestamp, headers array<struct<key:string,value:binary>>, {FLOOR_COLUMN} bigint"
 )
 _BATCH_ROWS = 20_000
+_MAX_RESPONSE_BYTES = 1 << 30
 _POLL_TIMEOUT_S = 1.0
 _STALL_TIMEOUT_S = 120.0
 
@@ -76,6 +77,9 @@ def read_range(
     """
     config = client_config(options, "reader")
     config["enable.partition.eof"] = "true"
+    # A broker that ignores the fetch size limits (the embedded one answers with 138 MB at a time when
+    # a range holds a few hundred thousand records) must not stall the read; Kafka honours them anyway.
+    config.setdefault("receive.message.max.bytes", str(_MAX_RESPONSE_BYTES))
     # Only a partition first seen after the query started is planned below its low watermark.
     config["auto.offset.reset"] = "earliest"
     consumer = Consumer(config)
