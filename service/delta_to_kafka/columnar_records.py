@@ -13,7 +13,7 @@ import gc
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Iterator
+from typing import Iterator, cast
 
 import numpy as np
 import pyarrow as pa
@@ -183,7 +183,7 @@ class ColumnarRecords:
         op = [(self.settings.op, dump(part.code))]
         meta = self._meta_fields(feed, last)
         if self._images is None:
-            which = part.after or part.before
+            which = cast(str, part.after or part.before)  # a part has at least one image
             shape = part.before_shape if which == "before" else FULL
             image = rows.key if shape == KEY else rows.full
             return json_object([*op, *meta, (None, _take(image, images[which]))])

@@ -68,7 +68,7 @@ def _conformed(table: pa.Table, types: dict[str, str]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
-def _without_truncated(changes: pa.Table, truncates: list[tuple[str, int, int]]) -> pa.Table:
+def without_truncated(changes: pa.Table, truncates: list[tuple[str, int, int]]) -> pa.Table:
     """The changes a source TRUNCATE does not wipe: those after it in its topic partition (changes
     in other partitions have no order relative to it and apply after it)."""
     cuts: dict[tuple[str, int], int] = {}
@@ -114,7 +114,7 @@ def batch_changes(payloads: pa.Table) -> BatchChanges:
         if len(ranges) > 1:
             ordered = changes.sort_by([(name, "ascending") for name in Meta.ORDER])
             changes = last_rows(ordered, Meta.KEY)
-        changes = _without_truncated(changes, truncates)
+        changes = without_truncated(changes, truncates)
     return BatchChanges(
         changes=changes,
         failed=pa.concat_tables(failed) if failed else _empty_failed(),

@@ -4,24 +4,31 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from service.kafka_to_delta.pipeline import _split_truncates
+from service.kafka_to_delta.batch_changes import without_truncated
+from service.kafka_to_delta.partition_changes import Meta
 
 
-def _changes(*rows: tuple[str, int, int, str]) -> pa.Table:
+def _changes(*rows: tuple[str, int, int]) -> pa.Table:
     return pa.table({
-        "topic": [r[0] for r in rows], "partition": pa.array([r[1] for r in rows], pa.int32()),
-        "offset": [r[2] for r in rows], "kind": [r[3] for r in rows], "key": [f"[{r[2]}]" for r in rows],
+        Meta.TOPIC: [r[0] for r in rows], Meta.PARTITION: pa.array([r[1] for r in rows], pa.int32()),
+        Meta.OFFSET: [r[2] for r in rows], Meta.KEY: [f"[{r[2]}]" for r in rows],
     })
 
 
+def _where(table: pa.Table) -> list[tuple[int, int]]:
+    return list(zip(table.column(Meta.PARTITION).to_pylist(), table.column(Meta.OFFSET).to_pylist()))
+
+
 def test_changes_before_a_truncate_in_its_partition_are_wiped():
-    changes = _changes(("t", 0, 1, "+U"), ("t", 0, 2, "TRUNCATE"), ("t", 0, 3, "+U"), ("t", 1, 0, "-D"))
-    kept, truncate = _split_truncates(changes)
-    assert truncate
-    assert list(zip(kept.column("partition").to_pylist(), kept.column("offset").to_pylist())) == [(0, 3), (1, 0)]
+    changes = _changes(("t", 0, 1), ("t", 0, 3), ("t", 1, 0))
+    assert _where(without_truncated(changes, [("t", 0, 2)])) == [(0, 3), (1, 0)]
+
+
+def test_the_last_of_several_truncates_of_a_partition_counts():
+    changes = _changes(("t", 0, 1), ("t", 0, 3), ("t", 0, 6))
+    assert _where(without_truncated(changes, [("t", 0, 4), ("t", 0, 2)])) == [(0, 6)]
 
 
 def test_no_truncate_keeps_everything():
-    changes = _changes(("t", 0, 1, "+U"), ("t", 0, 2, "-D"))
-    kept, truncate = _split_truncates(changes)
-    assert not truncate and kept.num_rows == 2
+    changes = _changes(("t", 0, 1), ("t", 0, 2))
+    assert without_truncated(changes, []).num_rows == 2
