@@ -23,9 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from service.errors import ConfigError
+from service.kafka_to_delta.materializer_bulk import DEFAULT_KEY_BUCKETS
 from service.settings import PipelineSettings, Settings
 
 PLAN_FORMAT = 1
+_STATE_LAYOUT = f"key buckets: {DEFAULT_KEY_BUCKETS}" if DEFAULT_KEY_BUCKETS else "per key"
 _MS_PER_S = 1000
 _TTL_UNIT = " ms"
 _WHOLE_ROW = ["(whole row)"]
@@ -100,7 +102,7 @@ def pipeline_operators(pipeline: PipelineSettings) -> list[Operator]:
             pipeline.name, Kind.MATERIALIZER, key, (StateEntry(0, _ms(pipeline.materializer_ttl_seconds), "rows"),),
             {"on_conflict": pipeline.on_conflict or "error", "compaction": pipeline.effective_compaction,
              "primary_key": list(pipeline.primary_key), "sequence_by": list(pipeline.sequence_by),
-             "topics": sorted(pipeline.topics)},
+             "topics": sorted(pipeline.topics), "state_layout": _STATE_LAYOUT},
         ))
     return operators
 
@@ -201,7 +203,7 @@ def summary(settings: Settings) -> list[str]:
             ttls = ", ".join(f"{e.name} {_ttl_text(e.ttl_ms)}" for e in operator.state)
             if operator.kind == Kind.ORDER_BY:
                 ttls = "none (the watermark releases the buffer)"
-            shown = ", ".join(f"{k}={v}" for k, v in operator.properties.items() if k not in ("topics",))
+            shown = ", ".join(f"{k}={v}" for k, v in operator.properties.items() if k not in ("topics", "state_layout"))
             lines.append(f"  {operator.id:<32} key ({', '.join(operator.key)}); TTL {ttls}; "
                          f"state {_state_size(operator)}" + (f"; {shown}" if shown else ""))
     return lines

@@ -138,3 +138,12 @@ def test_run_with_a_mismatched_plan_exits_1_before_anything_starts(tmp_path):
     result = CliRunner().invoke(app, ["run", str(config), "--plan", str(tmp_path / "plan.json")])
     assert result.exit_code == 1
     assert "gone/materializer" in result.output
+
+
+def test_a_checkpoint_of_another_materializer_state_layout_is_refused(tmp_path):
+    checkpoint = _started_checkpoint(tmp_path, CONFIG)
+    stored = json.loads((checkpoint / "plan.json").read_text())
+    stored["nodes"][0]["properties"]["state_layout"] = "per key"  # written by the per-key stage
+    (checkpoint / "plan.json").write_text(json.dumps(stored))
+    with pytest.raises(ConfigError, match="state_layout changed from 'per key'"):
+        check_and_store("orders", str(checkpoint), pipeline_operators(_settings().pipelines[0]))
