@@ -13,6 +13,14 @@ Operators:
 - `order_by`: the ORDER BY buffer (rows wait for the watermark; no TTL: the watermark empties it).
 - `materializer`: the live rows per upsert key (`materializer_state_ttl_seconds`, else `state_ttl_seconds`).
 A pipeline on the plain path (one topic, no materializer, no stateful FROM_CHANGELOG) has none.
+
+Join pipelines (`joins:`):
+- `join`: a regular join keyed by the join key, with a `left` and a `right` state (each side's
+  rows by its primary key; `left_state_ttl_seconds` / `right_state_ttl_seconds`), then the
+  output's `materializer` keyed by the pair of input keys;
+- `snapshot_gate`: the gate of an enrichment join (the build side's snapshot progress per
+  partition, and the probe records held back while it is closed; no TTL);
+- `enrichment`: the latest build row per build key (`state_ttl_seconds`).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from typing import Any
 
 from service.errors import ConfigError
 from service.kafka_to_delta.materializer_bulk import DEFAULT_KEY_BUCKETS
+from service.join_settings import EnrichmentJoinSettings, JoinSettings, RegularJoinSettings
 from service.settings import PipelineSettings, Settings
 
 PLAN_FORMAT = 1
@@ -32,7 +41,8 @@ _MS_PER_S = 1000
 _TTL_UNIT = " ms"
 _WHOLE_ROW = ["(whole row)"]
 # Bytes of state per key besides the row images, measured (bench/README.md, materializer benchmark).
-_OVERHEAD_BYTES = {"from_changelog": 60, "order_by": 40, "materializer": 75}
+_OVERHEAD_BYTES = {"from_changelog": 60, "order_by": 40, "materializer": 75, "join": 75, "snapshot_gate": 40,
+                   "enrichment": 60}
 
 
 class Kind:
@@ -41,6 +51,9 @@ class Kind:
     FROM_CHANGELOG = "from_changelog"
     ORDER_BY = "order_by"
     MATERIALIZER = "materializer"
+    JOIN = "join"
+    SNAPSHOT_GATE = "snapshot_gate"
+    ENRICHMENT = "enrichment"
 
 
 @dataclass(frozen=True)
@@ -107,10 +120,41 @@ def pipeline_operators(pipeline: PipelineSettings) -> list[Operator]:
     return operators
 
 
+def _regular_join_operators(join: RegularJoinSettings) -> list[Operator]:
+    sides = {"left_key": list(join.left.primary_key), "right_key": list(join.right.primary_key),
+             "right_join_key": list(join.right.join_key)}
+    return [
+        Operator(join.name, Kind.JOIN, join.left.join_key,
+                 (StateEntry(0, _ms(join.left_ttl_seconds), "left"), StateEntry(1, _ms(join.right_ttl_seconds), "right")),
+                 {"type": join.type, **sides}),
+        Operator(join.name, Kind.MATERIALIZER, join.left.primary_key + join.right.primary_key,
+                 (StateEntry(0, _ms(join.state_ttl_seconds), "rows"),),
+                 {"on_conflict": join.on_conflict, "primary_key": list(join.primary_key)}),
+    ]
+
+
+def _enrichment_operators(join: EnrichmentJoinSettings) -> list[Operator]:
+    gate = [Operator(join.name, Kind.SNAPSHOT_GATE, ("topic", "partition"),
+                     (StateEntry(0, 0, "snapshot_progress"), StateEntry(1, 0, "held_probes")),
+                     {"build_topics": sorted(join.right.topics)})] if join.gate else []
+    return gate + [Operator(join.name, Kind.ENRICHMENT, join.right.join_key,
+                            (StateEntry(0, _ms(join.state_ttl_seconds), "build"),),
+                            {"type": join.type, "probe_key": list(join.left.primary_key), "missing": join.missing})]
+
+
+def join_operators(join: JoinSettings) -> list[Operator]:
+    """The stateful operators of one join pipeline, in data-flow order."""
+    if isinstance(join, RegularJoinSettings):
+        return _regular_join_operators(join)
+    return _enrichment_operators(join)
+
+
 def compile_plan(settings: Settings) -> dict[str, Any]:
-    """The plan of every pipeline as a JSON-ready document."""
+    """The plan of every pipeline and join as a JSON-ready document."""
     nodes = [op.as_json() for pipeline in settings.pipelines for op in pipeline_operators(pipeline)]
-    return {"cdc_lakehouse_plan": PLAN_FORMAT, "pipelines": [p.name for p in settings.pipelines], "nodes": nodes}
+    nodes += [op.as_json() for join in settings.joins for op in join_operators(join)]
+    names = [p.name for p in settings.pipelines] + [j.name for j in settings.joins]
+    return {"cdc_lakehouse_plan": PLAN_FORMAT, "pipelines": names, "nodes": nodes}
 
 
 def _ttl_ms(text: Any, where: str) -> int:
@@ -142,32 +186,54 @@ def _node_ttls(node: dict[str, Any], where: str) -> dict[str, int]:
     return {entry["name"]: _ttl_ms(entry["ttl"], where) for entry in node["state"]}
 
 
+def _planned_ttls(planned: dict[str, Any], operators: list[Operator], source: str) -> dict[str, dict[str, int]]:
+    """Per operator kind, the plan's TTLs (ms) by state name; the plan's node is taken out of `planned`."""
+    found: dict[str, dict[str, int]] = {}
+    for operator in operators:
+        node = planned.pop(operator.id, None)
+        where = f"{source}: operator {operator.id!r}"
+        if node is None:
+            raise ConfigError(f"{where} of the config is not in the plan: compile the plan again")
+        if node.get("kind") != operator.kind or list(node.get("key") or []) != list(operator.key):
+            raise ConfigError(f"{where}: the plan has kind {node.get('kind')!r} keyed by {node.get('key')}, "
+                              f"the config {operator.kind!r} keyed by {list(operator.key)}")
+        found[operator.kind] = _node_ttls(node, where)
+    return found
+
+
+def _pipeline_with_plan(pipeline: PipelineSettings, ttls: dict[str, dict[str, int]]) -> PipelineSettings:
+    update: dict[str, Any] = {}
+    if "image" in ttls.get(Kind.FROM_CHANGELOG, {}):
+        update["from_changelog"] = pipeline.from_changelog.model_copy(
+            update={"state_ttl_seconds": ttls[Kind.FROM_CHANGELOG]["image"] / _MS_PER_S})
+    if "rows" in ttls.get(Kind.MATERIALIZER, {}):
+        update["materializer_state_ttl_seconds"] = ttls[Kind.MATERIALIZER]["rows"] / _MS_PER_S
+    return pipeline.model_copy(update=update) if update else pipeline
+
+
+def _join_with_plan(join: JoinSettings, ttls: dict[str, dict[str, int]]) -> JoinSettings:
+    update: dict[str, Any] = {}
+    sides = ttls.get(Kind.JOIN, {})
+    for side in ("left", "right"):
+        if side in sides:
+            update[f"{side}_state_ttl_seconds"] = sides[side] / _MS_PER_S
+    rows = ttls.get(Kind.MATERIALIZER, {}).get("rows", ttls.get(Kind.ENRICHMENT, {}).get("build"))
+    if rows is not None:
+        update["state_ttl_seconds"] = rows / _MS_PER_S
+    return join.model_copy(update=update) if update else join
+
+
 def apply_plan(settings: Settings, plan: dict[str, Any], source: str = "plan") -> Settings:
     """The settings with the plan's TTLs; a plan whose operators differ from the config's is refused
     naming the operator."""
     planned = {node.get("id"): node for node in plan["nodes"]}
-    pipelines = []
-    for pipeline in settings.pipelines:
-        update: dict[str, Any] = {}
-        for operator in pipeline_operators(pipeline):
-            node = planned.pop(operator.id, None)
-            where = f"{source}: operator {operator.id!r}"
-            if node is None:
-                raise ConfigError(f"{where} of the config is not in the plan: compile the plan again")
-            if node.get("kind") != operator.kind or list(node.get("key") or []) != list(operator.key):
-                raise ConfigError(f"{where}: the plan has kind {node.get('kind')!r} keyed by {node.get('key')}, "
-                                  f"the config {operator.kind!r} keyed by {list(operator.key)}")
-            ttls = _node_ttls(node, where)
-            if operator.kind == Kind.FROM_CHANGELOG and "image" in ttls:
-                update["from_changelog"] = pipeline.from_changelog.model_copy(
-                    update={"state_ttl_seconds": ttls["image"] / _MS_PER_S})
-            if operator.kind == Kind.MATERIALIZER and "rows" in ttls:
-                update["materializer_state_ttl_seconds"] = ttls["rows"] / _MS_PER_S
-        pipelines.append(pipeline.model_copy(update=update) if update else pipeline)
+    pipelines = tuple(_pipeline_with_plan(p, _planned_ttls(planned, pipeline_operators(p), source))
+                      for p in settings.pipelines)
+    joins = tuple(_join_with_plan(j, _planned_ttls(planned, join_operators(j), source)) for j in settings.joins)
     if planned:
         extra = sorted(str(name) for name in planned)
         raise ConfigError(f"{source}: operator(s) {extra} of the plan are not in the config's pipelines")
-    return settings.model_copy(update={"pipelines": tuple(pipelines)})
+    return settings.model_copy(update={"pipelines": pipelines, "joins": joins})
 
 
 def _ttl_text(ms: int) -> str:
@@ -183,6 +249,10 @@ def _state_size(operator: Operator) -> str:
     overhead = _OVERHEAD_BYTES[operator.kind]
     if operator.kind == Kind.ORDER_BY:
         return f"the rows within the watermark delay, ~{overhead} B each beyond the row"
+    if operator.kind == Kind.SNAPSHOT_GATE:
+        return f"~{overhead} B per build partition, plus the probe records held while the gate is closed"
+    if operator.kind == Kind.JOIN:
+        return f"the input rows of each side with this key, ~{overhead} B each beyond the row"
     images = 1
     if operator.kind == Kind.MATERIALIZER and operator.properties.get("on_conflict") == "deduplicate":
         images = max(2, len(operator.properties.get("topics", [])))  # one live row per source
@@ -193,12 +263,13 @@ def _state_size(operator: Operator) -> str:
 def summary(settings: Settings) -> list[str]:
     """Human-readable lines: per pipeline, its operators, keys, TTLs and state size per key."""
     lines = []
-    for pipeline in settings.pipelines:
-        operators = pipeline_operators(pipeline)
+    entries = [(p.name, pipeline_operators(p)) for p in settings.pipelines]
+    entries += [(j.name, join_operators(j)) for j in settings.joins]
+    for name, operators in entries:
         if not operators:
-            lines.append(f"pipeline {pipeline.name}: no state (last change per key per micro-batch)")
+            lines.append(f"pipeline {name}: no state (last change per key per micro-batch)")
             continue
-        lines.append(f"pipeline {pipeline.name}:")
+        lines.append(f"pipeline {name}:")
         for operator in operators:
             ttls = ", ".join(f"{e.name} {_ttl_text(e.ttl_ms)}" for e in operator.state)
             if operator.kind == Kind.ORDER_BY:

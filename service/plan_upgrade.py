@@ -6,7 +6,7 @@ checkpoint (`<checkpoint>/plan.json`) before anything runs:
   pipeline, a new pipeline (no checkpoint yet): the start goes ahead, the change is logged;
 - incompatible: a changed key, an operator added to or removed from a pipeline whose
   checkpoint has started, a changed on_conflict, compaction, primary key, sequence_by, order_by
-  column or state layout (the materializer's key buckets): refused, naming the operator and the change and how to proceed.
+  column, state layout (the materializer's key buckets), join type or a join input's key: refused, naming the operator and the change and how to proceed.
 Then the current plan is stored. A checkpoint from before plans were stored is taken as it is.
 """
 
@@ -23,7 +23,8 @@ from service.errors import ConfigError
 
 log = logging.getLogger(__name__)
 PLAN_FILE = "plan.json"
-INCOMPATIBLE_PROPERTIES = ("on_conflict", "compaction", "primary_key", "sequence_by", "order_by", "state_layout")
+INCOMPATIBLE_PROPERTIES = ("on_conflict", "compaction", "primary_key", "sequence_by", "order_by", "state_layout",
+                           "type", "left_key", "right_key", "right_join_key", "probe_key", "build_topics")
 _HOW_TO_PROCEED = (
     "the state in the checkpoint was built under the stored plan and cannot be carried over. To proceed, move "
     "the checkpoint directory away and start a new one: with starting_offsets earliest the pipeline replays "

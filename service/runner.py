@@ -27,11 +27,12 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from service import health, metrics, redaction
-from service.compiled_plan import pipeline_operators
+from service.compiled_plan import join_operators, pipeline_operators
 from service.delta_to_kafka.exports import export_pipeline
 from service.delta_to_kafka.pipeline import ExportPipeline
 from service.errors import ConfigError, TerminalError
 from service.failures import classify
+from service.joins import join_pipeline
 from service.kafka_to_delta.pipeline import IngestPipeline
 from service.plan_upgrade import check_and_store
 from service.settings import Settings
@@ -76,7 +77,7 @@ class Runner:
     """Owns the Spark session and the streaming queries of one service process."""
 
     def __init__(self, settings: Settings) -> None:
-        if not settings.pipelines and not settings.exports:
+        if not settings.pipelines and not settings.joins and not settings.exports:
             raise ConfigError("no pipelines or exports configured: nothing to run")
         self.settings = settings
         redaction.configure(settings.log_values)
@@ -107,6 +108,8 @@ class Runner:
                      self.settings.metrics_port)
         for config in self.settings.pipelines:  # before anything runs: an incompatible upgrade is refused
             check_and_store(config.name, self.settings.checkpoint_dir(config.name), pipeline_operators(config))
+        for join in self.settings.joins:
+            check_and_store(join.name, self.settings.checkpoint_dir(join.name), join_operators(join))
         self._spark = build_spark(self.settings.spark)
         self._idle_progress_s = health.idle_progress_seconds(self._spark)
         log.info("kafka: %s", self.settings.kafka.redacted())
@@ -114,7 +117,11 @@ class Runner:
             entry = _Supervised(IngestPipeline(self._spark, self.settings, config))
             self.supervised.append(entry)
             self._start(entry)
-        if not (until_idle and self.settings.pipelines):
+        for join in self.settings.joins:
+            entry = _Supervised(join_pipeline(self._spark, self.settings, join))
+            self.supervised.append(entry)
+            self._start(entry)
+        if not (until_idle and (self.settings.pipelines or self.settings.joins)):
             self._start_exports()
 
     def _start_exports(self) -> None:
@@ -187,7 +194,8 @@ class Runner:
         max_age = health.max_progress_age(self.settings.readiness_stale_triggers,
                                           self.settings.trigger_interval_seconds, self._idle_progress_s)
         started = {entry.pipeline.name: entry for entry in list(self.supervised)}
-        names = [p.name for p in self.settings.pipelines] + [e.name for e in self.settings.exports]
+        names = [p.name for p in self.settings.pipelines] + [j.name for j in self.settings.joins]
+        names += [e.name for e in self.settings.exports]
         return health.Readiness(tuple(
             health.query_health(name, None, restarting=False, finished=False, max_age_s=max_age)
             if name not in started else

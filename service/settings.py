@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -20,6 +20,7 @@ from service.errors import ConfigError
 from service.kafka_to_delta.dead_letters import DeadLetterSettings
 from service.kafka_to_delta.from_changelog_settings import FromChangelogSettings
 from service.kafka_to_delta.op_mapping import Grouping, parse_op_mapping
+from service.join_settings import JoinSettings
 from service.maintenance_settings import MaintenanceSettings
 from service.registry_settings import SchemaRegistrySettings, share_registry
 
@@ -281,6 +282,8 @@ class Settings(_Frozen):
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
     pipelines: tuple[PipelineSettings, ...] = ()
     exports: tuple[ExportSettings, ...] = ()
+    # Join pipelines (service/join_settings.py): `type: inner | left` or `type: enrichment`.
+    joins: tuple[Annotated[JoinSettings, Field(discriminator="type")], ...] = ()
 
     @model_validator(mode="before")
     @classmethod
@@ -290,10 +293,10 @@ class Settings(_Frozen):
     @model_validator(mode="after")
     def _unique_names(self) -> "Settings":
         # Names key checkpoints, Spark query names and Kafka transactional ids: one namespace.
-        names = [p.name for p in self.pipelines] + [e.name for e in self.exports]
+        names = [p.name for p in self.pipelines] + [j.name for j in self.joins] + [e.name for e in self.exports]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
-            raise ValueError(f"pipeline and export names must be unique; repeated: {', '.join(dupes)}")
+            raise ValueError(f"pipeline, join and export names must be unique; repeated: {', '.join(dupes)}")
         return self
 
     def maintenance_of(self, pipeline: PipelineSettings) -> MaintenanceSettings:
