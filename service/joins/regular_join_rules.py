@@ -1,0 +1,287 @@
+"""The regular changelog join's rules, pure (no Spark, no I/O): one micro-batch of changes of both
+inputs and the state before it -> the state after it and the output's net changes.
+
+State of each side (`SIDE_SCHEMA`, one row per live input row): its primary key (`pk`, canonical
+JSON), its join key (`jk`, canonical JSON; null when a join column is null: such a row never
+matches), its row image and declared types (JSON text), the event time it was last touched at and
+the source position of its last change. Rules, per micro-batch (the barrier):
+
+1. Each side's changes are reduced to the last change per primary key in source order (topic,
+   partition, offset, change index): Debezium keys its topics by primary key, so a key's changes sit
+   in one partition; a key change (delete of the old key, create of the new one, in other partitions)
+   is two keys. A retraction (-U, -D) as the last change removes the row, anything else upserts it.
+2. Clock: the largest event time (the change's own, else its Kafka timestamp) read so far, from both
+   inputs. Before the batch is applied, a side row not touched for at least the side's TTL
+   (`touched + ttl <= clock`) is dropped: it is treated as never seen, and its expiry emits nothing.
+3. Affected join keys: the old join keys of the changed rows (after expiry) and their new ones. The
+   join of both sides restricted to them is computed before and after the batch (inner, or left outer:
+   a left row without a match joins a row of nulls); output rows are identified by their upsert key,
+   the pair (left pk, right pk).
+4. Output rows of the old join missing from the new are retracted, new or changed ones added
+   (retractions first), and both go through the materializer rules (`Materializer`) keyed by the
+   output's declared primary key, so `on_conflict` decides when that key is not the pair. Expired
+   rows are in neither join: output rows made with them stay until a later change of theirs.
+
+Output columns: the left row's columns, then the right row's; a right column whose name the left row
+also has gets the suffix `0`. Nothing here reads the wall clock: a replayed batch decides the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from service.changes import ChangeKind
+from service.errors import TerminalError
+from service.kafka_to_delta.changelog_batch import Column
+from service.kafka_to_delta.debezium_json import canonical_json, compact_json
+from service.kafka_to_delta.materializer import Change, Counters, Materializer, MaterializerConfig
+from service.kafka_to_delta.partition_changes import last_rows
+
+RIGHT_SUFFIX = "0"
+SIDE_SCHEMA = pa.schema([
+    ("pk", pa.string()), ("jk", pa.string()), ("row", pa.string()), ("types", pa.string()),
+    ("touched", pa.int64()), ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
+])
+OUTPUT_SCHEMA = pa.schema([("key", pa.string()), ("kind", pa.string()), ("row", pa.string()), ("types", pa.string())])
+"""The output's net changes, in the form `MergeSink.apply` takes (key: JSON list of primary-key values)."""
+_RETRACTIONS = pa.array([ChangeKind.UPDATE_BEFORE.value, ChangeKind.DELETE.value])
+_SOURCE_ORDER = [(c, "ascending") for c in (Column.TOPIC, Column.PARTITION, Column.OFFSET, Column.CHANGE_INDEX)]
+_POSITION = ("topic", "partition", "offset")
+
+
+class JoinKeyError(TerminalError):
+    """An output row cannot be keyed (a primary-key column missing or null)."""
+
+
+@dataclass(frozen=True)
+class SideRules:
+    """One input: its key columns and its state TTL (0: kept until the data removes the row)."""
+
+    primary_key: tuple[str, ...]
+    join_key: tuple[str, ...]
+    ttl_ms: int = 0
+
+
+@dataclass(frozen=True)
+class JoinRules:
+    """Everything the rules need of a join's configuration."""
+
+    left: SideRules
+    right: SideRules
+    outer: bool  # left outer join
+    output: MaterializerConfig  # table, declared primary key, on_conflict
+    output_ttl_ms: int = 0  # the materializer's state TTL (the pipeline's state_ttl_seconds)
+
+
+@dataclass
+class JoinState:
+    """Both sides, the materializer state per output primary key ((state text, touched)) and the clock."""
+
+    left: pa.Table = field(default_factory=SIDE_SCHEMA.empty_table)
+    right: pa.Table = field(default_factory=SIDE_SCHEMA.empty_table)
+    output: dict[str, tuple[str, int]] = field(default_factory=dict)
+    clock: int = 0
+
+
+@dataclass(frozen=True)
+class SideDelta:
+    """What one batch changed in a side's state: rows to store, primary keys to forget."""
+
+    stored: pa.Table
+    removed: list[str]
+
+
+@dataclass(frozen=True)
+class Step:
+    """The result of one batch."""
+
+    state: JoinState
+    output: pa.Table  # OUTPUT_SCHEMA
+    left: SideDelta
+    right: SideDelta
+    output_stored: dict[str, tuple[str, int]]
+    output_removed: list[str]
+    counters: Counters
+    expired: int  # side rows dropped by their TTL
+
+
+def _join_key(row: dict, columns: tuple[str, ...]) -> str | None:
+    values = [row.get(c) for c in columns]
+    return None if any(v is None for v in values) else canonical_json(values)
+
+
+def side_changes(changelog: pa.Table, rules: SideRules) -> pa.Table:
+    """A side's changelog rows (`CHANGELOG_SCHEMA` columns) -> its last change per primary key, as
+    `SIDE_SCHEMA` rows plus `deleted` (row null for a delete)."""
+    if changelog.num_rows == 0:
+        return SIDE_SCHEMA.append(pa.field("deleted", pa.bool_())).empty_table()
+    last = last_rows(changelog.sort_by(_SOURCE_ORDER), Column.KEY)
+    deleted = pc.fill_null(pc.is_in(last.column(Column.KIND), _RETRACTIONS), False)
+    rows = last.column(Column.ROW).to_pylist()
+    gone = deleted.to_pylist()
+    keys = [None if d or r is None else _join_key(orjson.loads(r), rules.join_key) for r, d in zip(rows, gone)]
+    touched = pc.coalesce(last.column(Column.EVENT_TIME), last.column(Column.TIMESTAMP))
+    return pa.table({
+        "pk": last.column(Column.KEY), "jk": pa.array(keys, pa.string()),
+        "row": pc.if_else(deleted, pa.scalar(None, pa.string()), last.column(Column.ROW)),
+        "types": last.column(Column.TYPES), "touched": pc.cast(touched, pa.int64()),
+        "topic": last.column(Column.TOPIC), "partition": last.column(Column.PARTITION),
+        "offset": last.column(Column.OFFSET), "deleted": deleted,
+    })
+
+
+def _expired(state: pa.Table, ttl_ms: int, clock: int) -> pa.Array:
+    if not ttl_ms or state.num_rows == 0:
+        return pa.array([], pa.bool_())
+    return pc.less_equal(pc.add(state.column("touched"), ttl_ms), clock)
+
+
+@dataclass(frozen=True)
+class _SideStep:
+    before: pa.Table  # the state after expiry, before the batch
+    after: pa.Table
+    old_keys: pa.Array  # join keys of the changed rows before the batch
+    new_keys: pa.Array
+    changed: pa.Array  # primary keys the batch touched
+    delta: SideDelta
+    expired: int
+
+
+def _apply_side(state: pa.Table, changes: pa.Table, rules: SideRules, clock: int) -> _SideStep:
+    expired = _expired(state, rules.ttl_ms, clock)
+    gone: list[str] = []
+    if len(expired) and pc.any(expired).as_py():
+        gone = state.filter(expired).column("pk").to_pylist()
+        state = state.filter(pc.invert(expired))
+    changed = changes.column("pk").combine_chunks()
+    touched = pc.is_in(state.column("pk"), changed)
+    stored = changes.filter(pc.invert(changes.column("deleted"))).select(SIDE_SCHEMA.names).cast(SIDE_SCHEMA)
+    after = pa.concat_tables([state.filter(pc.invert(touched)), stored])
+    deleted = changes.filter(changes.column("deleted")).column("pk").to_pylist()
+    return _SideStep(
+        before=state, after=after, old_keys=state.filter(touched).column("jk").combine_chunks(),
+        new_keys=stored.column("jk").combine_chunks(), changed=changed,
+        delta=SideDelta(stored, gone + deleted), expired=len(gone),
+    )
+
+
+def _joined(left: pa.Table, right: pa.Table, outer: bool) -> pa.Table:
+    """Pairs of (left, right) rows with equal join keys; `outer`: unmatched left rows with nulls."""
+    names = ["pk", "row", "types", *_POSITION]
+    lhs = left.select(["jk", *names]).rename_columns(["jk", *(f"l_{n}" for n in names)])
+    rhs = right.filter(pc.is_valid(right.column("jk"))).select(["jk", *names])
+    rhs = rhs.rename_columns(["jk", *(f"r_{n}" for n in names)])
+    return lhs.join(rhs, "jk", join_type="left outer" if outer else "inner", use_threads=False)
+
+
+def _scope(step: _SideStep, keys: pa.Array, table: pa.Table, by_pk: bool) -> pa.Table:
+    """The rows of `table` with an affected join key (left: also the changed rows, whatever their key)."""
+    mask = pc.fill_null(pc.is_in(table.column("jk"), keys), False)
+    if by_pk:
+        mask = pc.or_(mask, pc.is_in(table.column("pk"), step.changed))
+    return table.filter(mask)
+
+
+class _OutputRows:
+    """Joined pairs -> output rows (upsert key, output primary key, row text, types text, position)."""
+
+    def __init__(self, rules: JoinRules) -> None:
+        self.key = rules.output.primary_key
+        self._types: dict[tuple[str | None, str | None], str | None] = {}
+
+    def rows(self, pairs: pa.Table) -> dict[str, tuple[str, str, str | None, tuple[str, int, int]]]:
+        out = {}
+        for pair in pairs.to_pylist():
+            left = orjson.loads(pair["l_row"])
+            right = orjson.loads(pair["r_row"]) if pair["r_row"] is not None else {}
+            row = {**left, **{(c + RIGHT_SUFFIX if c in left else c): v for c, v in right.items()}}
+            position = (pair["l_topic"], pair["l_partition"], pair["l_offset"])  # named in conflict messages
+            upsert_key = f"[{pair['l_pk']},{pair['r_pk'] or 'null'}]"
+            out[upsert_key] = (self._primary_key(row), compact_json(row), self._types_of(pair, left), position)
+        return out
+
+    def _primary_key(self, row: dict) -> str:
+        values = [row.get(c) for c in self.key]
+        if any(v is None for v in values):
+            missing = [c for c, v in zip(self.key, values) if v is None]
+            raise JoinKeyError(f"an output row has no value for primary-key column(s) {missing} (a left join's "
+                               f"primary key must be made of left columns)")
+        return canonical_json(values)
+
+    def _types_of(self, pair: dict, left: dict) -> str | None:
+        texts = (pair["l_types"], pair["r_types"])
+        if texts not in self._types:
+            declared = orjson.loads(texts[0]) if texts[0] else {}
+            for column, kind in (orjson.loads(texts[1]) if texts[1] else {}).items():
+                declared[column + RIGHT_SUFFIX if column in left else column] = kind
+            self._types[texts] = compact_json(declared) if declared else None
+        return self._types[texts]
+
+
+def _changes(old: dict, new: dict) -> dict[str, list[tuple[Change, str | None]]]:
+    """Per output primary key: retractions of old rows the new join lacks, then additions of new or
+    changed rows (each with its types)."""
+    by_pk: dict[str, list[tuple[Change, str | None]]] = {}
+    for ukey in sorted(old.keys() - new.keys()):
+        pk, row, _, position = old[ukey]
+        by_pk.setdefault(pk, []).append((Change(ChangeKind.DELETE, ukey, row, position), None))
+    for ukey in sorted(new):
+        pk, row, types, position = new[ukey]
+        if ukey not in old or old[ukey][1] != row:
+            by_pk.setdefault(pk, []).append((Change(ChangeKind.UPDATE_AFTER, ukey, row, position), types))
+    return by_pk
+
+
+def _materialized(rules: JoinRules, state: dict[str, tuple[str, int]], by_pk: dict, clock: int
+                  ) -> tuple[pa.Table, dict[str, tuple[str, int]], list[str], Counters]:
+    materializer, counters = Materializer(rules.output), Counters()
+    out: dict[str, list[Any]] = {name: [] for name in OUTPUT_SCHEMA.names}
+    stored: dict[str, tuple[str, int]] = {}
+    removed: list[str] = []
+    for pk, entries in by_pk.items():
+        known = state.get(pk)
+        outcome = materializer.apply(pk, known[0] if known else None, [c for c, _ in entries], clock)
+        counters.add(outcome.counters)
+        if outcome.new_state is None:
+            removed += [pk] if known else []
+        else:
+            stored[pk] = (outcome.new_state, clock)
+        if outcome.net is not None:
+            types = next((t for c, t in reversed(entries) if c.row == outcome.net.row), None)
+            kind = ChangeKind.DELETE if outcome.net.kind == "delete" else ChangeKind.UPDATE_AFTER
+            for name, value in zip(OUTPUT_SCHEMA.names, (pk, kind.value, outcome.net.row, types)):
+                out[name].append(value)
+    return pa.table(out, schema=OUTPUT_SCHEMA), stored, removed, counters
+
+
+def _expire_output(state: dict[str, tuple[str, int]], ttl_ms: int, clock: int) -> list[str]:
+    return [pk for pk, (_, touched) in state.items() if touched + ttl_ms <= clock] if ttl_ms else []
+
+
+def join_step(state: JoinState, left: pa.Table, right: pa.Table, rules: JoinRules) -> Step:
+    """Apply one batch: `left` / `right` are the sides' `side_changes`."""
+    moments = [m for m in (pc.max(left.column("touched")).as_py(), pc.max(right.column("touched")).as_py())
+               if m is not None]
+    clock = max([state.clock, *moments])
+    lstep = _apply_side(state.left, left, rules.left, clock)
+    rstep = _apply_side(state.right, right, rules.right, clock)
+    keys = pa.concat_arrays([lstep.old_keys, lstep.new_keys, rstep.old_keys, rstep.new_keys]).unique().drop_null()
+    old = _joined(_scope(lstep, keys, lstep.before, True), _scope(rstep, keys, rstep.before, False), rules.outer)
+    new = _joined(_scope(lstep, keys, lstep.after, True), _scope(rstep, keys, rstep.after, False), rules.outer)
+    rows = _OutputRows(rules)
+    output_state = dict(state.output)
+    expired_out = _expire_output(output_state, rules.output_ttl_ms, clock)
+    for pk in expired_out:
+        del output_state[pk]
+    net, stored, removed, counters = _materialized(rules, output_state, _changes(rows.rows(old), rows.rows(new)), clock)
+    output_state.update(stored)
+    for pk in removed:
+        del output_state[pk]
+    after = replace(state, left=lstep.after, right=rstep.after, output=output_state, clock=clock)
+    return Step(after, net, lstep.delta, rstep.delta, stored, expired_out + removed, counters,
+                lstep.expired + rstep.expired)
