@@ -17,6 +17,10 @@ Barriers and TTL keep the per-key stage's meaning:
 - TTL (`state_ttl_ms`): a key is dropped once the watermark passes its last touched event time
   plus the TTL, when its bucket is next called (by input or by its timer at the earliest expiry).
 
+Initial state (`rebuild-state`): on the first micro-batch of a fresh checkpoint, the rows of
+`SEED_SCHEMA` (a primary key, its rules' state text, the event time it counts as touched at) are
+merged into their buckets' documents before that batch's changes are applied.
+
 The cost per micro-batch is one call per touched bucket plus rewriting those buckets' state, so
 the number of buckets trades per-call overhead against rewrite volume (docs/design/materializer-state.md).
 """
@@ -28,10 +32,10 @@ from typing import Any, Iterator
 import orjson
 import pandas as pd
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle, TimerValues
-from pyspark.sql.types import BinaryType, StructField, StructType
+from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from service.kafka_to_delta.materializer import Materializer
 from service.kafka_to_delta.materializer_bulk import (
@@ -52,6 +56,11 @@ BUCKET = "bucket"
 GROUP_COLUMN = "group_key"  # pandas frames rename columns that start with "_"
 _BUCKET_SCHEMA = StructType([StructField("keys", BinaryType())])
 _WAITING_SCHEMA = StructType([StructField("record", BinaryType())])
+SEED_COLUMNS = (GROUP_COLUMN, "state", "touched")
+SEED_SCHEMA = StructType([StructField(GROUP_COLUMN, StringType()), StructField("state", StringType()),
+                          StructField("touched", LongType())])
+"""Initial state of the bucket stage: one row per primary key (its group key, its rules' state text,
+the event time it counts as last touched at for the TTL)."""
 WAITING_NAMES = (GROUP, "kind", "upsert_key", "row", "types", "unchanged", "sequence", EVENT_TIME, "topic",
                  "partition", "offset", "change_index", "timestamp")
 """The fields of a change waiting for the watermark (stored as one JSON document each)."""
@@ -85,6 +94,19 @@ class BucketProcessor(StatefulProcessor):
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues) -> Iterator[pd.DataFrame]:
         """Compact the bucket's changes of this micro-batch (batch), or those the watermark reached."""
         yield from self._compact(_records(rows), timerValues.getCurrentWatermarkInMs())
+
+    def handleInitialState(self, key: Any, initialState: pd.DataFrame, timerValues: TimerValues) -> None:
+        """First micro-batch of a fresh checkpoint: merge the seeded keys into the bucket's document."""
+        stored = self.keys.get()
+        states = decode_bucket(None if stored is None else stored[0])
+        ttl_ms = self.config.state_ttl_ms
+        for group, state, touched in initialState[list(SEED_COLUMNS)].itertuples(index=False):
+            states[str(group)] = (str(state), int(touched) if ttl_ms and touched is not None else None)
+        if states:
+            self.keys.update((encode_bucket(states),))
+        expiry = next_expiry(states, ttl_ms)
+        if expiry is not None:
+            self.handle.registerTimer(int(expiry))
 
     def handleExpiredTimer(self, key: Any, timerValues: TimerValues, expiredTimerInfo: Any) -> Iterator[pd.DataFrame]:
         """Compact what the watermark reached and drop the keys that outlived the TTL."""
@@ -132,5 +154,14 @@ class BucketProcessor(StatefulProcessor):
 def bucketed(grouped: DataFrame, buckets: int) -> DataFrame:
     """`grouped` with its `_group` column renamed for pandas, and the bucket column: a stable hash of the
     group key modulo `buckets` (the bucket count is part of the checkpointed state's layout)."""
-    with_bucket = grouped.withColumn(BUCKET, F.pmod(F.xxhash64(GROUP), F.lit(buckets)))
+    with_bucket = grouped.withColumn(BUCKET, _bucket_of(GROUP, buckets))
     return with_bucket.withColumnRenamed(GROUP, GROUP_COLUMN)
+
+
+def _bucket_of(column: str, buckets: int) -> Column:
+    return F.pmod(F.xxhash64(column), F.lit(buckets))
+
+
+def bucketed_seed(seed: DataFrame, buckets: int) -> DataFrame:
+    """The initial state (`SEED_SCHEMA`) with the bucket each primary key belongs to, as the input's."""
+    return seed.select(*SEED_COLUMNS).withColumn(BUCKET, _bucket_of(GROUP_COLUMN, buckets))

@@ -49,7 +49,7 @@ from service.kafka_to_delta.materializer_bulk import (
     is_failed,
     passthrough,
 )
-from service.kafka_to_delta.materializer_buckets import BUCKET, BucketProcessor, bucketed
+from service.kafka_to_delta.materializer_buckets import BUCKET, BucketProcessor, bucketed, bucketed_seed
 from service.kafka_to_delta.net_changes import NET_SCHEMA
 
 __all__ = ["MaterializerProcessor", "StageConfig", "materialize", "time_mode", "waiting_item"]
@@ -178,10 +178,14 @@ def _grouped(changelog: DataFrame) -> DataFrame:
 
 
 def materialize(
-    changelog: DataFrame, config: StageConfig, watermark_delay_seconds: float = 0.0, declare_watermark: bool = True
+    changelog: DataFrame, config: StageConfig, watermark_delay_seconds: float = 0.0, declare_watermark: bool = True,
+    initial_state: DataFrame | None = None,
 ) -> DataFrame:
     """Net changes per primary key (NET_SCHEMA) through the keyed-state materializer: state per key
     bucket (`materializer_buckets`, the default) or, with `key_buckets` 0, per key (`MaterializerProcessor`).
+
+    `initial_state` (`materializer_buckets.SEED_SCHEMA`, bucket stage only): the state the first
+    micro-batch of a fresh checkpoint starts from (`service.state_rebuild`).
 
     In event time the watermark is declared on a column that is dropped before the stateful
     operator: the query's watermark still advances (and fires the timers), but Spark does not
@@ -200,7 +204,10 @@ def materialize(
         )
     carried = grouped.select(*_STAGE_COLUMNS, "key", "error", "handling", "stage", "raw_key", "raw_value", "headers")
     if config.key_buckets:
+        seeded = None if initial_state is None else bucketed_seed(initial_state, config.key_buckets).groupBy(BUCKET)
         return bucketed(carried, config.key_buckets).groupBy(BUCKET).transformWithStateInPandas(
-            BucketProcessor(config), NET_SCHEMA, "Update", mode
+            BucketProcessor(config), NET_SCHEMA, "Update", mode, initialState=seeded
         )
+    if initial_state is not None:
+        raise ValueError("an initial state needs the bucket stage (key_buckets > 0)")
     return carried.groupBy(GROUP).transformWithState(MaterializerProcessor(config), NET_SCHEMA, "Update", mode)
