@@ -45,6 +45,7 @@ from service.kafka_to_delta.merge_sink import MergeOutcome, MergeSink
 from service.kafka_to_delta.net_changes import net_changes
 from service.kafka_to_delta.partition_changes import COUNTERS, PAYLOAD_SPARK_SCHEMA, NetPayload, PartitionReducer
 from service.maintenance import TableMaintenance
+from service.rebuilt_seed import Seed, load_seed
 from service.settings import PipelineSettings, Settings
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,7 @@ class IngestPipeline:
         self._query: StreamingQuery | None = None
         self._started = threading.Event()
         self.reduces_where_read = not pipeline.materialized and not needs_state(pipeline)
+        self.seed: Seed | None = None
 
     @property
     def name(self) -> str:
@@ -127,7 +129,7 @@ class IngestPipeline:
                 reader = reader.option("idleTimeoutMs", str(int(pipeline.idle_timeout_seconds * 1000)))
         for key, value in self.settings.kafka.options.items():
             reader = reader.option(f"kafka.{key}", value)
-        starting = self.pipeline.starting_offsets
+        starting = self.pipeline.starting_offsets if self.seed is None else self.seed.starting_offsets
         if not isinstance(starting, str):
             starting = json.dumps(starting)
         reader = reader.option("startingOffsets", starting)
@@ -203,6 +205,7 @@ class IngestPipeline:
     def start(self, until_idle: bool) -> StreamingQuery:
         """Start the streaming query; `until_idle` reads what is there now, then ends."""
         remove_abandoned_writes(self.settings.checkpoint_dir(self.pipeline.name))
+        self.seed = load_seed(self.spark, self.settings.checkpoint_dir(self.pipeline.name))  # rebuild-state
         if self.reduces_where_read:
             reducer = PartitionReducer(batch_decoder(self.pipeline), self.pipeline.primary_key)
             self.spark.dataSource.register(changes_source(self.pipeline.name, reducer))
@@ -215,6 +218,7 @@ class IngestPipeline:
             stream = materialize(
                 stream, stage_config(self.pipeline), self.pipeline.effective_watermark_delay_seconds,
                 declare_watermark=not needs_state(self.pipeline),
+                initial_state=None if self.seed is None else self.seed.initial_state,
             )
         writer = (
             stream
