@@ -1,4 +1,4 @@
-"""Command line: `cdc-lakehouse run | validate | plan | status | demo`.
+"""Command line: `cdc-lakehouse run | validate | plan | rebuild-state | status | demo`.
 
 Exit codes: 0 done (stopped by SIGTERM/SIGINT, or idle with --until-idle); 1 a terminal error
 (bad config, bad input, data loss: running again gives the same error, do not restart);
@@ -90,6 +90,23 @@ def plan_command(
         output.write_text(document + "\n")
         typer.echo(f"plan written to {output}")
     for line in summary(settings):
+        typer.echo(line)
+
+
+@app.command(name="rebuild-state")
+def rebuild_state_command(
+    config: Path = typer.Argument(..., help="YAML config file (the new one)"),
+    pipeline: str = typer.Option(..., "--pipeline", help="the pipeline whose materializer state to rebuild"),
+) -> None:
+    """With the service stopped: a new checkpoint whose materializer state is seeded from the Delta table
+    (the old checkpoint is moved aside); the pipeline then goes on from where the table's content ends."""
+    from service.state_rebuild import rebuild_state
+
+    try:
+        report = rebuild_state(load_settings(config), pipeline)
+    except CdcLakehouseError as error:
+        _fail(error)
+    for line in report.lines():
         typer.echo(line)
 
 
