@@ -6,7 +6,8 @@ checkpoint (`<checkpoint>/plan.json`) before anything runs:
   pipeline, a new pipeline (no checkpoint yet): the start goes ahead, the change is logged;
 - incompatible: a changed key, an operator added to or removed from a pipeline whose
   checkpoint has started, a changed on_conflict, compaction, primary key, sequence_by, order_by
-  column, state layout (the materializer's key buckets), join type or a join input's key: refused, naming the operator and the change and how to proceed.
+  column, state layout (the materializer's key buckets), join type or a join input's key: refused, naming the
+  operator and the change and how to proceed (for an ingest pipeline's materializer: `rebuild-state`).
 Then the current plan is stored. A checkpoint from before plans were stored is taken as it is.
 """
 
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from service.checkpoints import local_path
-from service.compiled_plan import PLAN_FORMAT, Operator
+from service.compiled_plan import PLAN_FORMAT, Kind, Operator
 from service.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,10 @@ _HOW_TO_PROCEED = (
     "the checkpoint directory away and start a new one: with starting_offsets earliest the pipeline replays "
     "the topics and rebuilds its state (the MERGEs are idempotent), or from a chosen offset when the topics "
     "no longer hold everything the state needs"
+)
+_REBUILD = (
+    ". For the materializer, without a replay: stop the service and run `cdc-lakehouse rebuild-state CONFIG "
+    "--pipeline {pipeline}`, which moves this checkpoint aside and seeds a new one from the Delta table"
 )
 
 
@@ -64,6 +69,13 @@ def _changes(stored: dict[str, dict[str, Any]], current: dict[str, dict[str, Any
     return refused, allowed
 
 
+def _rebuildable(pipeline: str, operators: list[Operator], refused: list[str]) -> bool:
+    """Whether `rebuild-state` answers the refusal: an ingest pipeline keeps a materializer and it changed."""
+    materializer = f"{pipeline}/{Kind.MATERIALIZER}"
+    kinds = {op.kind for op in operators}
+    return Kind.MATERIALIZER in kinds and Kind.JOIN not in kinds and any(materializer in c for c in refused)
+
+
 def check_and_store(pipeline: str, checkpoint_dir: str, operators: list[Operator]) -> None:
     """Refuse an incompatible upgrade of the checkpoint's plan (`ConfigError`), then store the current one."""
     checkpoint = local_path(checkpoint_dir)
@@ -80,8 +92,9 @@ def check_and_store(pipeline: str, checkpoint_dir: str, operators: list[Operator
             raise ConfigError(f"pipeline {pipeline}: the stored plan {path} cannot be read ({error})") from None
         refused, allowed = _changes(stored, current)
         if refused:
+            rebuild = _REBUILD.format(pipeline=pipeline) if _rebuildable(pipeline, operators, refused) else ""
             raise ConfigError(f"pipeline {pipeline}: incompatible change to the plan of checkpoint {checkpoint}: "
-                              f"{'; '.join(refused)}. {_HOW_TO_PROCEED}")
+                              f"{'; '.join(refused)}. {_HOW_TO_PROCEED}{rebuild}")
         for change in allowed:
             log.info("pipeline %s: compatible plan change: %s", pipeline, change)
     checkpoint.mkdir(parents=True, exist_ok=True)
