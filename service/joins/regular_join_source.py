@@ -1,0 +1,80 @@
+"""Both inputs of a join as one stream of changelog rows, decoded on the executors.
+
+One streaming query reads every topic of both inputs (`connectors.kafka.source`, so the offsets of
+both live in one checkpoint and a micro-batch is one barrier for both sides); each Kafka record batch
+is decoded (`ChangelogBatchDecoder`, the ingest's stateless FROM_CHANGELOG stage) by the decoder of the
+input its topic belongs to, and every row is tagged with its `side`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from connectors.kafka.source import FORMAT_NAME, KafkaSource
+from connectors.schema_registry import ConfluentAvroDecoder, SchemaRegistryClient
+from service.errors import ConfigError
+from service.join_settings import JoinInput, RegularJoinSettings
+from service.kafka_to_delta.changelog_batch import CHANGELOG_SCHEMA, ChangelogBatchDecoder, KafkaColumn
+from service.settings import Settings
+
+SIDE = "side"
+SIDES_SCHEMA = CHANGELOG_SCHEMA.append(pa.field(SIDE, pa.string()))
+
+
+def input_decoder(source: JoinInput) -> ChangelogBatchDecoder:
+    """The decoder of one input: its format and FROM_CHANGELOG settings, keyed by its primary key."""
+    value_decoder = None
+    if source.format == "avro-confluent":
+        if source.schema_registry is None:
+            raise ConfigError(f"input topics {list(source.topics)}: format avro-confluent needs `schema_registry`")
+        value_decoder = ConfluentAvroDecoder(SchemaRegistryClient(connection=source.schema_registry.connection()))
+    return ChangelogBatchDecoder(source.from_changelog, source.primary_key, source.primary_key,
+                                 value_decoder=value_decoder)
+
+
+class SidesDecoder:
+    """The `mapInArrow` function: Kafka records of both inputs -> changelog rows with their side. Picklable."""
+
+    def __init__(self, join: RegularJoinSettings) -> None:
+        self.left_topics = list(join.left.topics)
+        self.decoders = {"left": input_decoder(join.left), "right": input_decoder(join.right)}
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            is_left = pc.is_in(batch.column(KafkaColumn.TOPIC), pa.array(self.left_topics, pa.string()))
+            for side, mask in (("left", is_left), ("right", pc.invert(is_left))):
+                part = batch.filter(mask)
+                if part.num_rows:
+                    decoded = self.decoders[side](part)
+                    yield decoded.append_column(SIDE, pa.array([side] * decoded.num_rows, pa.string()))
+
+
+def starting_offsets(join: RegularJoinSettings) -> str:
+    """The source's startingOffsets for both inputs (one option for the one query)."""
+    left, right = join.left.starting_offsets, join.right.starting_offsets
+    if isinstance(left, dict) and isinstance(right, dict):
+        return json.dumps({**left, **right})
+    if left == right and isinstance(left, str):
+        return left
+    raise ConfigError(f"join {join.name}: both inputs must start from `earliest`, from `latest`, or from "
+                      f"explicit offsets (got {left!r} and {right!r})")
+
+
+def sides_stream(spark: SparkSession, settings: Settings, join: RegularJoinSettings) -> DataFrame:
+    """The changelog rows of both inputs (`SIDES_SCHEMA`)."""
+    spark.dataSource.register(KafkaSource)
+    reader = (spark.readStream.format(FORMAT_NAME)
+              .option("bootstrap.servers", settings.kafka.bootstrap_servers)
+              .option("topics", ",".join(join.topics))
+              .option("startingOffsets", starting_offsets(join)))
+    for key, value in settings.kafka.options.items():
+        reader = reader.option(f"kafka.{key}", value)
+    if join.max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", str(join.max_offsets_per_trigger))
+    return reader.load().mapInArrow(SidesDecoder(join), from_arrow_schema(SIDES_SCHEMA))
