@@ -106,6 +106,9 @@ class EnrichmentJoinSettings(_JoinBase):
     def _dead_letter_target(self) -> "EnrichmentJoinSettings":
         if self.missing == "dead_letter" and not self.dead_letter_topic:
             raise ValueError(f"join {self.name}: `missing: dead_letter` needs `dead_letter_topic`")
+        if set(self.right.join_key) != set(self.right.primary_key):
+            raise ValueError(f"join {self.name}: the build input keeps its latest row per key: right.join_key "
+                             f"{list(self.right.join_key)} must be its primary_key {list(self.right.primary_key)}")
         return self
 
 
