@@ -20,8 +20,8 @@ Limitations (printed by the command, `LIMITATIONS`): the table shows one row per
 only that row is rebuilt. Refused: several topics into one table (a live row's upsert key names its
 source topic, which the table does not hold), no upsert key (retractions match the whole row's
 source text), key columns other than integers, text or booleans (their text form in the source
-may differ from the table's), and watermark compaction or an ORDER BY buffer in the old
-checkpoint (changes waiting there are not in the table yet).
+may differ from the table's), and an old checkpoint that ran with watermark compaction or an
+ORDER BY buffer (changes waiting there are not in the table yet).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from connectors.kafka import offsets as om
 from service.checkpoints import local_path
+from service.compiled_plan import pipeline_operators
 from service.errors import ConfigError
 from service.kafka_to_delta.debezium_json import canonical_key
 from service.kafka_to_delta.materializer_buckets import SEED_COLUMNS
@@ -114,13 +115,16 @@ def _pipeline(settings: Settings, name: str) -> PipelineSettings:
     if not found.effective_upsert_key:
         raise ConfigError(f"pipeline {name}: no upsert key (retractions match the whole row's source text, "
                           "which the table does not keep): its state cannot be rebuilt from the table")
-    if found.effective_compaction == "watermark":
-        raise ConfigError(f"pipeline {name}: compaction watermark: changes waiting for the watermark would be "
-                          "lost: its state cannot be rebuilt from the table")
     return found
 
 
-def _checkpoint(settings: Settings, name: str) -> Path:
+def _buffers_changes(nodes: list[dict[str, Any]]) -> bool:
+    return any(node.get("kind") == "order_by" or (node.get("properties") or {}).get("compaction") == "watermark"
+               for node in nodes)
+
+
+def _checkpoint(settings: Settings, pipeline: PipelineSettings) -> Path:
+    name = pipeline.name
     root = local_path(settings.checkpoint_dir(name))
     if root is None:
         raise ConfigError(f"pipeline {name}: rebuild-state works on a local checkpoint, not "
@@ -130,10 +134,10 @@ def _checkpoint(settings: Settings, name: str) -> Path:
                           "start the pipeline")
     if not (root / "metadata").exists():
         raise ConfigError(f"pipeline {name}: no started checkpoint at {root}: nothing to rebuild")
-    plan = root / PLAN_FILE
-    nodes = json.loads(plan.read_text()).get("nodes", []) if plan.exists() else []
-    for node in nodes:
-        if node.get("kind") == "order_by" or (node.get("properties") or {}).get("compaction") == "watermark":
+    plan = root / PLAN_FILE  # the plan the checkpoint ran under; without one, the config's
+    nodes = json.loads(plan.read_text()).get("nodes", []) if plan.exists() else [
+        op.as_json() for op in pipeline_operators(pipeline)]
+    if _buffers_changes(nodes):
             raise ConfigError(f"pipeline {name}: checkpoint {root} buffers changes for the watermark (ORDER BY "
                               "or compaction watermark) that are not in the table yet: replay instead")
     return root
@@ -202,7 +206,7 @@ def _write_seed(directory: Path, table: DeltaTable, pipeline: PipelineSettings, 
 def rebuild_state(settings: Settings, name: str, now: datetime | None = None) -> RebuildReport:
     """Seed a new checkpoint of pipeline `name` from its Delta table; the old checkpoint is moved aside."""
     pipeline = _pipeline(settings, name)
-    checkpoint = _checkpoint(settings, name)
+    checkpoint = _checkpoint(settings, pipeline)
     uri = settings.lakehouse.table_uri(pipeline.table)
     try:
         table = DeltaTable(uri, storage_options=settings.lakehouse.storage_options or None)
