@@ -106,9 +106,12 @@ class HeldProbes(_StateTable):
             self.append(records.select(RAW_SCHEMA.names).cast(RAW_SCHEMA), batch_id)
 
     def all(self) -> pa.Table:
-        """Every held record (`RAW_SCHEMA`)."""
+        """Every held record (`RAW_SCHEMA`), in source order (topic, partition, offset)."""
         table = self.opened()
-        return RAW_SCHEMA.empty_table() if table is None else table.to_pyarrow_table().cast(RAW_SCHEMA)
+        if table is None:
+            return RAW_SCHEMA.empty_table()
+        order = [("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")]
+        return table.to_pyarrow_table().cast(RAW_SCHEMA).sort_by(order)
 
     def count(self) -> int:
         """How many records are held."""
