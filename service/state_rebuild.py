@@ -9,9 +9,10 @@ What it does, with the service stopped:
 2. Reads the table and turns every row into the materializer state of its primary key: one live
    row, under the upsert key computed from the row's columns (the state the rules keep between
    barriers when a key has one live row).
-3. Moves the checkpoint aside (`<checkpoint>.before-rebuild-<UTC time>`, kept for inspection or
-   rollback) and creates the new one holding only the seed (`rebuilt_state/`): the state rows and
-   the offsets to start from.
+3. Moves the checkpoint aside (`<checkpoint>.before-rebuild-<UTC time>`, kept for a rollback: Spark's
+   state schema files name the checkpoint's absolute path, so it only works again moved back in
+   place) and creates the new one holding only the seed (`rebuilt_state/`): the state rows and the
+   offsets to start from.
 On its next start the pipeline reads the seed (`load_seed`): the materializer applies it as its
 initial state on the first micro-batch, and the source starts at the seed's offsets; the new
 checkpoint stores the new plan.
@@ -94,7 +95,8 @@ class RebuildReport:
             f"pipeline {self.pipeline}: materializer state rebuilt from {self.table_uri} (version {self.table_version})",
             f"  {self.keys} primary key(s) seeded, one live row each",
             f"  the table holds batch {self.cut.batch} of the old checkpoint: the new one starts at {starts or '-'}",
-            f"  old checkpoint moved to {self.moved_to} (delete it once the new run is checked)",
+            f"  old checkpoint moved to {self.moved_to} (to go back: move it back to {self.old_checkpoint}, where "
+            "its state files expect to be, and run the old config; delete it once the new run is checked)",
             f"  new checkpoint {self.new_checkpoint}: seeded on its first micro-batch; "
             f"start the pipeline with the new config",
             "  limitations:",
