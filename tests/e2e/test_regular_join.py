@@ -78,7 +78,7 @@ def produce_interleaved(bootstrap: str, sources: list[Source], rng: random.Rando
 
 
 def join_config(name: str, kind: str, orders: Source, customers: Source, **extra) -> dict:
-    return {"name": name, "table": name, "type": kind, "primary_key": ["order_id"], "max_offsets_per_trigger": 60,
+    return {"name": name, "table": name, "type": kind, "primary_key": ["order_id"], "max_offsets_per_trigger": 50,
             "left": {"topics": [orders.topic], "format": "json", "primary_key": ["order_id"],
                      "join_key": ["customer_id"]},
             "right": {"topics": [customers.topic], "format": "json", "primary_key": ["customer_id"],
@@ -140,14 +140,14 @@ def test_inner_and_left_join_equal_the_join_of_the_final_tables(kafka_bootstrap,
     create_topics(kafka_bootstrap, [customers.topic], 2)
     joins = [join_config("orders_inner", "inner", orders, customers),
              join_config("orders_left", "left", orders, customers)]
-    ts = change_sources(orders, customers, rng, 150, T0)
+    ts = change_sources(orders, customers, rng, 110, T0)
     produce_interleaved(kafka_bootstrap, [orders, customers], rng)
     first = run_until_idle(kafka_bootstrap, workdir, joins)
     assert all(p.committed_batches >= 2 for p in first.pipelines)  # several micro-batches
     assert output(workdir, "orders_inner") == expected(orders, customers, outer=False)
     assert output(workdir, "orders_left") == expected(orders, customers, outer=True)
 
-    change_sources(orders, customers, rng, 100, ts)
+    change_sources(orders, customers, rng, 60, ts)
     produce_interleaved(kafka_bootstrap, [orders, customers], rng)
     run_until_idle(kafka_bootstrap, workdir, joins)
     inner, left = expected(orders, customers, outer=False), expected(orders, customers, outer=True)
