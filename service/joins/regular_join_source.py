@@ -2,8 +2,8 @@
 
 One streaming query reads every topic of both inputs (`connectors.kafka.source`, so the offsets of
 both live in one checkpoint and a micro-batch is one barrier for both sides); each Kafka record batch
-is decoded (`ChangelogBatchDecoder`, the ingest's stateless FROM_CHANGELOG stage) by the decoder of the
-input its topic belongs to, and every row is tagged with its `side`.
+is decoded on the executors (`join_inputs.input_decoder`: the ingest's stateless FROM_CHANGELOG stage)
+by the decoder of the input its topic belongs to, and every row is tagged with its `side`.
 """
 
 from __future__ import annotations
@@ -17,25 +17,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from connectors.kafka.source import FORMAT_NAME, KafkaSource
-from connectors.schema_registry import ConfluentAvroDecoder, SchemaRegistryClient
 from service.errors import ConfigError
-from service.join_settings import JoinInput, RegularJoinSettings
-from service.kafka_to_delta.changelog_batch import CHANGELOG_SCHEMA, ChangelogBatchDecoder, KafkaColumn
+from service.join_settings import RegularJoinSettings
+from service.joins.join_inputs import input_decoder
+from service.kafka_to_delta.changelog_batch import CHANGELOG_SCHEMA, KafkaColumn
 from service.settings import Settings
 
 SIDE = "side"
 SIDES_SCHEMA = CHANGELOG_SCHEMA.append(pa.field(SIDE, pa.string()))
-
-
-def input_decoder(source: JoinInput) -> ChangelogBatchDecoder:
-    """The decoder of one input: its format and FROM_CHANGELOG settings, keyed by its primary key."""
-    value_decoder = None
-    if source.format == "avro-confluent":
-        if source.schema_registry is None:
-            raise ConfigError(f"input topics {list(source.topics)}: format avro-confluent needs `schema_registry`")
-        value_decoder = ConfluentAvroDecoder(SchemaRegistryClient(connection=source.schema_registry.connection()))
-    return ChangelogBatchDecoder(source.from_changelog, source.primary_key, source.primary_key,
-                                 value_decoder=value_decoder)
 
 
 class SidesDecoder:
