@@ -195,9 +195,11 @@ class EnrichmentJoinPipeline:
         MISSING.labels(self.name, self.join.missing).inc(count)
         if self.dead_letters is None:
             return
-        where = enriched.missing.select([Column.TOPIC, Column.PARTITION, Column.OFFSET])
-        letters = records.join(where, [Column.TOPIC, Column.PARTITION, Column.OFFSET], join_type="inner")
-        letters = letters.rename_columns({"key": "raw_key", "value": "raw_value"}.get(n, n) for n in letters.column_names)
+        coordinates = (Column.TOPIC, Column.PARTITION, Column.OFFSET)
+        where = set(zip(*(enriched.missing.column(c).to_pylist() for c in coordinates)))
+        letters = records.filter(pa.array([tpo in where for tpo in zip(*(records.column(c).to_pylist()
+                                                                          for c in coordinates))], pa.bool_()))
+        letters = letters.rename_columns({"key": "raw_key", "value": "raw_value"})
         n = letters.num_rows
         letters = letters.append_column("stage", pa.array([MISSING_STAGE] * n, pa.string()))
         letters = letters.append_column("error", pa.array(["no build row for the join key"] * n, pa.string()))

@@ -2,9 +2,10 @@
 
 Orders (the probe input, plain JSON keyed by order id) are in Kafka before the customers'
 Debezium snapshot (the build input, three partitions) is. Two joins read the same topics at the
-same moments: one with the gate, one without (the negative control). The gated one is
-restarted in the middle of the snapshot and emits nothing until the snapshot is complete, then
-every order is joined with its customer; the ungated one joined the orders with nothing.
+same moments: one with the gate, one without (the negative control), and a third, gated, that
+dead-letters orders whose customer does not exist. The gated ones are restarted in the middle of
+the snapshot and emit nothing until the snapshot is complete, then every order is joined with
+its customer; the ungated one joined the orders with nothing.
 """
 
 from __future__ import annotations
@@ -14,16 +15,19 @@ import json
 import pytest
 from deltalake import DeltaTable
 
-from service.joins.enrichment_join import EnrichmentJoinPipeline
+from service.joins.enrichment_join import MISSING_STAGE, EnrichmentJoinPipeline
 from service.joins.enrichment_state import GateLog, HeldProbes
 from service.settings import settings_from_mapping
+from service.kafka_to_delta.dead_letters import DEFAULT_POSITIONS_TOPIC, DlqHeader
 from service.workload import Event, create_topics, produce
+from tests.export_driver import consume
 
 pytestmark = pytest.mark.slow
 
 CUSTOMERS = list(range(1, 31))
 ORDERS = list(range(100, 140))
 BUILD_PARTITIONS = 3
+ORPHAN = 199  # an order whose customer (99) never exists
 
 
 def _customer(cid: int, version: int = 1) -> dict:
@@ -56,10 +60,15 @@ def _streaming(topic: str) -> list[Event]:
     return updates + inserts + [_change(topic, 30, "d", "false", _customer(30), None)]
 
 
-def _settings(bootstrap: str, workdir, orders: str, customers: str):
-    def join(name: str, gate: bool) -> dict:
+def _orphan(topic: str) -> Event:
+    return Event(topic, 0, json.dumps({"order_id": ORPHAN}).encode(),
+                 json.dumps({"order_id": ORPHAN, "customer_id": 99, "item": "lost"}).encode())
+
+
+def _settings(bootstrap: str, workdir, orders: str, customers: str, dlq: str):
+    def join(name: str, gate: bool, **missing: str) -> dict:
         return {
-            "type": "enrichment", "name": name, "table": name, "primary_key": ["order_id"], "gate": gate,
+            "type": "enrichment", "name": name, "table": name, "primary_key": ["order_id"], "gate": gate, **missing,
             "max_offsets_per_trigger": 25,
             "left": {"topics": [orders], "from_changelog": {"preset": "upsert-kafka"},
                      "primary_key": ["order_id"], "join_key": ["customer_id"]},
@@ -70,7 +79,8 @@ def _settings(bootstrap: str, workdir, orders: str, customers: str):
         "kafka": {"bootstrap_servers": bootstrap},
         "lakehouse": {"root": str(workdir / "tables")},
         "checkpoint_root": str(workdir / "checkpoints"),
-        "joins": [join("gated", True), join("ungated", False)],
+        "joins": [join("gated", True), join("ungated", False),
+                  join("lettered", True, missing="dead_letter", dead_letter_topic=dlq)],
     })
 
 
@@ -99,14 +109,16 @@ def _gate(settings, name: str):
 
 
 def test_the_gate_holds_orders_until_the_customer_snapshot_is_complete(spark, kafka_bootstrap, unique, workdir):
-    orders, customers = f"orders-{unique}", f"customers-{unique}"
+    orders, customers, dlq = f"orders-{unique}", f"customers-{unique}", f"missing-{unique}"
     create_topics(kafka_bootstrap, [orders], 2)
     create_topics(kafka_bootstrap, [customers], BUILD_PARTITIONS)
-    settings = _settings(kafka_bootstrap, workdir, orders, customers)
+    create_topics(kafka_bootstrap, [dlq, DEFAULT_POSITIONS_TOPIC], 1)
+    settings = _settings(kafka_bootstrap, workdir, orders, customers, dlq)
     produce(kafka_bootstrap, _order_events(orders, ORDERS))
 
     # 1. Only the orders are in Kafka: the gated join holds them all; the ungated one emits them unjoined.
-    _run_until_idle(spark, settings)
+    first = _run_until_idle(spark, settings)
+    assert [p.missing_total for p in first] == [0, len(ORDERS), 0]  # counted as missing by the ungated join only
     assert _output(settings, "gated") is None
     assert not _gate(settings, "gated").open
     held = HeldProbes(f"{settings.checkpoint_dir('gated')}/enrichment/held", None)
@@ -123,13 +135,14 @@ def test_the_gate_holds_orders_until_the_customer_snapshot_is_complete(spark, ka
     # 3. The rest of the snapshot, streaming changes and more orders; restart again.
     produce(kafka_bootstrap, snapshot[20:] + _streaming(customers))
     late_orders = list(range(140, 146))
-    produce(kafka_bootstrap, _order_events(orders, late_orders))
-    _run_until_idle(spark, settings)
+    produce(kafka_bootstrap, _order_events(orders, late_orders) + [_orphan(orders)])
+    pipelines = _run_until_idle(spark, settings)
     gate = _gate(settings, "gated")
     assert gate.open and gate.opened_in_batch is not None and held.count() == 0
 
     gated = _output(settings, "gated")
-    assert sorted(gated) == ORDERS + late_orders
+    assert sorted(gated) == ORDERS + late_orders + [ORPHAN]
+    assert gated.pop(ORPHAN)["id"] is None  # missing: nulls
     for order, row in gated.items():
         cid = _customer_of(order)
         assert row["id"] == cid and row["customer_id"] == cid, row
@@ -138,9 +151,17 @@ def test_the_gate_holds_orders_until_the_customer_snapshot_is_complete(spark, ka
 
     # The negative control: the same orders, read before the snapshot, found no customer.
     ungated = _output(settings, "ungated")
-    assert sorted(ungated) == ORDERS + late_orders
+    assert sorted(ungated) == ORDERS + late_orders + [ORPHAN]
     missed = [order for order, row in ungated.items() if row.get("id") is None]
     assert set(ORDERS) <= set(missed), "without the gate the early orders miss the snapshot"
+
+    # The dead-lettering join: the same rows but the orphan, which went to the dead-letter topic as read.
+    lettered = _output(settings, "lettered")
+    assert lettered == gated
+    assert [p.missing_total for p in pipelines] == [1, 1, 1]  # this run: the orphan only
+    (key, value, headers), = consume(kafka_bootstrap, dlq)
+    assert (key, value) == (_orphan(orders).key, _orphan(orders).value)
+    assert dict(headers)[DlqHeader.STAGE] == MISSING_STAGE.encode()
 
     # 4. A restart with the gate open: it stays open, a new order joins at once.
     produce(kafka_bootstrap, _order_events(orders, [146]))
