@@ -62,7 +62,8 @@ LIMITATIONS = (
     "a seeded row counts as last touched at the old checkpoint's last watermark (or batch time) for the state TTL",
     "the FROM_CHANGELOG previous images start empty: the first change of a key after the rebuild is taken as an insert",
 )
-_KEY_TYPES = (pa.types.is_integer, pa.types.is_string, pa.types.is_large_string, pa.types.is_boolean)
+_KEY_TYPES = (pa.types.is_integer, pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view,
+              pa.types.is_boolean)
 
 
 @dataclass(frozen=True)

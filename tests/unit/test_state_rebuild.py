@@ -28,7 +28,7 @@ from service.state_rebuild import rebuild_state, seed_states
 QUERY_ID = "2f1d6c3e-0000-4000-8000-000000000001"
 PIPELINE = {"name": "people", "topics": ["people"], "table": "people", "primary_key": ["email"],
             "upsert_key": ["id"], "on_conflict": "nothing"}
-ROWS = [{"id": 1, "email": "a@x", "name": "Ann"}, {"id": 2, "email": "b@x", "name": "Bob"}]
+ROWS = [{"id": 1, "email": "a@x", "name": "Ann", "score": 1.5}, {"id": 2, "email": "b@x", "name": "Bob", "score": 2.5}]
 
 
 def _config(root: Path, **update: Any) -> dict[str, Any]:
@@ -98,6 +98,7 @@ def test_the_command_prints_what_it_did_and_refuses_a_second_rebuild_before_a_ru
     ({"upsert_key": [], "on_conflict": "deduplicate"}, "no upsert key"),
     ({"upsert_key": None, "on_conflict": None, "primary_key": ["id"]}, "no materializer"),
     ({"name": "other"}, "no started checkpoint"),
+    ({"primary_key": ["score"]}, "key column 'score' is double"),
 ])
 def test_what_the_table_cannot_rebuild_is_refused(tmp_path, update, reason):
     _old_checkpoint(tmp_path)
