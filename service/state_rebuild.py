@@ -141,8 +141,8 @@ def _checkpoint(settings: Settings, pipeline: PipelineSettings) -> Path:
     nodes = json.loads(plan.read_text()).get("nodes", []) if plan.exists() else [
         op.as_json() for op in pipeline_operators(pipeline)]
     if _buffers_changes(nodes):
-            raise ConfigError(f"pipeline {name}: checkpoint {root} buffers changes for the watermark (ORDER BY "
-                              "or compaction watermark) that are not in the table yet: replay instead")
+        raise ConfigError(f"pipeline {name}: checkpoint {root} buffers changes for the watermark (ORDER BY "
+                          "or compaction watermark) that are not in the table yet: replay instead")
     return root
 
 
