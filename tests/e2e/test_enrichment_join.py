@@ -11,9 +11,15 @@ its customer; the ungated one joined the orders with nothing.
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
+from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+
+from connectors.kafka.offsets import to_map
+from connectors.kafka.range_reader import RAW_SCHEMA
 
 from service.joins.enrichment_join import MISSING_STAGE, EnrichmentJoinPipeline
 from service.joins.enrichment_state import GateLog, HeldProbes
@@ -169,3 +175,72 @@ def test_the_gate_holds_orders_until_the_customer_snapshot_is_complete(spark, ka
     assert _gate(settings, "gated").opened_in_batch == gate.opened_in_batch
     row = _output(settings, "gated")[146]
     assert row["name"] == _customer(_customer_of(146))["name"] and row["id"] == _customer_of(146)
+
+
+def _batch(spark, events: list[Event]):
+    """One micro-batch's Kafka records as the source gives them to foreachBatch."""
+    now = datetime.now(timezone.utc)
+    offsets: dict[tuple[str, int], int] = {}
+    rows = []
+    for event in events:
+        offset = offsets.get((event.topic, event.partition), 0)
+        offsets[(event.topic, event.partition)] = offset + 1
+        rows.append((event.key, event.value, event.topic, event.partition, offset, now, []))
+    table = pa.Table.from_pylist([dict(zip(RAW_SCHEMA.names, r)) for r in rows], schema=RAW_SCHEMA)
+    return spark.createDataFrame(table)
+
+
+def _offset_log(checkpoint: str, batch_id: int, ends: dict[tuple[str, int], int]) -> None:
+    """The entry Spark writes in the offset log before it runs batch `batch_id`."""
+    path = Path(checkpoint) / "offsets" / str(batch_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(["v1", "{}", json.dumps(to_map(ends))]))
+
+
+def _replayable(spark, settings, name: str) -> EnrichmentJoinPipeline:
+    pipeline = EnrichmentJoinPipeline(spark, settings, next(j for j in settings.joins if j.name == name))
+    pipeline._query_id = "query-1"  # as `start` sets it from the checkpoint's query id
+    pipeline._started.set()
+    pipeline._end_offsets = lambda topic: {p: 10 for p in range(BUILD_PARTITIONS)}  # type: ignore[method-assign]
+    return pipeline
+
+
+def test_a_replayed_batch_changes_nothing_and_a_crash_between_commits_loses_nothing(spark, unique, workdir,
+                                                                                     monkeypatch):
+    orders, customers = f"orders-{unique}", f"customers-{unique}"
+    settings = _settings("localhost:1", workdir, orders, customers, f"missing-{unique}")
+    checkpoint = settings.checkpoint_dir("gated")
+    snapshot = _snapshot(customers)
+    # batch 0: the orders and part of the snapshot; batch 1: the rest of it, `last` included
+    batch0 = _batch(spark, _order_events(orders, ORDERS[:6]) + snapshot[:10])
+    batch1 = _batch(spark, snapshot[10:])
+    everything = {(customers, p): 10 for p in range(BUILD_PARTITIONS)}
+    _offset_log(checkpoint, 0, {(orders, 0): 3, (orders, 1): 3, **{tp: 4 for tp in everything}})
+    _offset_log(checkpoint, 1, {(orders, 0): 3, (orders, 1): 3, **everything})
+
+    pipeline = _replayable(spark, settings, "gated")
+    pipeline.process_batch(batch0, 0)
+    pipeline.process_batch(batch0, 0)  # a replay
+    held = HeldProbes(f"{checkpoint}/enrichment/held", None)
+    assert held.count() == 6 and _output(settings, "gated") is None and not _gate(settings, "gated").open
+
+    # batch 1 opens the gate; the process dies after the output commit, before the held records are cleared
+    def crash(self, batch_id):
+        raise RuntimeError("killed between the output commit and the clearing of the held records")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(HeldProbes, "clear", crash)
+        with pytest.raises(RuntimeError, match="killed"):
+            pipeline.process_batch(batch1, 1)
+    output_uri = settings.lakehouse.table_uri("gated")
+    version = DeltaTable(output_uri).version()
+    assert held.count() == 6 and _gate(settings, "gated").opened_in_batch == 1
+
+    restarted = _replayable(spark, settings, "gated")  # a new process replays batch 1
+    restarted.process_batch(batch1, 1)
+    restarted.process_batch(batch1, 1)
+    assert DeltaTable(output_uri).version() == version, "the output of batch 1 was committed once"
+    assert held.count() == 0 and _gate(settings, "gated").opened_in_batch == 1
+    joined = _output(settings, "gated")
+    assert sorted(joined) == ORDERS[:6]
+    assert all(row["name"] == _customer(_customer_of(order))["name"] for order, row in joined.items())
