@@ -21,12 +21,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from connectors.delta.engines import open_table
-from service import redaction
+from service import metrics, redaction, test_hooks
 from service.changes import ChangeKind
 from service.checkpoints import remove_abandoned_writes
 from service.join_settings import RegularJoinSettings
 from service.joins.join_state import JoinStateStore, state_uri
-from service.joins.regular_join_rules import JoinRules, JoinState, SideRules, join_step, side_changes
+from service.joins.regular_join_rules import JoinRules, JoinState, SideRules, Step, join_step, side_changes
 from service.joins.regular_join_source import SIDE, sides_stream
 from service.kafka_to_delta.bad_records import handle_bad_records
 from service.kafka_to_delta.changelog_batch import Column
@@ -91,6 +91,7 @@ class RegularJoinPipeline:
             raise
 
     def _process_batch(self, batch: DataFrame, batch_id: int) -> None:
+        test_hooks.hold_batch_if_armed(self.name, batch_id)
         if not self._started.wait(_QUERY_ID_TIMEOUT_S):
             raise RuntimeError("streaming query id not known")
         started = time.monotonic()
@@ -99,6 +100,7 @@ class RegularJoinPipeline:
         handle_bad_records(self.name, rows.filter(errors).select(list(FAILED_COLUMNS)), batch_id, None)
         if self.store.committed(self.app_id, batch_id):
             log.info("join %s: batch %d already in Delta, skipped", self.name, batch_id)
+            metrics.BATCHES.labels(self.name, "replay_skipped").inc()
             return
         changes = rows.filter(pc.and_(pc.invert(errors), pc.is_in(rows.column(Column.KIND), _CHANGE_KINDS)))
         side = changes.column(SIDE)
@@ -107,12 +109,24 @@ class RegularJoinPipeline:
         outcome = self.sink.apply(step.output, self.app_id, batch_id)  # output first, then the state
         self.store.commit(step, self.app_id, batch_id)
         self.state = step.state
-        self.committed_batches += 1
-        self.expired_rows += step.expired
-        self.last_outcome = outcome
+        self._record(outcome, changes.num_rows, step)
         log.info("join %s: batch %d -> %s: %d changes read, %d upserts, %d deletes, %d expired (%.2fs)",
                  self.name, batch_id, self.table.uri, changes.num_rows, outcome.upserts, outcome.deletes,
                  step.expired, time.monotonic() - started)
+
+    def _record(self, outcome: MergeOutcome, changes: int, step: Step) -> None:
+        name = self.name
+        self.committed_batches += 1
+        self.expired_rows += step.expired
+        self.last_outcome = outcome
+        metrics.BATCHES.labels(name, "committed" if outcome.upserts + outcome.deletes else "empty").inc()
+        metrics.CHANGES.labels(name).inc(changes)
+        metrics.UPSERTS.labels(name).inc(outcome.upserts)
+        metrics.DELETES.labels(name).inc(outcome.deletes)
+        metrics.LAST_BATCH.labels(name).set(outcome.batch_id)
+        metrics.CONFLICTS.labels(name, self.join.on_conflict).inc(step.counters.conflicts)
+        metrics.ROLLBACKS.labels(name).inc(step.counters.rollbacks)
+        metrics.CLEARED_STATE.labels(name).inc(step.counters.cleared_state_warnings)
 
     def start(self, until_idle: bool) -> StreamingQuery:
         """Start the streaming query; `until_idle` reads what is there now, then ends."""

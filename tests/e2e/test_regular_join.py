@@ -5,7 +5,8 @@ read back with deltalake, compared with the join of the final source tables (a d
 The workload has inserts, updates and deletes on both sides (with tombstones), orders moving between
 customers, primary-key changes (delete of the old key and create of the new one, in other partitions)
 and cross-partition disorder (the partitions' records interleaved at random, so an order often
-arrives before its customer); small micro-batches split it. The TTL test runs in data time: the
+arrives before its customer); small micro-batches split it. The second run dies once between a
+batch's output commit and its state commit, and is restarted from its checkpoint by the runner. The TTL test runs in data time: the
 clock is the records' Kafka timestamps.
 """
 
@@ -21,6 +22,8 @@ import pytest
 from confluent_kafka import Producer
 from deltalake import DeltaTable
 
+from connectors.delta.delta_rs import DeltaWriteError
+from service.joins.join_state import JoinStateStore
 from service.runner import Runner
 from service.settings import settings_from_mapping
 from service.workload import create_topics
@@ -90,6 +93,7 @@ def run_until_idle(bootstrap: str, workdir: Path, joins: list[dict]) -> Runner:
     settings = settings_from_mapping({
         "kafka": {"bootstrap_servers": bootstrap}, "lakehouse": {"root": str(workdir / "tables")},
         "checkpoint_root": str(workdir / "checkpoints"), "joins": joins,
+        "recovery": {"initial_backoff_seconds": 0.2},
     })
     runner = Runner(settings)
     runner.start(until_idle=True)
@@ -133,7 +137,23 @@ def change_sources(orders: Source, customers: Source, rng: random.Random, steps:
     return ts
 
 
-def test_inner_and_left_join_equal_the_join_of_the_final_tables(kafka_bootstrap, unique, workdir):
+def fail_first_state_commit(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The next state commit fails after the output MERGE went in (a crash between the two commits);
+    returns the ids of the batches that failed so."""
+    failed: list[int] = []
+    commit = JoinStateStore.commit
+
+    def once(self: JoinStateStore, step, app_id: str, batch_id: int) -> None:
+        if not failed:
+            failed.append(batch_id)
+            raise DeltaWriteError("injected: the process died between the output and the state commit")
+        commit(self, step, app_id, batch_id)
+
+    monkeypatch.setattr(JoinStateStore, "commit", once)
+    return failed
+
+
+def test_inner_and_left_join_equal_the_join_of_the_final_tables(kafka_bootstrap, unique, workdir, monkeypatch):
     rng = random.Random(11)
     orders, customers = Source(f"orders.{unique}", "order_id", 3), Source(f"customers.{unique}", "customer_id", 2)
     create_topics(kafka_bootstrap, [orders.topic], 3)
@@ -149,7 +169,9 @@ def test_inner_and_left_join_equal_the_join_of_the_final_tables(kafka_bootstrap,
 
     change_sources(orders, customers, rng, 60, ts)
     produce_interleaved(kafka_bootstrap, [orders, customers], rng)
+    failed = fail_first_state_commit(monkeypatch)  # the pipeline restarts from its checkpoint and replays
     run_until_idle(kafka_bootstrap, workdir, joins)
+    assert failed
     inner, left = expected(orders, customers, outer=False), expected(orders, customers, outer=True)
     assert output(workdir, "orders_inner") == inner and len(inner) > 5
     assert output(workdir, "orders_left") == left and any(row[-1] is None for row in left)
