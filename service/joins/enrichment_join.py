@@ -20,6 +20,8 @@ import json
 import logging
 import os
 import threading
+import time
+from collections.abc import Callable
 
 import pyarrow as pa
 from prometheus_client import Counter, Gauge
@@ -97,6 +99,7 @@ class EnrichmentJoinPipeline:
             self.dead_letters = DeadLetterSink(DeadLetterSettings(topic=join.dead_letter_topic), join.name,
                                                kafka_config=settings.kafka.client_config())
         self.gate = GateState()
+        self.clock: Callable[[], float] = time.time  # processing time, seconds (the build state's TTL)
         self.committed_batches = 0
         self.missing_total = 0
         self.failure: BaseException | None = None
@@ -158,22 +161,31 @@ class EnrichmentJoinPipeline:
         if self.join.gate:
             self.gate = self._advance_gate(build, batch_id)
             GATE_OPEN.labels(self.name).set(1 if self.gate.open else 0)
-        self.build.apply(build_changes(build, self.join.right.join_key), batch_id)
+        now_ms = int(self.clock() * 1000)
+        self.build.apply(build_changes(build, self.join.right.join_key), batch_id, now_ms)
+        live_since = self.live_since(now_ms)
+        if live_since is not None:  # reads skip expired rows; they are removed here
+            self.build.expire(live_since, batch_id)
         if self.join.gate and not self.gate.open:
             self.held.hold(probe_records, batch_id)
             HELD.labels(self.name).set(self.held.count())
             return
         if self.join.gate and self.gate.opened_in_batch == batch_id:
             probe_records = pa.concat_tables([self.held.all(), probe_records])  # held ones first: read earlier
-        self._emit(probe_records, batch_id)
+        self._emit(probe_records, batch_id, now_ms)
         if self.join.gate and self.gate.opened_in_batch == batch_id:
             self.held.clear(batch_id)  # after the output commit: a crash in between replays both
             HELD.labels(self.name).set(0)
 
-    def _emit(self, probe_records: pa.Table, batch_id: int) -> None:
+    def live_since(self, now_ms: int) -> int | None:
+        """The oldest write time of a build row still alive (`state_ttl_seconds`; None: no TTL)."""
+        ttl_ms = int(self.join.state_ttl_seconds * 1000)
+        return now_ms - ttl_ms if ttl_ms > 0 else None
+
+    def _emit(self, probe_records: pa.Table, batch_id: int, now_ms: int) -> None:
         probes = decode_records(probe_records, self.probe_decoder)
         handle_bad_records(self.name, failed_rows(probes), batch_id, None)
-        rows = self.build.rows(probe_keys(probes, self.join.left.join_key))
+        rows = self.build.rows(probe_keys(probes, self.join.left.join_key), self.live_since(now_ms))
         enriched = enrich(probes, rows, self.join.left.join_key, self.join.primary_key,
                           emit_missing=self.join.missing == "nulls")
         self._missing(enriched, probe_records, batch_id)

@@ -2,7 +2,9 @@
 (delta-rs), each commit carrying the micro-batch id as its application transaction so that a
 replayed batch finds its own writes and skips them:
 
-- `enrichment/build`: the latest row per build join key (`key`, `row` JSON, `types` JSON);
+- `enrichment/build`: the latest row per build join key (`key`, `row` JSON, `types` JSON, and
+  `updated_ms`, when it was written: with `state_ttl_seconds`, a row not written for that long is
+  treated as never seen, and removed);
 - `enrichment/held`: the probe records held back while the gate is closed, as read from Kafka;
 - `enrichment/gate`: the gate state after each batch it changed (`batch_id`, `state` JSON).
 
@@ -24,6 +26,7 @@ from service.joins.enrichment_rows import BUILD_STATE_SCHEMA
 from service.joins.snapshot_gate import GateState
 
 STATE_APP_ID = "cdc-lakehouse/enrichment-state"
+BUILD_TABLE_SCHEMA = BUILD_STATE_SCHEMA.append(pa.field("updated_ms", pa.int64()))
 GATE_SCHEMA = pa.schema([("batch_id", pa.int64()), ("state", pa.string())])
 
 
@@ -62,14 +65,18 @@ class _StateTable:
 class BuildState(_StateTable):
     """The latest row per build join key."""
 
-    def rows(self, keys: Sequence[str]) -> dict[str, tuple[str, str | None]]:
-        """join key text -> (row JSON, types JSON) of the keys that have a row."""
+    def rows(self, keys: Sequence[str], live_since_ms: int | None = None) -> dict[str, tuple[str, str | None]]:
+        """join key text -> (row JSON, types JSON) of the keys that have a row (written at or after
+        `live_since_ms`, when given: older rows have expired)."""
         table = self.opened()
         if table is None or not keys:
             return {}
         # Files written by MERGE hold string_view statistics: compare as string, not through the statistics.
         wanted = pc.field("key").cast(pa.string()).isin(pa.array(list(keys), pa.string()))
-        found = table.to_pyarrow_dataset().to_table(filter=wanted).cast(BUILD_STATE_SCHEMA)
+        if live_since_ms is not None:
+            wanted = wanted & (pc.field("updated_ms") >= live_since_ms)
+        found = table.to_pyarrow_dataset().to_table(filter=wanted, columns=BUILD_STATE_SCHEMA.names)
+        found = found.cast(BUILD_STATE_SCHEMA)
         return {k: (r, t) for k, r, t in zip(*(found.column(c).to_pylist() for c in BUILD_STATE_SCHEMA.names))}
 
     def size(self) -> int:
@@ -77,24 +84,35 @@ class BuildState(_StateTable):
         table = self.opened()
         return 0 if table is None else table.to_pyarrow_dataset().count_rows()
 
-    def apply(self, changes: pa.Table, batch_id: int) -> None:
-        """Upsert / delete (`BUILD_CHANGES_SCHEMA`) unless batch `batch_id` already did."""
+    def apply(self, changes: pa.Table, batch_id: int, now_ms: int) -> None:
+        """Upsert / delete (`BUILD_CHANGES_SCHEMA`), written at `now_ms`, unless batch `batch_id` already did."""
         if changes.num_rows == 0 or self.done(batch_id):
             return
         table = self.opened()
         if table is None:
-            DeltaTable.create(self.uri, BUILD_STATE_SCHEMA, mode="ignore", storage_options=self.storage_options)
+            DeltaTable.create(self.uri, BUILD_TABLE_SCHEMA, mode="ignore", storage_options=self.storage_options)
             table = self.opened()
             assert table is not None
+        changes = changes.append_column("updated_ms", pa.array([now_ms] * changes.num_rows, pa.int64()))
+        columns = {c: f"s.{c}" for c in BUILD_TABLE_SCHEMA.names}
         (
             table.merge(changes, "t.key = s.key", source_alias="s", target_alias="t",
                         commit_properties=_commit(batch_id))
             .when_matched_delete(predicate="s.deleted")
-            .when_matched_update(updates={"row": "s.row", "types": "s.types"}, predicate="NOT s.deleted")
-            .when_not_matched_insert(updates={"key": "s.key", "row": "s.row", "types": "s.types"},
-                                     predicate="NOT s.deleted")
+            .when_matched_update(updates=columns, predicate="NOT s.deleted")
+            .when_not_matched_insert(updates=columns, predicate="NOT s.deleted")
             .execute()
         )
+
+    def expire(self, live_since_ms: int, batch_id: int) -> int:
+        """Remove the rows written before `live_since_ms` (a state TTL); returns how many there were."""
+        table = self.opened()
+        if table is None:
+            return 0
+        expired = table.to_pyarrow_dataset().count_rows(filter=pc.field("updated_ms") < live_since_ms)
+        if expired:
+            table.delete(f"updated_ms < {int(live_since_ms)}", commit_properties=_commit(batch_id))
+        return expired
 
 
 class HeldProbes(_StateTable):

@@ -28,13 +28,25 @@ def _records(offsets: list[int]) -> pa.Table:
 
 def test_build_state_keeps_the_latest_row_per_key_and_skips_replays(tmp_path):
     state = BuildState(str(tmp_path / "build"), None)
-    state.apply(_changes(("[1]", '{"id":1,"v":"a"}', False), ("[2]", '{"id":2,"v":"b"}', False)), 0)
-    state.apply(_changes(("[1]", '{"id":1,"v":"A"}', False), ("[2]", '{"id":2}', True)), 1)
+    state.apply(_changes(("[1]", '{"id":1,"v":"a"}', False), ("[2]", '{"id":2,"v":"b"}', False)), 0, 1_000)
+    state.apply(_changes(("[1]", '{"id":1,"v":"A"}', False), ("[2]", '{"id":2}', True)), 1, 2_000)
     version = DeltaTable(state.uri).version()
-    state.apply(_changes(("[1]", '{"id":1,"v":"replayed"}', False)), 1)  # batch 1 again: skipped
+    state.apply(_changes(("[1]", '{"id":1,"v":"replayed"}', False)), 1, 3_000)  # batch 1 again: skipped
     assert DeltaTable(state.uri).version() == version
     assert state.rows(["[1]", "[2]", "[3]"]) == {"[1]": ('{"id":1,"v":"A"}', None)}
     assert state.size() == 1
+
+
+
+def test_build_rows_not_written_within_the_ttl_are_never_seen_then_removed(tmp_path):
+    state = BuildState(str(tmp_path / "build"), None)
+    state.apply(_changes(("[1]", '{"id":1}', False), ("[2]", '{"id":2}', False)), 0, 1_000)
+    state.apply(_changes(("[2]", '{"id":2,"v":2}', False)), 1, 5_000)
+    assert set(state.rows(["[1]", "[2]"], live_since_ms=1_000)) == {"[1]", "[2]"}
+    assert set(state.rows(["[1]", "[2]"], live_since_ms=1_001)) == {"[2]"}  # key 1 expired: never seen
+    assert state.expire(1_001, 2) == 1 and state.size() == 1
+    version = DeltaTable(state.uri).version()
+    assert state.expire(1_001, 3) == 0 and DeltaTable(state.uri).version() == version  # nothing to remove: no commit
 
 
 def test_held_probes_are_added_once_per_batch_and_cleared_once(tmp_path):
