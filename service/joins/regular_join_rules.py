@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 from service.changes import ChangeKind
 from service.errors import TerminalError
 from service.kafka_to_delta.changelog_batch import Column
-from service.kafka_to_delta.debezium_json import canonical_json, compact_json
+from service.kafka_to_delta.debezium_json import canonical_key, compact_json
 from service.kafka_to_delta.materializer import Change, Counters, Materializer, MaterializerConfig
 from service.kafka_to_delta.partition_changes import last_rows
 
@@ -112,7 +112,7 @@ class Step:
 
 def _join_key(row: dict, columns: tuple[str, ...]) -> str | None:
     values = [row.get(c) for c in columns]
-    return None if any(v is None for v in values) else canonical_json(values)
+    return None if any(v is None for v in values) else canonical_key(values)
 
 
 def side_changes(changelog: pa.Table, rules: SideRules) -> pa.Table:
@@ -211,7 +211,7 @@ class _OutputRows:
             missing = [c for c, v in zip(self.key, values) if v is None]
             raise JoinKeyError(f"an output row has no value for primary-key column(s) {missing} (a left join's "
                                f"primary key must be made of left columns)")
-        return canonical_json(values)
+        return canonical_key(values)
 
     def _types_of(self, pair: dict, left: dict) -> str | None:
         texts = (pair["l_types"], pair["r_types"])
