@@ -25,6 +25,7 @@ from service.joins.enrichment_join import MISSING_STAGE, EnrichmentJoinPipeline
 from service.joins.enrichment_state import GateLog, HeldProbes
 from service.settings import settings_from_mapping
 from service.kafka_to_delta.dead_letters import DEFAULT_POSITIONS_TOPIC, DlqHeader
+from service.runner import Runner
 from service.workload import Event, create_topics, produce
 from tests.export_driver import consume
 
@@ -169,9 +170,12 @@ def test_the_gate_holds_orders_until_the_customer_snapshot_is_complete(spark, ka
     assert (key, value) == (_orphan(orders).key, _orphan(orders).value)
     assert dict(headers)[DlqHeader.STAGE] == MISSING_STAGE.encode()
 
-    # 4. A restart with the gate open: it stays open, a new order joins at once.
+    # 4. A restart with the gate open, through the service's runner: it stays open, a new order joins at once.
     produce(kafka_bootstrap, _order_events(orders, [146]))
-    _run_until_idle(spark, settings)
+    runner = Runner(settings)
+    runner.start(until_idle=True)
+    runner.wait()
+    assert [p.committed_batches for p in runner.pipelines] == [1, 1, 1]
     assert _gate(settings, "gated").opened_in_batch == gate.opened_in_batch
     row = _output(settings, "gated")[146]
     assert row["name"] == _customer(_customer_of(146))["name"] and row["id"] == _customer_of(146)
