@@ -23,9 +23,9 @@ from connectors.kafka.range_reader import RAW_SCHEMA
 
 from service.joins.enrichment_join import MISSING_STAGE, EnrichmentJoinPipeline
 from service.joins.enrichment_state import GateLog, HeldProbes
-from service.settings import settings_from_mapping
 from service.kafka_to_delta.dead_letters import DEFAULT_POSITIONS_TOPIC, DlqHeader
 from service.runner import Runner
+from service.settings import settings_from_mapping
 from service.workload import Event, create_topics, produce
 from tests.export_driver import consume
 
