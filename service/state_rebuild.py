@@ -7,8 +7,12 @@ What it does, with the service stopped:
    table holds (the Delta commits carry the checkpoint's application id and batch id), and that
    batch's end offsets in the checkpoint's offset log (`offsets/<batch>`).
 2. Reads the table and turns every row into the materializer state of its primary key: one live
-   row, under the upsert key computed from the row's columns (the state the rules keep between
-   barriers when a key has one live row).
+   row (the state the rules keep between barriers when a key has one live row). Where the row came
+   from is taken from the old checkpoint's state when Spark's state reader can read it and the
+   materializer's key is unchanged (`checkpoint_state`): the upsert key (with its topic), position
+   and sequence the row was applied with, and the key's tombstones (keys deleted with sequence_by
+   keep theirs too). A row that state no longer holds (its TTL ran out), or every row when it
+   cannot be read, is seeded from the table alone: upsert key computed from the row's columns.
 3. Moves the checkpoint aside (`<checkpoint>.before-rebuild-<UTC time>`, kept for a rollback: Spark's
    state schema files name the checkpoint's absolute path, so it only works again moved back in
    place) and creates the new one holding only the seed (`rebuilt_state/`): the state rows and the
@@ -18,11 +22,13 @@ initial state on the first micro-batch, and the source starts at the seed's offs
 checkpoint stores the new plan.
 
 Limitations (printed by the command, `LIMITATIONS`): the table shows one row per primary key, so
-only that row is rebuilt. Refused: several topics into one table (a live row's upsert key names its
-source topic, which the table does not hold), no upsert key (retractions match the whole row's
-source text), key columns other than integers, text or booleans (their text form in the source
-may differ from the table's), and an old checkpoint that ran with watermark compaction or an
-ORDER BY buffer (changes waiting there are not in the table yet).
+only that row is rebuilt. Refused: primary-key columns other than integers, text or booleans (their
+text form in the source may differ from the table's), an old checkpoint that ran with watermark
+compaction or an ORDER BY buffer (changes waiting there are not in the table yet), and, when the
+old state cannot be used, what the table alone cannot say: several topics into one table (a live
+row's upsert key names its topic), no upsert key (retractions match the source's whole-row text).
+A row of such a pipeline that the readable old state no longer holds is left unseeded, as the old
+pipeline had forgotten it too.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import shutil
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import orjson
 import pyarrow as pa
@@ -42,7 +48,8 @@ from deltalake.exceptions import TableNotFoundError
 
 from connectors.kafka import offsets as om
 from service.checkpoints import local_path
-from service.compiled_plan import pipeline_operators
+from service.checkpoint_state import OldState, read_old_state
+from service.compiled_plan import Kind, pipeline_operators
 from service.errors import ConfigError
 from service.kafka_to_delta.debezium_json import canonical_key
 from service.kafka_to_delta.materializer_buckets import SEED_COLUMNS
@@ -57,11 +64,12 @@ SEEDED_POSITION = -1  # partition and offset of a seeded live row: it came from 
 LIMITATIONS = (
     "only the row the table shows per primary key is rebuilt: under on_conflict deduplicate the earlier live "
     "rows of a key (what a rollback would return to) and, under nothing, the rows dropped as conflicts are gone",
-    "sequence_by: a seeded row has no sequence and deleted keys have no tombstone: a change older than the "
-    "table's row that arrives after the rebuild is applied, and a late older upsert of a deleted key revives it",
+    "a row seeded from the table alone has its upsert key computed from its columns, no sequence and no "
+    "tombstones: with sequence_by a change older than it that arrives after the rebuild is applied",
     "a seeded row counts as last touched at the old checkpoint's last watermark (or batch time) for the state TTL",
     "the FROM_CHANGELOG previous images start empty: the first change of a key after the rebuild is taken as an insert",
 )
+StateReader = Callable[[Path, int], "OldState | None"]
 _KEY_TYPES = (pa.types.is_integer, pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view,
               pa.types.is_boolean)
 
@@ -75,6 +83,21 @@ class Cut:
     touched_ms: int
 
 
+@dataclass
+class SeedCounts:
+    """How the primary keys were seeded."""
+
+    with_origin: int = 0
+    from_table: int = 0
+    unseeded: int = 0
+    tombstones_only: int = 0
+
+    @property
+    def rows(self) -> int:
+        """Primary keys seeded with a live row."""
+        return self.with_origin + self.from_table
+
+
 @dataclass(frozen=True)
 class RebuildReport:
     """What `rebuild_state` did."""
@@ -83,7 +106,7 @@ class RebuildReport:
     table_uri: str
     table_version: int
     cut: Cut
-    keys: int
+    counts: SeedCounts
     old_checkpoint: Path
     moved_to: Path
     new_checkpoint: Path
@@ -94,7 +117,12 @@ class RebuildReport:
                            for part, offset in sorted(parts.items(), key=lambda item: int(item[0])))
         return [
             f"pipeline {self.pipeline}: materializer state rebuilt from {self.table_uri} (version {self.table_version})",
-            f"  {self.keys} primary key(s) seeded, one live row each",
+            f"  {self.counts.rows} primary key(s) seeded, one live row each: {self.counts.with_origin} with where "
+            f"it came from taken from the old checkpoint's state, {self.counts.from_table} from the table alone",
+            *([f"  {self.counts.unseeded} row(s) the old state no longer held left unseeded (the old pipeline had "
+               "forgotten them too)"] if self.counts.unseeded else []),
+            *([f"  {self.counts.tombstones_only} deleted key(s) keep their tombstones"]
+              if self.counts.tombstones_only else []),
             f"  the table holds batch {self.cut.batch} of the old checkpoint: the new one starts at {starts or '-'}",
             f"  old checkpoint moved to {self.moved_to} (to go back: move it back to {self.old_checkpoint}, where "
             "its state files expect to be, and run the old config; delete it once the new run is checked)",
@@ -112,13 +140,16 @@ def _pipeline(settings: Settings, name: str) -> PipelineSettings:
     if not found.materialized:
         raise ConfigError(f"pipeline {name}: no materializer, so no state to rebuild: start a new checkpoint "
                           "from a chosen offset (starting_offsets) instead")
-    if len(found.topics) > 1:
-        raise ConfigError(f"pipeline {name}: several topics feed the table; a live row's upsert key names its "
-                          "topic, which the table does not hold: its state cannot be rebuilt from the table")
-    if not found.effective_upsert_key:
-        raise ConfigError(f"pipeline {name}: no upsert key (retractions match the whole row's source text, "
-                          "which the table does not keep): its state cannot be rebuilt from the table")
     return found
+
+
+def _table_alone_refusal(pipeline: PipelineSettings) -> str | None:
+    """Why the table alone cannot tell a row's upsert key (None: it can)."""
+    if len(pipeline.topics) > 1:
+        return "several topics feed the table; a live row's upsert key names its topic, which the table does not hold"
+    if not pipeline.effective_upsert_key:
+        return "no upsert key: retractions match the whole row's source text, which the table does not keep"
+    return None
 
 
 def _buffers_changes(nodes: list[dict[str, Any]]) -> bool:
@@ -161,8 +192,8 @@ def _cut(checkpoint: Path, pipeline: PipelineSettings, table: DeltaTable) -> Cut
     return Cut(batch, om.to_map(om.from_map(json.loads(source))), touched)
 
 
-def _check_key_types(schema: pa.Schema, pipeline: PipelineSettings) -> None:
-    for column in dict.fromkeys(pipeline.primary_key + pipeline.effective_upsert_key):
+def _check_key_types(schema: pa.Schema, pipeline: PipelineSettings, columns: tuple[str, ...]) -> None:
+    for column in dict.fromkeys(columns):
         if column not in schema.names:
             raise ConfigError(f"pipeline {pipeline.name}: key column {column!r} is not in the table")
         kind = schema.field(column).type
@@ -171,19 +202,44 @@ def _check_key_types(schema: pa.Schema, pipeline: PipelineSettings) -> None:
                               "source may differ from the table's, so the state cannot be rebuilt from the table")
 
 
-def seed_states(rows: list[dict[str, Any]], pipeline: PipelineSettings, touched_ms: int) -> dict[str, list]:
-    """The seed columns (`SEED_COLUMNS`) of table rows: per primary key, the rules' state holding the row as
-    its one live row under its upsert key."""
-    topic = pipeline.topics[0]
+def _from_table(row: dict[str, Any], pk: str, pipeline: PipelineSettings) -> LiveRow:
     upsert_key = pipeline.effective_upsert_key
+    key = pk if upsert_key == pipeline.primary_key else canonical_key([row[c] for c in upsert_key])
+    return LiveRow(key, orjson.dumps(row, default=str).decode(), (pipeline.topics[0], SEEDED_POSITION, SEEDED_POSITION))
+
+
+def seed_states(rows: list[dict[str, Any]], pipeline: PipelineSettings, touched_ms: int, old: OldState | None = None,
+                counts: SeedCounts | None = None) -> dict[str, list]:
+    """The seed columns (`SEED_COLUMNS`) of table rows: per primary key, the rules' state holding the row as
+    its one live row, as the old state remembers it (`old`), else from the table alone (when the table can
+    tell its upsert key; else the key is left unseeded). `old` loses the keys seeded here."""
+    counts = SeedCounts() if counts is None else counts
+    table_alone = _table_alone_refusal(pipeline) is None
     out: dict[str, list] = {name: [] for name in SEED_COLUMNS}
     for row in rows:
         pk = canonical_key([row[c] for c in pipeline.primary_key])
-        key = pk if upsert_key == pipeline.primary_key else canonical_key([row[c] for c in upsert_key])
-        text = orjson.dumps(row, default=str).decode()
-        live = LiveRow(key, text, (topic, SEEDED_POSITION, SEEDED_POSITION))
-        for name, value in zip(SEED_COLUMNS, (pk, encode_state(PkState([live])), touched_ms)):
+        live = None if old is None else old.shown.pop(pk, None)
+        tombstones = {} if old is None else old.tombstones.pop(pk, {})
+        if live is not None:
+            counts.with_origin += 1
+        elif table_alone:
+            live, tombstones = _from_table(row, pk, pipeline), {}
+            counts.from_table += 1
+        else:
+            counts.unseeded += 1
+            continue
+        for name, value in zip(SEED_COLUMNS, (pk, encode_state(PkState([live], tombstones)), touched_ms)):
             out[name].append(value)
+    return out
+
+
+def tombstone_states(old: OldState, touched_ms: int, counts: SeedCounts) -> dict[str, list]:
+    """The seed columns of the keys the old state holds tombstones of but the table no row."""
+    out: dict[str, list] = {name: [] for name in SEED_COLUMNS}
+    for pk, tombstones in old.tombstones.items():
+        for name, value in zip(SEED_COLUMNS, (pk, encode_state(PkState([], tombstones)), touched_ms)):
+            out[name].append(value)
+    counts.tombstones_only += len(old.tombstones)
     return out
 
 
@@ -192,22 +248,49 @@ def _table_rows(table: DeltaTable) -> Iterator[list[dict[str, Any]]]:
         yield batch.to_pylist()
 
 
-def _write_seed(directory: Path, table: DeltaTable, pipeline: PipelineSettings, cut: Cut) -> int:
+def _write_seed(directory: Path, table: DeltaTable, pipeline: PipelineSettings, cut: Cut,
+                old: OldState | None) -> SeedCounts:
     schema = pa.schema([(SEED_COLUMNS[0], pa.string()), (SEED_COLUMNS[1], pa.string()), (SEED_COLUMNS[2], pa.int64())])
     directory.mkdir(parents=True)
-    keys = 0
+    counts = SeedCounts()
     with pq.ParquetWriter(directory / SEED_ROWS, schema) as writer:
         for rows in _table_rows(table):
-            writer.write_table(pa.table(seed_states(rows, pipeline, cut.touched_ms), schema=schema))
-            keys += len(rows)
+            writer.write_table(pa.table(seed_states(rows, pipeline, cut.touched_ms, old, counts), schema=schema))
+        if old is not None:
+            writer.write_table(pa.table(tombstone_states(old, cut.touched_ms, counts), schema=schema))
     info = {"pipeline": pipeline.name, "table_version": table.version(), "batch": cut.batch,
-            "starting_offsets": cut.offsets, "keys": keys}
+            "starting_offsets": cut.offsets, "seeded": vars(counts)}
     (directory / SEED_INFO).write_text(json.dumps(info, indent=2))
-    return keys
+    return counts
 
 
-def rebuild_state(settings: Settings, name: str, now: datetime | None = None) -> RebuildReport:
-    """Seed a new checkpoint of pipeline `name` from its Delta table; the old checkpoint is moved aside."""
+def _same_key(checkpoint: Path, pipeline: PipelineSettings) -> bool:
+    """Whether the checkpoint's materializer was keyed as the config's is (its upsert keys still apply)."""
+    plan = checkpoint / PLAN_FILE
+    if not plan.exists():
+        return False
+    stored = {node.get("id"): node for node in json.loads(plan.read_text()).get("nodes", [])}
+    current = next(op for op in pipeline_operators(pipeline) if op.kind == Kind.MATERIALIZER)
+    return stored.get(current.id, {}).get("key") == list(current.key)
+
+
+def _old_state(checkpoint: Path, pipeline: PipelineSettings, batch: int, read_state: StateReader | None,
+               ) -> OldState | None:
+    old = read_state(checkpoint, batch) if read_state is not None and _same_key(checkpoint, pipeline) else None
+    if old is None:
+        refusal = _table_alone_refusal(pipeline)
+        if refusal is not None:
+            raise ConfigError(f"pipeline {pipeline.name}: {refusal}, and the old checkpoint's state cannot be "
+                              "used (not readable, or the materializer's key changed): its state cannot be "
+                              "rebuilt from the table")
+    return old
+
+
+def rebuild_state(settings: Settings, name: str, now: datetime | None = None,
+                  read_state: StateReader | None = None) -> RebuildReport:
+    """Seed a new checkpoint of pipeline `name` from its Delta table; the old checkpoint is moved aside.
+
+    `read_state` reads the old checkpoint's materializer state (`spark_state_reader`); None: the table alone."""
     pipeline = _pipeline(settings, name)
     checkpoint = _checkpoint(settings, pipeline)
     uri = settings.lakehouse.table_uri(pipeline.table)
@@ -215,16 +298,27 @@ def rebuild_state(settings: Settings, name: str, now: datetime | None = None) ->
         table = DeltaTable(uri, storage_options=settings.lakehouse.storage_options or None)
     except TableNotFoundError:
         raise ConfigError(f"pipeline {name}: no Delta table at {uri}: nothing to rebuild from") from None
-    _check_key_types(pa.schema(table.schema().to_arrow()), pipeline)
     cut = _cut(checkpoint, pipeline, table)
+    old = _old_state(checkpoint, pipeline, cut.batch, read_state)
+    keys = pipeline.primary_key if old is not None else pipeline.primary_key + pipeline.effective_upsert_key
+    _check_key_types(pa.schema(table.schema().to_arrow()), pipeline, keys)
     stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
     moved = checkpoint.with_name(f"{checkpoint.name}{MOVED_SUFFIX}{stamp}")
     staged = checkpoint.with_name(f"{checkpoint.name}.rebuilding-{stamp}")
     try:
-        keys = _write_seed(staged / SEED_DIR, table, pipeline, cut)
+        counts = _write_seed(staged / SEED_DIR, table, pipeline, cut, old)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
         raise
     checkpoint.rename(moved)
     staged.rename(checkpoint)
-    return RebuildReport(name, uri, table.version(), cut, keys, checkpoint, moved, checkpoint)
+    return RebuildReport(name, uri, table.version(), cut, counts, checkpoint, moved, checkpoint)
+
+
+def spark_state_reader(settings: Settings) -> StateReader:
+    """Reads an old checkpoint's materializer state in a Spark session built from `settings` on first use."""
+    def read(checkpoint: Path, batch: int) -> OldState | None:
+        from service.spark import build_spark
+
+        return read_old_state(build_spark(settings.spark), checkpoint, batch)
+    return read

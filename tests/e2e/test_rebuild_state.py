@@ -74,7 +74,8 @@ def test_rebuild_state_then_run_equals_a_full_replay(spark, kafka_bootstrap, uni
     for name in ("people", "control"):
         rebuilt = CliRunner().invoke(app, ["rebuild-state", str(new), "--pipeline", name])
         assert rebuilt.exit_code == 0, rebuilt.output
-        assert f"{len(seen_before)} primary key(s) seeded" in rebuilt.output
+        seeded = len(seen_before)  # every one with its origin read from the old checkpoint's state
+        assert f"{seeded} primary key(s) seeded, one live row each: {seeded} with where it came from" in rebuilt.output
         assert "old checkpoint moved to" in rebuilt.output and "limitations:" in rebuilt.output
     assert len([p for p in (workdir / "checkpoints").iterdir() if ".before-rebuild-" in p.name]) == 2
     _empty_seed(workdir / "checkpoints" / "control")

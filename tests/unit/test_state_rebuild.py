@@ -23,6 +23,10 @@ from service.kafka_to_delta.pipeline import app_id
 from service.plan_upgrade import PLAN_FILE
 from service.rebuilt_seed import SEED_DIR, SEED_INFO, SEED_ROWS
 from service.settings import settings_from_mapping
+from service.checkpoint_state import OldState
+from service.compiled_plan import pipeline_operators
+from service.kafka_to_delta.materializer_state import LiveRow, Tombstone, decode_state
+from service.plan_upgrade import check_and_store
 from service.state_rebuild import rebuild_state, seed_states
 
 QUERY_ID = "2f1d6c3e-0000-4000-8000-000000000001"
@@ -79,7 +83,7 @@ def test_rebuild_moves_the_checkpoint_aside_and_seeds_a_new_one_at_the_tables_ba
     assert sorted(row["group_key"] for row in seeded) == ['["a@x"]', '["b@x"]']
     assert {row["touched"] for row in seeded} == {1_700_000_000_001}
     text = "\n".join(report.lines())
-    assert "2 primary key(s) seeded" in text and "people[0]@20, people[1]@10" in text and "limitations:" in text
+    assert "2 primary key(s) seeded, one live row each: 0 with where it came from" in text and "people[0]@20, people[1]@10" in text and "limitations:" in text
 
 
 def test_the_command_prints_what_it_did_and_refuses_a_second_rebuild_before_a_run(tmp_path):
@@ -114,3 +118,35 @@ def test_a_checkpoint_that_buffered_changes_for_the_watermark_is_refused(tmp_pat
     with pytest.raises(ConfigError, match="not in the table yet"):
         rebuild_state(settings_from_mapping(_config(tmp_path)), "people")
     assert (old / "offsets").exists()  # nothing moved
+
+
+def test_origins_come_from_the_old_state_where_it_holds_the_key(tmp_path):
+    """Two topics: the table cannot tell a row's topic; the old state can. A row it no longer holds is left
+    unseeded (the old pipeline had forgotten it too); a deleted key keeps its tombstone."""
+    fan_in = {"topics": ["people.a", "people.b"], "sequence_by": ["source.lsn"]}
+    settings = settings_from_mapping(_config(tmp_path, **fan_in))
+    old = _old_checkpoint(tmp_path)
+    check_and_store("people", str(old), pipeline_operators(settings.pipelines[0]))  # the plan it ran under
+    shown = LiveRow('["people.b",[1]]', '{"id":1,"email":"a@x","name":"Ann","score":1.5}', ("people.b", 1, 41), (7,))
+    buried = Tombstone((9,), ("people.a", 0, 12), 1_000)
+    asked = []
+
+    def reader(checkpoint: Path, batch: int) -> OldState:
+        asked.append((checkpoint, batch))
+        return OldState({'["a@x"]': shown}, {'["c@x"]': {'["people.a",[3]]': buried}})
+
+    report = rebuild_state(settings, "people", read_state=reader)
+    assert asked == [(old, 1)]
+    assert (report.counts.with_origin, report.counts.from_table, report.counts.unseeded,
+            report.counts.tombstones_only) == (1, 0, 1, 1)
+    seeded = {row["group_key"]: decode_state(row["state"]) for row in pq.read_table(old / SEED_DIR / SEED_ROWS).to_pylist()}
+    assert seeded['["a@x"]'].rows == [shown]
+    assert seeded['["c@x"]'].rows == [] and seeded['["c@x"]'].tombstones == {'["people.a",[3]]': buried}
+    assert "1 row(s) the old state no longer held left unseeded" in "\n".join(report.lines())
+
+
+def test_without_a_readable_old_state_what_the_table_cannot_tell_is_refused(tmp_path):
+    _old_checkpoint(tmp_path)
+    settings = settings_from_mapping(_config(tmp_path, topics=["a", "b"]))
+    with pytest.raises(ConfigError, match="several topics feed the table.*cannot be used"):
+        rebuild_state(settings, "people", read_state=lambda checkpoint, batch: None)
