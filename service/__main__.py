@@ -100,10 +100,11 @@ def rebuild_state_command(
 ) -> None:
     """With the service stopped: a new checkpoint whose materializer state is seeded from the Delta table
     (the old checkpoint is moved aside); the pipeline then goes on from where the table's content ends."""
-    from service.state_rebuild import rebuild_state
+    from service.state_rebuild import rebuild_state, spark_state_reader
 
     try:
-        report = rebuild_state(load_settings(config), pipeline)
+        settings = load_settings(config)
+        report = rebuild_state(settings, pipeline, read_state=spark_state_reader(settings))
     except CdcLakehouseError as error:
         _fail(error)
     for line in report.lines():
