@@ -33,14 +33,13 @@ from connectors.delta.engines import open_table
 from connectors.kafka import offsets as om
 from connectors.kafka.cluster import ClusterView
 from connectors.kafka.range_reader import RAW_SCHEMA
-from connectors.kafka.source import FORMAT_NAME, KafkaSource
 from service import metrics
 from service.checkpoints import remove_abandoned_writes
-from service.errors import ConfigError
 from service.join_settings import EnrichmentJoinSettings
 from service.joins.enrichment_rows import Enriched, build_changes, enrich, good_rows, probe_keys
 from service.joins.enrichment_state import BuildState, GateLog, HeldProbes
 from service.joins.join_inputs import decode_records, input_decoder, side_records
+from service.joins.join_source import join_records
 from service.joins.snapshot_gate import BuildObservations, GateState
 from service.kafka_to_delta.bad_records import failed_rows, handle_bad_records
 from service.kafka_to_delta.changelog_batch import Column
@@ -64,15 +63,6 @@ def batch_end_offsets(checkpoint: str, batch_id: int) -> dict[tuple[str, int], i
     with filesystem.open_input_stream(f"{root}/offsets/{batch_id}") as stream:
         lines = stream.read().decode("utf-8").splitlines()
     return om.from_map(json.loads(lines[2]))
-
-
-def _starting_offsets(join: EnrichmentJoinSettings) -> str:
-    left, right = join.left.starting_offsets, join.right.starting_offsets
-    if isinstance(left, dict) and isinstance(right, dict):
-        return json.dumps({**left, **right})
-    if left != right:
-        raise ConfigError(f"join {join.name}: both inputs need the same starting_offsets (earliest, latest or offsets)")
-    return str(left)
 
 
 class EnrichmentJoinPipeline:
@@ -217,25 +207,11 @@ class EnrichmentJoinPipeline:
         letters = letters.append_column("error", pa.array(["no build row for the join key"] * n, pa.string()))
         self.dead_letters.store(letters, batch_id, app_id=f"{self.app_id}/missing")
 
-    def _source(self) -> DataFrame:
-        reader = (
-            self.spark.readStream.format(FORMAT_NAME)
-            .option("bootstrap.servers", self.settings.kafka.bootstrap_servers)
-            .option("topics", ",".join(self.join.topics))
-            .option("startingOffsets", _starting_offsets(self.join))
-        )
-        for key, value in self.settings.kafka.options.items():
-            reader = reader.option(f"kafka.{key}", value)
-        if self.join.max_offsets_per_trigger:
-            reader = reader.option("maxOffsetsPerTrigger", str(self.join.max_offsets_per_trigger))
-        return reader.load()
-
     def start(self, until_idle: bool) -> StreamingQuery:
         """Start the streaming query; `until_idle` reads what is there now, then ends."""
         remove_abandoned_writes(self.checkpoint)
-        self.spark.dataSource.register(KafkaSource)
         writer = (
-            self._source().writeStream.queryName(self.join.name)
+            join_records(self.spark, self.settings, self.join).writeStream.queryName(self.join.name)
             .foreachBatch(self.process_batch)
             .option("checkpointLocation", self.checkpoint)
         )

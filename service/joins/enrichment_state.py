@@ -19,8 +19,8 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import TableNotFoundError
 
+from connectors.delta.delta_rs import DeltaRsTable
 from connectors.kafka.range_reader import RAW_SCHEMA
 from service.joins.enrichment_rows import BUILD_STATE_SCHEMA
 from service.joins.snapshot_gate import GateState
@@ -34,27 +34,15 @@ def _commit(batch_id: int) -> CommitProperties:
     return CommitProperties(app_transactions=[Transaction(STATE_APP_ID, int(batch_id))])
 
 
-class _StateTable:
+class _StateTable(DeltaRsTable):
     """One state table; `done(b)` tells whether batch b already wrote it."""
 
-    def __init__(self, uri: str, storage_options: dict[str, str] | None) -> None:
-        self.uri = uri
-        self.storage_options = storage_options or None
-        self._table: DeltaTable | None = None
-
     def opened(self) -> DeltaTable | None:
-        if self._table is not None:
-            self._table.update_incremental()
-            return self._table
-        try:
-            self._table = DeltaTable(self.uri, storage_options=self.storage_options)
-        except TableNotFoundError:
-            return None
-        return self._table
+        """The table at its latest version, or None before its first write."""
+        return self._open()
 
     def done(self, batch_id: int) -> bool:
-        table = self.opened()
-        last = None if table is None else table.transaction_version(STATE_APP_ID)
+        last = self.last_batch(STATE_APP_ID)
         return last is not None and last >= batch_id
 
     def append(self, rows: pa.Table, batch_id: int) -> None:
