@@ -27,7 +27,7 @@ from service.kafka_to_delta.materializer import MaterializerConfig
 RULES = JoinRules(SideRules(("order_id",), ("customer_id",)), SideRules(("customer_id",), ("customer_id",)),
                   outer=True, output=MaterializerConfig("orders_enriched", ("order_id",), "error"))
 _COLUMNS = (Column.TOPIC, Column.PARTITION, Column.OFFSET, Column.CHANGE_INDEX, Column.TIMESTAMP, Column.KIND,
-            Column.KEY, Column.ROW, Column.TYPES, Column.EVENT_TIME)
+            Column.KEY, Column.ROW, Column.TYPES, Column.EVENT_TIME, Column.UNCHANGED)
 _SCHEMA = pa.schema([CHANGELOG_SCHEMA.field(c) for c in _COLUMNS])
 
 
@@ -38,7 +38,7 @@ def _changes(topic: str, rows: list[dict], key: str, offset: int, kind: str) -> 
         Column.OFFSET: list(range(offset, offset + n)), Column.CHANGE_INDEX: pa.array([0] * n, pa.int32()),
         Column.TIMESTAMP: [offset] * n, Column.KIND: [kind] * n, Column.KEY: [f"[{r[key]}]" for r in rows],
         Column.ROW: [json.dumps(r) for r in rows], Column.TYPES: pa.nulls(n, pa.string()),
-        Column.EVENT_TIME: pa.nulls(n, pa.int64()),
+        Column.EVENT_TIME: pa.nulls(n, pa.int64()), Column.UNCHANGED: pa.nulls(n, pa.string()),
     }, schema=_SCHEMA)
 
 
@@ -47,7 +47,6 @@ def _batches(args: argparse.Namespace, rng: random.Random):
     customers = [{"customer_id": c, "name": f"c{c}", "tier": c % 3} for c in range(args.customers)]
     orders = [{"order_id": o, "customer_id": rng.randrange(args.customers), "amount": o % 997}
               for o in range(args.orders)]
-    offset = 0
     yield [], customers
     for start in range(0, len(orders), args.batch):
         yield orders[start:start + args.batch], []
@@ -56,7 +55,6 @@ def _batches(args: argparse.Namespace, rng: random.Random):
         right = [{**customers[rng.randrange(args.customers)], "name": f"n{rng.randrange(10**6)}"}
                  for _ in range(args.batch // 10)]
         yield left, right
-    del offset
 
 
 def main() -> None:

@@ -40,6 +40,8 @@ from service.errors import TerminalError
 from service.kafka_to_delta.changelog_batch import Column
 from service.kafka_to_delta.debezium_json import canonical_key, compact_json
 from service.kafka_to_delta.materializer import Change, Counters, Materializer, MaterializerConfig
+from service.kafka_to_delta.fill_unchanged import fill_unchanged
+from service.kafka_to_delta.partition_changes import _with_filled_images as with_filled_images
 from service.kafka_to_delta.partition_changes import last_rows
 
 RIGHT_SUFFIX = "0"
@@ -52,6 +54,7 @@ OUTPUT_SCHEMA = pa.schema([("key", pa.string()), ("kind", pa.string()), ("row", 
 _RETRACTIONS = pa.array([ChangeKind.UPDATE_BEFORE.value, ChangeKind.DELETE.value])
 _SOURCE_ORDER = [(c, "ascending") for c in (Column.TOPIC, Column.PARTITION, Column.OFFSET, Column.CHANGE_INDEX)]
 _POSITION = ("topic", "partition", "offset")
+_CHANGES_SCHEMA = SIDE_SCHEMA.append(pa.field("deleted", pa.bool_())).append(pa.field("unchanged", pa.string()))
 
 
 class JoinKeyError(TerminalError):
@@ -117,10 +120,12 @@ def _join_key(row: dict, columns: tuple[str, ...]) -> str | None:
 
 def side_changes(changelog: pa.Table, rules: SideRules) -> pa.Table:
     """A side's changelog rows (`CHANGELOG_SCHEMA` columns) -> its last change per primary key, as
-    `SIDE_SCHEMA` rows plus `deleted` (row null for a delete)."""
+    `SIDE_SCHEMA` rows plus `deleted` (row null for a delete) and `unchanged` (columns a TOAST
+    placeholder left out that no earlier image of the batch held)."""
     if changelog.num_rows == 0:
-        return SIDE_SCHEMA.append(pa.field("deleted", pa.bool_())).empty_table()
-    last = last_rows(changelog.sort_by(_SOURCE_ORDER), Column.KEY)
+        return _CHANGES_SCHEMA.empty_table()
+    ordered = changelog.sort_by(_SOURCE_ORDER)
+    last = with_filled_images(last_rows(ordered, Column.KEY), ordered)
     deleted = pc.fill_null(pc.is_in(last.column(Column.KIND), _RETRACTIONS), False)
     rows = last.column(Column.ROW).to_pylist()
     gone = deleted.to_pylist()
@@ -132,6 +137,7 @@ def side_changes(changelog: pa.Table, rules: SideRules) -> pa.Table:
         "types": last.column(Column.TYPES), "touched": pc.cast(touched, pa.int64()),
         "topic": last.column(Column.TOPIC), "partition": last.column(Column.PARTITION),
         "offset": last.column(Column.OFFSET), "deleted": deleted,
+        "unchanged": pc.if_else(deleted, pa.scalar(None, pa.string()), last.column(Column.UNCHANGED)),
     })
 
 
@@ -160,7 +166,7 @@ def _apply_side(state: pa.Table, changes: pa.Table, rules: SideRules, clock: int
         state = state.filter(pc.invert(expired))
     changed = changes.column("pk").combine_chunks()
     touched = pc.is_in(state.column("pk"), changed)
-    stored = changes.filter(pc.invert(changes.column("deleted"))).select(SIDE_SCHEMA.names).cast(SIDE_SCHEMA)
+    stored = _filled_from_state(changes.filter(pc.invert(changes.column("deleted"))), state)
     after = pa.concat_tables([state.filter(pc.invert(touched)), stored])
     deleted = changes.filter(changes.column("deleted")).column("pk").to_pylist()
     return _SideStep(
@@ -168,6 +174,23 @@ def _apply_side(state: pa.Table, changes: pa.Table, rules: SideRules, clock: int
         new_keys=stored.column("jk").combine_chunks(), changed=changed,
         delta=SideDelta(stored, gone + deleted), expired=len(gone),
     )
+
+
+def _filled_from_state(stored: pa.Table, state: pa.Table) -> pa.Table:
+    """Upserts whose TOAST-unchanged columns are taken from the row's previous image in state (a column
+    no image holds stays out of the row: null in the output)."""
+    partial = pc.is_valid(stored.column("unchanged"))
+    if pc.any(partial).as_py():
+        known = state.filter(pc.is_in(state.column("pk"), pc.filter(stored.column("pk"), partial)))
+        previous = dict(zip(known.column("pk").to_pylist(), known.column("row").to_pylist()))
+        texts = []
+        for pk, text, unchanged in zip(*(stored.column(c).to_pylist() for c in ("pk", "row", "unchanged"))):
+            if unchanged and pk in previous:
+                text = compact_json(fill_unchanged(orjson.loads(text), orjson.loads(unchanged),
+                                                   [{"row": previous[pk]}])[0])
+            texts.append(text)
+        stored = stored.set_column(stored.schema.get_field_index("row"), "row", pa.array(texts, pa.string()))
+    return stored.select(SIDE_SCHEMA.names).cast(SIDE_SCHEMA)
 
 
 def _joined(left: pa.Table, right: pa.Table, outer: bool) -> pa.Table:

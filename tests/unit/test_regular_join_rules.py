@@ -21,7 +21,7 @@ _SCHEMA = pa.schema([
     (Column.TOPIC, pa.string()), (Column.PARTITION, pa.int32()), (Column.OFFSET, pa.int64()),
     (Column.CHANGE_INDEX, pa.int32()), (Column.TIMESTAMP, pa.int64()), (Column.KIND, pa.string()),
     (Column.KEY, pa.string()), (Column.ROW, pa.string()), (Column.TYPES, pa.string()),
-    (Column.EVENT_TIME, pa.int64()),
+    (Column.EVENT_TIME, pa.int64()), (Column.UNCHANGED, pa.string()),
 ])
 
 
@@ -44,12 +44,14 @@ class Run:
         self.offsets: dict[tuple[str, int], int] = {}
         self.expired = 0
 
-    def change(self, topic: str, kind: str, pk: int, row: dict | None, ts: int, partition: int = 0) -> dict:
+    def change(self, topic: str, kind: str, pk: int, row: dict | None, ts: int, partition: int = 0,
+               unchanged: list[str] | None = None) -> dict:
         offset = self.offsets.get((topic, partition), 0)
         self.offsets[(topic, partition)] = offset + 1
         return {Column.TOPIC: topic, Column.PARTITION: partition, Column.OFFSET: offset, Column.CHANGE_INDEX: 0,
                 Column.TIMESTAMP: ts, Column.KIND: kind, Column.KEY: f"[{pk}]",
-                Column.ROW: None if row is None else json.dumps(row), Column.TYPES: None, Column.EVENT_TIME: None}
+                Column.ROW: None if row is None else json.dumps(row), Column.TYPES: None, Column.EVENT_TIME: None,
+                Column.UNCHANGED: json.dumps(unchanged) if unchanged else None}
 
     def batch(self, left: list[dict], right: list[dict]) -> pa.Table:
         step = join_step(self.state, side_changes(pa.Table.from_pylist(left, _SCHEMA), self.rules.left),
@@ -121,6 +123,17 @@ def test_the_last_change_per_key_wins_in_source_order():
                run.change("o", "-D", 1, None, 0), run.change("o", "+I", 1, order(1, 7, 3), 0)]
     run.batch(list(reversed(changes)), [run.change("c", "+I", 7, customer(7, "ann"), 0)])
     assert run.rows() == [(1, 7, 3, 7, "ann")]
+
+
+def test_columns_a_toast_placeholder_left_out_come_from_the_previous_image():
+    run = Run(rules(outer=False))
+    run.batch([run.change("o", "+I", 1, order(1, 7), 0)],
+              [run.change("c", "+I", 7, customer(7, "ann"), 0),  # the same batch: from its earlier image
+               run.change("c", "+U", 7, {"customer_id": 7}, 0, unchanged=["name"])])
+    assert run.rows() == [(1, 7, 10, 7, "ann")]
+    run.batch([run.change("o", "+U", 1, {"order_id": 1, "customer_id": 7}, 1, unchanged=["amount"])],
+              [run.change("c", "+U", 7, {"customer_id": 7}, 1, unchanged=["name"])])  # from the state
+    assert run.rows() == [(1, 7, 10, 7, "ann")]
 
 
 def test_expired_right_row_is_never_seen_again_and_its_expiry_retracts_nothing():
