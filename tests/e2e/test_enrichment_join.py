@@ -209,42 +209,51 @@ def _replayable(spark, settings, name: str) -> EnrichmentJoinPipeline:
     return pipeline
 
 
-def test_a_replayed_batch_changes_nothing_and_a_crash_between_commits_loses_nothing(spark, unique, workdir,
-                                                                                     monkeypatch):
+def test_last_waits_for_every_partition_a_replay_changes_nothing_a_crash_loses_nothing(spark, unique, workdir,
+                                                                                        monkeypatch):
     orders, customers = f"orders-{unique}", f"customers-{unique}"
     settings = _settings("localhost:1", workdir, orders, customers, f"missing-{unique}")
     checkpoint = settings.checkpoint_dir("gated")
     snapshot = _snapshot(customers)
-    # batch 0: the orders and part of the snapshot; batch 1: the rest of it, `last` included
+    # batch 0: the orders and customers 1..10; batch 1: the rest of the snapshot, `last` (customer 30,
+    # partition 0) included, but for partition 1, which batch 2 reads (ten customers a partition)
+    rest = snapshot[10:]
     batch0 = _batch(spark, _order_events(orders, ORDERS[:6]) + snapshot[:10])
-    batch1 = _batch(spark, snapshot[10:])
+    batch1 = _batch(spark, [e for e in rest if e.partition != 1])
+    batch2 = _batch(spark, [e for e in rest if e.partition == 1])
     everything = {(customers, p): 10 for p in range(BUILD_PARTITIONS)}
-    _offset_log(checkpoint, 0, {(orders, 0): 3, (orders, 1): 3, **{tp: 4 for tp in everything}})
-    _offset_log(checkpoint, 1, {(orders, 0): 3, (orders, 1): 3, **everything})
+    read = {(orders, 0): 3, (orders, 1): 3}
+    _offset_log(checkpoint, 0, {**read, (customers, 0): 3, (customers, 1): 4, (customers, 2): 3})
+    _offset_log(checkpoint, 1, {**read, **everything, (customers, 1): 4})
+    _offset_log(checkpoint, 2, {**read, **everything})
 
     pipeline = _replayable(spark, settings, "gated")
     pipeline.process_batch(batch0, 0)
     pipeline.process_batch(batch0, 0)  # a replay
     held = HeldProbes(f"{checkpoint}/enrichment/held", None)
     assert held.count() == 6 and _output(settings, "gated") is None and not _gate(settings, "gated").open
+    pipeline.process_batch(batch1, 1)  # `last` is read, partition 1 is not read to where it ended then
+    gate = _gate(settings, "gated")
+    assert not gate.open and gate.waiting_for([customers]) == [f"{customers}/1"]
+    assert held.count() == 6 and _output(settings, "gated") is None
 
-    # batch 1 opens the gate; the process dies after the output commit, before the held records are cleared
+    # batch 2 opens the gate; the process dies after the output commit, before the held records are cleared
     def crash(self, batch_id):
         raise RuntimeError("killed between the output commit and the clearing of the held records")
 
     with monkeypatch.context() as patched:
         patched.setattr(HeldProbes, "clear", crash)
         with pytest.raises(RuntimeError, match="killed"):
-            pipeline.process_batch(batch1, 1)
+            pipeline.process_batch(batch2, 2)
     output_uri = settings.lakehouse.table_uri("gated")
     version = DeltaTable(output_uri).version()
-    assert held.count() == 6 and _gate(settings, "gated").opened_in_batch == 1
+    assert held.count() == 6 and _gate(settings, "gated").opened_in_batch == 2
 
-    restarted = _replayable(spark, settings, "gated")  # a new process replays batch 1
-    restarted.process_batch(batch1, 1)
-    restarted.process_batch(batch1, 1)
-    assert DeltaTable(output_uri).version() == version, "the output of batch 1 was committed once"
-    assert held.count() == 0 and _gate(settings, "gated").opened_in_batch == 1
+    restarted = _replayable(spark, settings, "gated")  # a new process replays batch 2
+    restarted.process_batch(batch2, 2)
+    restarted.process_batch(batch2, 2)
+    assert DeltaTable(output_uri).version() == version, "the output of batch 2 was committed once"
+    assert held.count() == 0 and _gate(settings, "gated").opened_in_batch == 2
     joined = _output(settings, "gated")
     assert sorted(joined) == ORDERS[:6]
     assert all(row["name"] == _customer(_customer_of(order))["name"] for order, row in joined.items())
