@@ -9,6 +9,9 @@ The table is keyed by email while the topic's upsert key is id, so an update mov
 primary key: its retraction of the old email row finds that row only in the seeded state. The
 negative control, a second pipeline over the same topic whose seed is emptied after the rebuild
 (offsets kept), ends with rows the source no longer holds.
+
+Two topics into one table (second test): a row's topic is read from the old checkpoint's state, and
+the rebuilt run equals the new config run from the beginning.
 """
 
 from __future__ import annotations
