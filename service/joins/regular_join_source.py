@@ -1,6 +1,6 @@
 """Both inputs of a join as one stream of changelog rows, decoded on the executors.
 
-One streaming query reads every topic of both inputs (`connectors.kafka.source`, so the offsets of
+One streaming query reads every topic of both inputs (`join_source.join_records`: the offsets of
 both live in one checkpoint and a micro-batch is one barrier for both sides); each Kafka record batch
 is decoded on the executors (`join_inputs.input_decoder`: the ingest's stateless FROM_CHANGELOG stage)
 by the decoder of the input its topic belongs to, and every row is tagged with its `side`.
@@ -8,7 +8,6 @@ by the decoder of the input its topic belongs to, and every row is tagged with i
 
 from __future__ import annotations
 
-import json
 from typing import Iterator
 
 import pyarrow as pa
@@ -16,10 +15,9 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from connectors.kafka.source import FORMAT_NAME, KafkaSource
-from service.errors import ConfigError
 from service.join_settings import RegularJoinSettings
 from service.joins.join_inputs import input_decoder
+from service.joins.join_source import join_records
 from service.kafka_to_delta.changelog_batch import CHANGELOG_SCHEMA, KafkaColumn
 from service.settings import Settings
 
@@ -44,26 +42,6 @@ class SidesDecoder:
                     yield decoded.append_column(SIDE, pa.array([side] * decoded.num_rows, pa.string()))
 
 
-def starting_offsets(join: RegularJoinSettings) -> str:
-    """The source's startingOffsets for both inputs (one option for the one query)."""
-    left, right = join.left.starting_offsets, join.right.starting_offsets
-    if isinstance(left, dict) and isinstance(right, dict):
-        return json.dumps({**left, **right})
-    if left == right and isinstance(left, str):
-        return left
-    raise ConfigError(f"join {join.name}: both inputs must start from `earliest`, from `latest`, or from "
-                      f"explicit offsets (got {left!r} and {right!r})")
-
-
 def sides_stream(spark: SparkSession, settings: Settings, join: RegularJoinSettings) -> DataFrame:
     """The changelog rows of both inputs (`SIDES_SCHEMA`)."""
-    spark.dataSource.register(KafkaSource)
-    reader = (spark.readStream.format(FORMAT_NAME)
-              .option("bootstrap.servers", settings.kafka.bootstrap_servers)
-              .option("topics", ",".join(join.topics))
-              .option("startingOffsets", starting_offsets(join)))
-    for key, value in settings.kafka.options.items():
-        reader = reader.option(f"kafka.{key}", value)
-    if join.max_offsets_per_trigger:
-        reader = reader.option("maxOffsetsPerTrigger", str(join.max_offsets_per_trigger))
-    return reader.load().mapInArrow(SidesDecoder(join), from_arrow_schema(SIDES_SCHEMA))
+    return join_records(spark, settings, join).mapInArrow(SidesDecoder(join), from_arrow_schema(SIDES_SCHEMA))

@@ -11,7 +11,8 @@ import pytest
 from connectors.kafka.range_reader import RAW_SCHEMA
 from service.errors import ConfigError
 from service.join_settings import RegularJoinSettings
-from service.joins.regular_join_source import SIDE, SidesDecoder, starting_offsets
+from service.joins.join_source import starting_offsets
+from service.joins.regular_join_source import SIDE, SidesDecoder
 
 
 def settings(left_start: object = "earliest", right_start: object = "earliest") -> RegularJoinSettings:
