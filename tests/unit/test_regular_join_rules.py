@@ -169,6 +169,22 @@ def test_declared_key_with_two_live_rows_follows_on_conflict():
     assert [r[2] for r in run.rows()] == [1]
 
 
+def random_changes(run: Run, rng: random.Random, topic: str, table: dict[int, dict], keys: int, partitions: int,
+                   new_row, moment: int, count: int, delete_share: float) -> list[dict]:
+    """`count` random upserts and deletes of `table` (pk -> row), applied to it; the changes they make."""
+    changes = []
+    for _ in range(count):
+        pk = rng.randrange(keys)
+        if pk in table and rng.random() < delete_share:
+            del table[pk]
+            changes.append(run.change(topic, "-D", pk, None, moment, partition=pk % partitions))
+        else:
+            table[pk] = new_row(pk)
+            kind = "+U" if rng.random() < 0.5 else "+I"
+            changes.append(run.change(topic, kind, pk, table[pk], moment, partition=pk % partitions))
+    return changes
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3, random.randrange(1_000_000)])
 @pytest.mark.parametrize("outer", [False, True])
 def test_random_batches_equal_the_join_of_the_final_tables(seed, outer):
@@ -177,23 +193,10 @@ def test_random_batches_equal_the_join_of_the_final_tables(seed, outer):
     orders: dict[int, dict] = {}
     customers: dict[int, dict] = {}
     for moment in range(30):
-        left, right = [], []
-        for _ in range(rng.randrange(0, 8)):
-            pk = rng.randrange(12)
-            if pk in orders and rng.random() < 0.3:
-                del orders[pk]
-                left.append(run.change("o", "-D", pk, None, moment, partition=pk % 3))
-            else:
-                orders[pk] = order(pk, rng.choice([None, *range(5)]), rng.randrange(100))
-                left.append(run.change("o", "+U" if rng.random() < 0.5 else "+I", pk, orders[pk], moment, pk % 3))
-        for _ in range(rng.randrange(0, 4)):
-            pk = rng.randrange(5)
-            if pk in customers and rng.random() < 0.4:
-                del customers[pk]
-                right.append(run.change("c", "-D", pk, None, moment, partition=pk % 2))
-            else:
-                customers[pk] = customer(pk, rng.choice("abcdef"))
-                right.append(run.change("c", "+I", pk, customers[pk], moment, partition=pk % 2))
+        left = random_changes(run, rng, "o", orders, 12, 3, lambda pk: order(
+            pk, rng.choice([None, *range(5)]), rng.randrange(100)), moment, rng.randrange(0, 8), 0.3)
+        right = random_changes(run, rng, "c", customers, 5, 2, lambda pk: customer(pk, rng.choice("abcdef")),
+                               moment, rng.randrange(0, 4), 0.4)
         run.batch(left, right)
     expected = reference_join(orders, customers, "customer_id", "customer_id", outer, ("customer_id", "name"))
     assert run.rows() == normalized(expected, COLUMNS), f"seed {seed}"
