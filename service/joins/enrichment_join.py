@@ -159,6 +159,8 @@ class EnrichmentJoinPipeline:
         if self.join.gate and not self.gate.open:
             self.held.hold(probe_records, batch_id)
             HELD.labels(self.name).set(self.held.count())
+            self.committed_batches += 1  # into the state: progress, as far as restarts are counted
+            metrics.BATCHES.labels(self.name, "held").inc()
             return
         if self.join.gate and self.gate.opened_in_batch == batch_id:
             probe_records = pa.concat_tables([self.held.all(), probe_records])  # held ones first: read earlier
@@ -219,6 +221,7 @@ class EnrichmentJoinPipeline:
             writer = writer.trigger(availableNow=True)
         else:
             writer = writer.trigger(processingTime=f"{self.settings.trigger_interval_seconds} seconds")
+        self._started.clear()  # a restart by the runner: batches wait for this query's id
         query = writer.start()
         self._query_id = str(query.id)
         self._started.set()
