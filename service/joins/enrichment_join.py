@@ -51,7 +51,8 @@ log = logging.getLogger(__name__)
 _QUERY_ID_TIMEOUT_S = 60.0
 MISSING = Counter("cdc_enrichment_missing", "Probe records that found no build row, by policy",
                   metrics.PIPELINE + ("policy",))
-HELD = Gauge("cdc_enrichment_held_probes", "Probe records held back while the snapshot gate is closed", metrics.PIPELINE)
+HELD = Gauge("cdc_enrichment_held_probes", "Probe records held back while the snapshot gate is closed",
+             metrics.PIPELINE)
 GATE_OPEN = Gauge("cdc_enrichment_gate_open", "1 once the build input's snapshot phase is complete", metrics.PIPELINE)
 MISSING_STAGE = "enrichment"
 

@@ -117,7 +117,8 @@ class GateState:
             "opened_in_batch": self.opened_in_batch,
             "read_to": [[t, p, o] for (t, p), o in sorted(self.read_to.items())],
             "streaming": sorted([t, p] for t, p in self.streaming),
-            "marker_ends": {t: {str(p): o for p, o in sorted(ends.items())} for t, ends in sorted(self.marker_ends.items())},
+            "marker_ends": {t: {str(p): o for p, o in sorted(ends.items())}
+                            for t, ends in sorted(self.marker_ends.items())},
         }, sort_keys=True)
 
     @classmethod
@@ -129,5 +130,6 @@ class GateState:
             opened_in_batch=data.get("opened_in_batch"),
             read_to={(t, int(p)): int(o) for t, p, o in data.get("read_to", [])},
             streaming=frozenset((t, int(p)) for t, p in data.get("streaming", [])),
-            marker_ends={t: {int(p): int(o) for p, o in ends.items()} for t, ends in data.get("marker_ends", {}).items()},
+            marker_ends={t: {int(p): int(o) for p, o in ends.items()}
+                         for t, ends in data.get("marker_ends", {}).items()},
         )

@@ -42,7 +42,8 @@ def test_build_changes_keep_the_last_change_per_key():
         {"op": "u", "before": {"id": 1, "name": "a"}, "after": {"id": 1, "name": "A"}},
         {"op": "d", "before": {"id": 2, "name": "b"}},
     ), BUILD.join_key)
-    got = {k: (json.loads(r), d) for k, r, d in zip(*(changes.column(c).to_pylist() for c in ("key", "row", "deleted")))}
+    columns = (changes.column(c).to_pylist() for c in ("key", "row", "deleted"))
+    got = {k: (json.loads(r), d) for k, r, d in zip(*columns)}
     assert got == {"[1]": ({"id": 1, "name": "A"}, False), "[2]": ({"id": 2, "name": "b"}, True)}
 
 
