@@ -22,6 +22,7 @@ from service.joins.regular_join_rules import SIDE_SCHEMA, JoinState, SideDelta, 
 LEFT, RIGHT, OUTPUT, CLOCK = "left", "right", "output", "clock"
 STORE_SCHEMA = pa.schema([pa.field("side", pa.string()), *SIDE_SCHEMA])
 _KEY = ("side", "pk")
+TIDY_EVERY_BATCHES = 100
 
 
 def state_uri(checkpoint_dir: str) -> str:
@@ -86,6 +87,12 @@ class JoinStateStore:
             *_side_changes(LEFT, step.left), *_side_changes(RIGHT, step.right),
             *_output_changes(step.output_stored, step.output_removed), _tagged(CLOCK, clock, False),
         ])
-        if self.table.schema() is None:
-            self.table.create(STORE_SCHEMA)
+        if self.table.schema() is None:  # no change data feed: nobody reads this table's changes
+            DeltaTable.create(self.table.uri, STORE_SCHEMA, mode="ignore", storage_options=self.table.storage_options)
         self.table.merge(changes, _KEY, app_id, batch_id)
+
+    def tidy(self) -> None:
+        """Compact the table and delete the files its latest version does not use."""
+        table = DeltaTable(self.table.uri, storage_options=self.table.storage_options)
+        table.optimize.compact()
+        table.vacuum(retention_hours=0, dry_run=False, enforce_retention_duration=False)

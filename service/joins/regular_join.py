@@ -25,7 +25,7 @@ from service import metrics, redaction, test_hooks
 from service.changes import ChangeKind
 from service.checkpoints import remove_abandoned_writes
 from service.join_settings import RegularJoinSettings
-from service.joins.join_state import JoinStateStore, state_uri
+from service.joins.join_state import TIDY_EVERY_BATCHES, JoinStateStore, state_uri
 from service.joins.regular_join_rules import JoinRules, JoinState, SideRules, Step, join_step, side_changes
 from service.joins.regular_join_source import SIDE, sides_stream
 from service.kafka_to_delta.bad_records import handle_bad_records
@@ -109,6 +109,8 @@ class RegularJoinPipeline:
         outcome = self.sink.apply(step.output, self.app_id, batch_id)  # output first, then the state
         self.store.commit(step, self.app_id, batch_id)
         self.state = step.state
+        if batch_id % TIDY_EVERY_BATCHES == TIDY_EVERY_BATCHES - 1:
+            self.store.tidy()
         self._record(outcome, changes.num_rows, step)
         log.info("join %s: batch %d -> %s: %d changes read, %d upserts, %d deletes, %d expired (%.2fs)",
                  self.name, batch_id, self.table.uri, changes.num_rows, outcome.upserts, outcome.deletes,

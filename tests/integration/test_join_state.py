@@ -39,6 +39,10 @@ def test_a_batch_replayed_after_a_crash_between_or_after_the_commits_changes_not
             assert sink.apply(step.output, APP, batch_id).skipped_replay
         store.commit(step, APP, batch_id)
         assert store.committed(APP, batch_id)  # killed after both: the batch is skipped
+    files = len(list((tmp_path / "checkpoint" / "join_state").glob("*.parquet")))
+    store.tidy()
+    assert len(list((tmp_path / "checkpoint" / "join_state").glob("*.parquet"))) < files
+    assert store.committed(APP, 2) and not store.committed(APP, 3)  # tidying keeps the transactions
     loaded = store.load()
     assert loaded.clock == 30_000 and loaded.output.keys() == step.state.output.keys()
     assert sorted(loaded.left.column("pk").to_pylist()) == ["[1]", "[2]", "[3]"]
