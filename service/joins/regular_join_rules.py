@@ -20,7 +20,9 @@ the source position of its last change. Rules, per micro-batch (the barrier):
 4. Output rows of the old join missing from the new are retracted, new or changed ones added
    (retractions first), and both go through the materializer rules (`Materializer`) keyed by the
    output's declared primary key, so `on_conflict` decides when that key is not the pair. Expired
-   rows are in neither join: output rows made with them stay until a later change of theirs.
+   rows are in neither join: output rows made with them stay in the table until a later change of
+   their output key, but leave the materializer's live rows without a net change, so that such a
+   change replaces them rather than conflicting with them (`_forget_expired`).
 
 Output columns: the left row's columns, then the right row's; a right column whose name the left row
 also has gets the suffix `0`. Nothing here reads the wall clock: a replayed batch decides the same.
@@ -40,6 +42,7 @@ from service.errors import TerminalError
 from service.kafka_to_delta.changelog_batch import Column
 from service.kafka_to_delta.debezium_json import canonical_key, compact_json
 from service.kafka_to_delta.materializer import Change, Counters, Materializer, MaterializerConfig
+from service.kafka_to_delta.materializer_state import decode_state, encode_state
 from service.kafka_to_delta.fill_unchanged import fill_unchanged
 from service.kafka_to_delta.partition_changes import _with_filled_images as with_filled_images
 from service.kafka_to_delta.partition_changes import last_rows
@@ -155,14 +158,14 @@ class _SideStep:
     new_keys: pa.Array
     changed: pa.Array  # primary keys the batch touched
     delta: SideDelta
-    expired: int
+    expired: pa.Table  # the rows the TTL dropped
 
 
 def _apply_side(state: pa.Table, changes: pa.Table, rules: SideRules, clock: int) -> _SideStep:
     expired = _expired(state, rules.ttl_ms, clock)
-    gone: list[str] = []
+    dropped = state.schema.empty_table()
     if len(expired) and pc.any(expired).as_py():
-        gone = state.filter(expired).column("pk").to_pylist()
+        dropped = state.filter(expired)
         state = state.filter(pc.invert(expired))
     changed = changes.column("pk").combine_chunks()
     touched = pc.is_in(state.column("pk"), changed)
@@ -172,7 +175,7 @@ def _apply_side(state: pa.Table, changes: pa.Table, rules: SideRules, clock: int
     return _SideStep(
         before=state, after=after, old_keys=state.filter(touched).column("jk").combine_chunks(),
         new_keys=stored.column("jk").combine_chunks(), changed=changed,
-        delta=SideDelta(stored, gone + deleted), expired=len(gone),
+        delta=SideDelta(stored, dropped.column("pk").to_pylist() + deleted), expired=dropped,
     )
 
 
@@ -286,6 +289,34 @@ def _expire_output(state: dict[str, tuple[str, int]], ttl_ms: int, clock: int) -
     return [pk for pk, (_, touched) in state.items() if touched + ttl_ms <= clock] if ttl_ms else []
 
 
+def _forget_expired(state: JoinState, lstep: _SideStep, rstep: _SideStep, rows: _OutputRows, rules: JoinRules,
+                    output: dict[str, tuple[str, int]]) -> set[str]:
+    """Take the output rows made with expired side rows out of the materializer's live rows, without
+    emitting anything (the table keeps them): the join no longer knows them, so a later row of their
+    output key replaces them instead of conflicting with them. Returns the output keys changed."""
+    if not lstep.expired.num_rows and not rstep.expired.num_rows:
+        return set()
+    made = {**rows.rows(_joined(lstep.expired, state.right, rules.outer)),
+            **rows.rows(_joined(state.left, rstep.expired, False))}
+    by_pk: dict[str, set[str]] = {}
+    for ukey, (pk, *_) in made.items():
+        by_pk.setdefault(pk, set()).add(ukey)
+    changed = set()
+    for pk, ukeys in by_pk.items():
+        if pk not in output:
+            continue
+        text, touched = output[pk]
+        live = decode_state(text)
+        live.rows = [row for row in live.rows if row.upsert_key not in ukeys]
+        kept = encode_state(live)
+        if kept is None:
+            del output[pk]
+        else:
+            output[pk] = (kept, touched)
+        changed.add(pk)
+    return changed
+
+
 def join_step(state: JoinState, left: pa.Table, right: pa.Table, rules: JoinRules) -> Step:
     """Apply one batch: `left` / `right` are the sides' `side_changes`."""
     moments = [m for m in (pc.max(left.column("touched")).as_py(), pc.max(right.column("touched")).as_py())
@@ -301,10 +332,13 @@ def join_step(state: JoinState, left: pa.Table, right: pa.Table, rules: JoinRule
     expired_out = _expire_output(output_state, rules.output_ttl_ms, clock)
     for pk in expired_out:
         del output_state[pk]
+    forgotten = _forget_expired(state, lstep, rstep, rows, rules, output_state)
     net, stored, removed, counters = _materialized(rules, output_state, _changes(rows.rows(old), rows.rows(new)), clock)
     output_state.update(stored)
     for pk in removed:
         del output_state[pk]
+    changed = forgotten | stored.keys() | set(removed) | set(expired_out)
     after = replace(state, left=lstep.after, right=rstep.after, output=output_state, clock=clock)
-    return Step(after, net, lstep.delta, rstep.delta, stored, expired_out + removed, counters,
-                lstep.expired + rstep.expired)
+    return Step(after, net, lstep.delta, rstep.delta, {pk: output_state[pk] for pk in changed if pk in output_state},
+                sorted(pk for pk in changed if pk not in output_state), counters,
+                lstep.expired.num_rows + rstep.expired.num_rows)

@@ -145,6 +145,15 @@ def test_expired_right_row_is_never_seen_again_and_its_expiry_retracts_nothing()
         assert run.rows() == sorted([(1, 7, 10, 7, "ann"), *expected], key=repr)  # (1, 7) is not retracted
 
 
+def test_a_left_row_changed_after_its_match_expired_replaces_the_stale_row_without_conflict():
+    run = Run(rules(outer=True, right_ttl=10_000))  # output keyed by order_id, on_conflict error
+    run.batch([run.change("o", "+I", 1, order(1, 7), 0)], [run.change("c", "+I", 7, customer(7, "ann"), 0)])
+    run.batch([run.change("o", "+I", 2, order(2, 8), 50_000)], [])  # customer 7 expires: nothing emitted
+    assert run.rows() == [(1, 7, 10, 7, "ann"), (2, 8, 10, None, None)]
+    run.batch([run.change("o", "+U", 1, order(1, 7, 99), 60_000)], [])  # no live match any more: nulls
+    assert run.rows() == [(1, 7, 99, None, None), (2, 8, 10, None, None)]
+
+
 def test_left_rows_expire_by_their_own_ttl():
     run = Run(rules(outer=False, left_ttl=10_000, right_ttl=100_000))
     run.batch([run.change("o", "+I", 1, order(1, 7), 0)], [])
