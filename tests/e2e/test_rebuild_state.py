@@ -99,7 +99,7 @@ def test_rebuild_state_then_run_equals_a_full_replay(spark, kafka_bootstrap, uni
 
     # a restart of the new checkpoint (the seed stays in it) goes on from its own state
     produce(kafka_bootstrap, [event for key in sorted(seen_before)[:10] for event in workload.next_events(key)])
-    _run_until_idle(new)
+    _run_until_idle(write_config(workdir / "restart.yaml", kafka_bootstrap, workdir, _pipelines(topic, "nothing")[:1]))
     assert _by_email(table_rows(table, "email")) == _by_email(workload.expected_rows())
 
 
