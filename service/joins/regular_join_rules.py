@@ -24,44 +24,36 @@ the source position of its last change. Rules, per micro-batch (the barrier):
    their output key, but leave the materializer's live rows without a net change, so that such a
    change replaces them rather than conflicting with them (`_forget_expired`).
 
-Output columns: the left row's columns, then the right row's; a right column whose name the left row
-also has gets the suffix `0`. Nothing here reads the wall clock: a replayed batch decides the same.
+Output rows (columns, keys) and the materializer step: `regular_join_output`. Nothing here reads the
+wall clock: a replayed batch decides the same.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from service.changes import ChangeKind
-from service.errors import TerminalError
+from service.joins.regular_join_output import OutputRows, expire_output, materialized, output_changes
 from service.kafka_to_delta.changelog_batch import Column
 from service.kafka_to_delta.debezium_json import canonical_key, compact_json
-from service.kafka_to_delta.materializer import Change, Counters, Materializer, MaterializerConfig
-from service.kafka_to_delta.materializer_state import decode_state, encode_state
 from service.kafka_to_delta.fill_unchanged import fill_unchanged
+from service.kafka_to_delta.materializer import Counters, MaterializerConfig
+from service.kafka_to_delta.materializer_state import decode_state, encode_state
 from service.kafka_to_delta.partition_changes import _with_filled_images as with_filled_images
 from service.kafka_to_delta.partition_changes import last_rows
 
-RIGHT_SUFFIX = "0"
 SIDE_SCHEMA = pa.schema([
     ("pk", pa.string()), ("jk", pa.string()), ("row", pa.string()), ("types", pa.string()),
     ("touched", pa.int64()), ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
 ])
-OUTPUT_SCHEMA = pa.schema([("key", pa.string()), ("kind", pa.string()), ("row", pa.string()), ("types", pa.string())])
-"""The output's net changes, in the form `MergeSink.apply` takes (key: JSON list of primary-key values)."""
 _RETRACTIONS = pa.array([ChangeKind.UPDATE_BEFORE.value, ChangeKind.DELETE.value])
 _SOURCE_ORDER = [(c, "ascending") for c in (Column.TOPIC, Column.PARTITION, Column.OFFSET, Column.CHANGE_INDEX)]
 _POSITION = ("topic", "partition", "offset")
 _CHANGES_SCHEMA = SIDE_SCHEMA.append(pa.field("deleted", pa.bool_())).append(pa.field("unchanged", pa.string()))
-
-
-class JoinKeyError(TerminalError):
-    """An output row cannot be keyed (a primary-key column missing or null)."""
 
 
 @dataclass(frozen=True)
@@ -213,83 +205,7 @@ def _scope(step: _SideStep, keys: pa.Array, table: pa.Table, by_pk: bool) -> pa.
     return table.filter(mask)
 
 
-class _OutputRows:
-    """Joined pairs -> output rows (upsert key, output primary key, row text, types text, position)."""
-
-    def __init__(self, rules: JoinRules) -> None:
-        self.key = rules.output.primary_key
-        self._types: dict[tuple[str | None, str | None], str | None] = {}
-
-    def rows(self, pairs: pa.Table) -> dict[str, tuple[str, str, str | None, tuple[str, int, int]]]:
-        out = {}
-        for pair in pairs.to_pylist():
-            left = orjson.loads(pair["l_row"])
-            right = orjson.loads(pair["r_row"]) if pair["r_row"] is not None else {}
-            row = {**left, **{(c + RIGHT_SUFFIX if c in left else c): v for c, v in right.items()}}
-            position = (pair["l_topic"], pair["l_partition"], pair["l_offset"])  # named in conflict messages
-            upsert_key = f"[{pair['l_pk']},{pair['r_pk'] or 'null'}]"
-            out[upsert_key] = (self._primary_key(row), compact_json(row), self._types_of(pair, left), position)
-        return out
-
-    def _primary_key(self, row: dict) -> str:
-        values = [row.get(c) for c in self.key]
-        if any(v is None for v in values):
-            missing = [c for c, v in zip(self.key, values) if v is None]
-            raise JoinKeyError(f"an output row has no value for primary-key column(s) {missing} (a left join's "
-                               f"primary key must be made of left columns)")
-        return canonical_key(values)
-
-    def _types_of(self, pair: dict, left: dict) -> str | None:
-        texts = (pair["l_types"], pair["r_types"])
-        if texts not in self._types:
-            declared = orjson.loads(texts[0]) if texts[0] else {}
-            for column, kind in (orjson.loads(texts[1]) if texts[1] else {}).items():
-                declared[column + RIGHT_SUFFIX if column in left else column] = kind
-            self._types[texts] = compact_json(declared) if declared else None
-        return self._types[texts]
-
-
-def _changes(old: dict, new: dict) -> dict[str, list[tuple[Change, str | None]]]:
-    """Per output primary key: retractions of old rows the new join lacks, then additions of new or
-    changed rows (each with its types)."""
-    by_pk: dict[str, list[tuple[Change, str | None]]] = {}
-    for ukey in sorted(old.keys() - new.keys()):
-        pk, row, _, position = old[ukey]
-        by_pk.setdefault(pk, []).append((Change(ChangeKind.DELETE, ukey, row, position), None))
-    for ukey in sorted(new):
-        pk, row, types, position = new[ukey]
-        if ukey not in old or old[ukey][1] != row:
-            by_pk.setdefault(pk, []).append((Change(ChangeKind.UPDATE_AFTER, ukey, row, position), types))
-    return by_pk
-
-
-def _materialized(rules: JoinRules, state: dict[str, tuple[str, int]], by_pk: dict, clock: int
-                  ) -> tuple[pa.Table, dict[str, tuple[str, int]], list[str], Counters]:
-    materializer, counters = Materializer(rules.output), Counters()
-    out: dict[str, list[Any]] = {name: [] for name in OUTPUT_SCHEMA.names}
-    stored: dict[str, tuple[str, int]] = {}
-    removed: list[str] = []
-    for pk, entries in by_pk.items():
-        known = state.get(pk)
-        outcome = materializer.apply(pk, known[0] if known else None, [c for c, _ in entries], clock)
-        counters.add(outcome.counters)
-        if outcome.new_state is None:
-            removed += [pk] if known else []
-        else:
-            stored[pk] = (outcome.new_state, clock)
-        if outcome.net is not None:
-            types = next((t for c, t in reversed(entries) if c.row == outcome.net.row), None)
-            kind = ChangeKind.DELETE if outcome.net.kind == "delete" else ChangeKind.UPDATE_AFTER
-            for name, value in zip(OUTPUT_SCHEMA.names, (pk, kind.value, outcome.net.row, types)):
-                out[name].append(value)
-    return pa.table(out, schema=OUTPUT_SCHEMA), stored, removed, counters
-
-
-def _expire_output(state: dict[str, tuple[str, int]], ttl_ms: int, clock: int) -> list[str]:
-    return [pk for pk, (_, touched) in state.items() if touched + ttl_ms <= clock] if ttl_ms else []
-
-
-def _forget_expired(state: JoinState, lstep: _SideStep, rstep: _SideStep, rows: _OutputRows, rules: JoinRules,
+def _forget_expired(state: JoinState, lstep: _SideStep, rstep: _SideStep, rows: OutputRows, rules: JoinRules,
                     output: dict[str, tuple[str, int]]) -> set[str]:
     """Take the output rows made with expired side rows out of the materializer's live rows, without
     emitting anything (the table keeps them): the join no longer knows them, so a later row of their
@@ -327,13 +243,14 @@ def join_step(state: JoinState, left: pa.Table, right: pa.Table, rules: JoinRule
     keys = pa.concat_arrays([lstep.old_keys, lstep.new_keys, rstep.old_keys, rstep.new_keys]).unique().drop_null()
     old = _joined(_scope(lstep, keys, lstep.before, True), _scope(rstep, keys, rstep.before, False), rules.outer)
     new = _joined(_scope(lstep, keys, lstep.after, True), _scope(rstep, keys, rstep.after, False), rules.outer)
-    rows = _OutputRows(rules)
+    rows = OutputRows(rules.output.primary_key)
     output_state = dict(state.output)
-    expired_out = _expire_output(output_state, rules.output_ttl_ms, clock)
+    expired_out = expire_output(output_state, rules.output_ttl_ms, clock)
     for pk in expired_out:
         del output_state[pk]
     forgotten = _forget_expired(state, lstep, rstep, rows, rules, output_state)
-    net, stored, removed, counters = _materialized(rules, output_state, _changes(rows.rows(old), rows.rows(new)), clock)
+    net, stored, removed, counters = materialized(rules.output, output_state,
+                                                   output_changes(rows.rows(old), rows.rows(new)), clock)
     output_state.update(stored)
     for pk in removed:
         del output_state[pk]
