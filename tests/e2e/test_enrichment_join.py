@@ -194,7 +194,7 @@ def _batch(spark, events: list[Event]):
     """One micro-batch's Kafka records as the source gives them to foreachBatch."""
     now = datetime.now(timezone.utc)
     offsets: dict[tuple[str, int], int] = {}
-    rows = []
+    rows: list[tuple] = []
     for event in events:
         offset = offsets.get((event.topic, event.partition), 0)
         offsets[(event.topic, event.partition)] = offset + 1
