@@ -16,6 +16,7 @@ the rebuilt run equals the new config run from the beginning.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -23,6 +24,7 @@ import pytest
 from typer.testing import CliRunner
 
 from service.__main__ import app
+from service.checkpoint_state import read_old_state
 from service.errors import ConfigError
 from service.rebuilt_seed import SEED_DIR, SEED_ROWS
 from service.runner import Runner
@@ -101,6 +103,13 @@ def test_rebuild_state_then_run_equals_a_full_replay(spark, kafka_bootstrap, uni
     produce(kafka_bootstrap, [event for key in sorted(seen_before)[:10] for event in workload.next_events(key)])
     _run_until_idle(write_config(workdir / "restart.yaml", kafka_bootstrap, workdir, _pipelines(topic, "nothing")[:1]))
     assert _by_email(table_rows(table, "email")) == _by_email(workload.expected_rows())
+    # ... and the seed was applied once: the state holds exactly the live keys (a re-applied seed would bring
+    # back the emails that keys had before the rebuild)
+    checkpoint = workdir / "checkpoints" / "people"
+    state = read_old_state(spark, checkpoint, max(int(p.name) for p in (checkpoint / "commits").iterdir()
+                                                  if p.name.isdigit()))
+    assert state is not None
+    assert set(state.shown) == {json.dumps([row["email"]]) for row in workload.expected_rows()}
 
 
 def _fan_in(name: str, topics: list[str], on_conflict: str) -> dict:
