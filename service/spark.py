@@ -16,6 +16,11 @@ _QUIET_LOG_LEVEL = "ERROR"
 # every key `settings.is_secret_key` hides (tests/integration/test_secrets.py).
 _REDACTION = r"(?i)secret|password|token|access[.]?key|jaas|credential|key[.]pem|oauthbearer[.]config"
 _LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
+# The driver JVM of a local session compiles with C1 only and collects with the serial collector:
+# its work here is light (planning, offsets, moving Arrow batches) and the 2 cores are the Python
+# workers'. Measured on 300,000 Debezium events (plain path): the JVM's CPU 16.1 s -> 7.9 s for the
+# run; materializer path (60,000 events, batches of 10,000): 30.2 s -> 20.2 s.
+_LOCAL_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def _default_shuffle_partitions() -> int:
@@ -34,6 +39,9 @@ def build_spark(settings: SparkSettings | None = None) -> SparkSession:
     if settings.master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     partitions = settings.shuffle_partitions or _default_shuffle_partitions()
+    java_options = f"-Dlog4j.configurationFile=file:{_LOG4J_CONFIG}"
+    if settings.master.startswith("local"):
+        java_options += f" {_LOCAL_JVM_OPTIONS}"
     builder = (
         SparkSession.builder.master(settings.master)
         .appName(settings.app_name)
@@ -47,7 +55,7 @@ def build_spark(settings: SparkSettings | None = None) -> SparkSession:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.adaptive.enabled", "false")
         .config("spark.python.worker.reuse", "true")
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j.configurationFile=file:{_LOG4J_CONFIG}")
+        .config("spark.driver.extraJavaOptions", java_options)
     )
     for key, value in settings.conf.items():
         builder = builder.config(key, value)
