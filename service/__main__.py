@@ -66,7 +66,8 @@ def validate(config: Path = typer.Argument(..., help="YAML config file")) -> Non
         settings = load_settings(config)
     except CdcLakehouseError as error:
         _fail(error)
-    typer.echo(f"{config}: valid, {len(settings.pipelines)} pipeline(s)")
+    typer.echo(f"{config}: valid, {len(settings.pipelines)} pipeline(s), {len(settings.joins)} join(s), "
+               f"{len(settings.exports)} export(s)")
 
 
 @app.command(name="plan")
