@@ -30,7 +30,7 @@ RAW_SPARK_SCHEMA = (
     "key binary, value binary, topic string, partition int, offset bigint, "
     f"timestamp timestamp, headers array<struct<key:string,value:binary>>, {FLOOR_COLUMN} bigint"
 )
-_BATCH_ROWS = 20_000
+_BATCH_ROWS = 5_000
 _MAX_RESPONSE_BYTES = 1 << 30
 _POLL_TIMEOUT_S = 1.0
 _STALL_TIMEOUT_S = 120.0
