@@ -5,21 +5,28 @@ options as the `cdc_kafka` source (`connectors.kafka.source`), but each Kafka ra
 out as its payload of net changes (`partition_changes`), a few rows per range instead of a
 row per record. One registered source per pipeline: the pipeline's decoder travels inside
 the source (pickled to the executors), never through options, so no credential of a schema
-registry appears in a query plan.
+registry appears in a query plan. It travels as bytes, unpickled only where a range is read:
+the processes that create the source and plan its reads do not import the decoders (about
+20 MiB less in each of three of them).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import pickle
 import re
-from typing import Iterator, cast
+from typing import TYPE_CHECKING, Iterator, cast
 
 import pyarrow as pa
+from pyspark import cloudpickle
 from pyspark.sql.datasource import DataSource, InputPartition
 
 from connectors.kafka.source import KafkaRange, KafkaSource, KafkaStreamReader
-from service.kafka_to_delta.partition_changes import PAYLOAD_SPARK_SCHEMA, PartitionReducer
+from service.kafka_to_delta.payload_schema import PAYLOAD_SPARK_SCHEMA
+
+if TYPE_CHECKING:
+    from service.kafka_to_delta.partition_changes import PartitionReducer
 
 _NAME_PREFIX = "cdc_changes_"
 _LIBC = ctypes.util.find_library("c")
@@ -39,12 +46,13 @@ def release_memory() -> None:
 class ChangesStreamReader(KafkaStreamReader):
     """Plans like the Kafka source; each range is read, decoded and reduced by `reducer`."""
 
-    def __init__(self, options: dict[str, str], reducer: PartitionReducer) -> None:
+    def __init__(self, options: dict[str, str], reducer: bytes) -> None:
         super().__init__(options)
-        self.reducer = reducer
+        self.reducer = reducer  # a pickled `PartitionReducer`
 
     def read(self, partition: InputPartition) -> Iterator:
-        yield from self.reducer(super().read(cast(KafkaRange, partition)))
+        reducer: PartitionReducer = pickle.loads(self.reducer)
+        yield from reducer(super().read(cast(KafkaRange, partition)))
         release_memory()
 
 
@@ -53,9 +61,10 @@ def changes_source_name(pipeline_name: str) -> str:
     return _NAME_PREFIX + re.sub(r"[^A-Za-z0-9_]", "_", pipeline_name)
 
 
-def changes_source(pipeline_name: str, reducer: PartitionReducer) -> type[DataSource]:
+def changes_source(pipeline_name: str, reducer: "PartitionReducer") -> type[DataSource]:
     """A data source class for one pipeline (register it with `spark.dataSource.register`)."""
     format_name = changes_source_name(pipeline_name)
+    pickled = cloudpickle.dumps(reducer)
 
     class ChangesSource(KafkaSource):
         """Net changes per Kafka range (`PAYLOAD_SPARK_SCHEMA`)."""
@@ -68,6 +77,6 @@ def changes_source(pipeline_name: str, reducer: PartitionReducer) -> type[DataSo
             return PAYLOAD_SPARK_SCHEMA
 
         def streamReader(self, schema) -> ChangesStreamReader:
-            return ChangesStreamReader(dict(self.options), reducer)
+            return ChangesStreamReader(dict(self.options), pickled)
 
     return ChangesSource
