@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pyspark.sql import SparkSession
 
-from service.delta_to_kafka.avro_serializers import avro_serializers
 from service.delta_to_kafka.export_settings import ExportSettings
 from service.delta_to_kafka.output_formats import ExportEncoder
 from service.delta_to_kafka.pipeline import ExportPipeline
@@ -15,7 +14,11 @@ def export_pipeline(spark: SparkSession, settings: Settings, export: ExportSetti
     """One configured export as a supervised streaming query."""
     uri = settings.lakehouse.table_uri(export.table)
     storage = dict(settings.lakehouse.storage_options)
-    serializers = avro_serializers(export, uri, storage) if export.format == "avro-confluent" else (None, None)
+    serializers: tuple = (None, None)
+    if export.format == "avro-confluent":  # imported here: a JSON-only service never loads the registry client
+        from service.delta_to_kafka.avro_serializers import avro_serializers
+
+        serializers = avro_serializers(export, uri, storage)
     encoder = ExportEncoder(export, *serializers)
     return ExportPipeline(
         spark, export.name, uri, export.topic, settings.kafka.client_config(), settings.checkpoint_dir(export.name),

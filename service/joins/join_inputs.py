@@ -8,7 +8,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from connectors.kafka.range_reader import RAW_SCHEMA
-from connectors.schema_registry import ConfluentAvroDecoder, SchemaRegistryClient
 from service.join_settings import JoinInput
 from service.kafka_to_delta.changelog_batch import CHANGELOG_SCHEMA, ChangelogBatchDecoder
 
@@ -19,6 +18,8 @@ def input_decoder(side: JoinInput) -> ChangelogBatchDecoder:
     if side.format == "avro-confluent":
         if side.schema_registry is None:
             raise ValueError("format avro-confluent needs schema_registry")
+        from connectors.schema_registry import ConfluentAvroDecoder, SchemaRegistryClient
+
         value_decoder = ConfluentAvroDecoder(SchemaRegistryClient(connection=side.schema_registry.connection()))
     return ChangelogBatchDecoder(side.from_changelog, side.primary_key, side.primary_key, value_decoder=value_decoder)
 

@@ -15,7 +15,6 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from connectors.schema_registry import ConfluentAvroDecoder, SchemaRegistryClient
 from service.kafka_to_delta.changelog_batch import CHANGELOG_SCHEMA, ChangelogBatchDecoder, Column
 from service.kafka_to_delta.event_time_progress import WATERMARK_COLUMN, EventTimeMaxima, PartitionWatermark
 from service.settings import PipelineSettings
@@ -30,6 +29,8 @@ def batch_decoder(pipeline: PipelineSettings) -> ChangelogBatchDecoder:
     """The picklable decoder of one pipeline (its format and FROM_CHANGELOG settings)."""
     value_decoder = None
     if pipeline.format == "avro-confluent":
+        from connectors.schema_registry import ConfluentAvroDecoder, SchemaRegistryClient
+
         # The client pickles as its connection; each executor builds its own on first use.
         connection = pipeline.schema_registry.connection()
         value_decoder = ConfluentAvroDecoder(SchemaRegistryClient(connection=connection))

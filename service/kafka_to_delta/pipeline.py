@@ -40,7 +40,7 @@ from service.kafka_to_delta.decode_stage import batch_decoder, changelog_stream
 from service.kafka_to_delta.event_time_progress import EventTimeMaxima
 from service.kafka_to_delta.from_changelog_stage import needs_state, stateful_changelog
 from service.kafka_to_delta.materializer import MaterializerConfig
-from service.kafka_to_delta.materializer_stage import StageConfig, materialize
+from service.kafka_to_delta.materializer_bulk import StageConfig
 from service.kafka_to_delta.merge_sink import MergeOutcome, MergeSink
 from service.kafka_to_delta.net_changes import net_changes
 from service.kafka_to_delta.partition_changes import COUNTERS, PAYLOAD_SPARK_SCHEMA, NetPayload, PartitionReducer
@@ -215,6 +215,9 @@ class IngestPipeline:
             changelog = changelog_stream(self._source(FORMAT_NAME, watermarked=True), self.pipeline, self.event_times)
             stream = stateful_changelog(changelog, self.pipeline)
         if self.pipeline.materialized:
+            # Imported here: the materializer needs pandas (50 MiB) that the plain path does not.
+            from service.kafka_to_delta.materializer_stage import materialize
+
             stream = materialize(
                 stream, stage_config(self.pipeline), self.pipeline.effective_watermark_delay_seconds,
                 declare_watermark=not needs_state(self.pipeline),
