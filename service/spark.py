@@ -19,8 +19,9 @@ _LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 # The driver JVM of a local session compiles with C1 only and collects with the serial collector:
 # its work here is light (planning, offsets, moving Arrow batches) and the 2 cores are the Python
 # workers'. Measured on 300,000 Debezium events (plain path): the JVM's CPU 16.1 s -> 7.9 s for the
-# run; materializer path (60,000 events, batches of 10,000): 30.2 s -> 20.2 s.
-_LOCAL_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+# run; materializer path (60,000 events, batches of 10,000): 30.2 s -> 20.2 s. The heap starts small
+# and gives back what a collection freed (the JVM's RSS in that run 425 -> 383 MiB).
+_LOCAL_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xms64m -XX:MinHeapFreeRatio=5 -XX:MaxHeapFreeRatio=20"
 
 
 def _default_shuffle_partitions() -> int:

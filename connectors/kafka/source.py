@@ -35,7 +35,6 @@ from connectors.kafka import offsets as om
 from connectors.kafka import watermarks as wm
 from connectors.kafka.cluster import ClusterView
 from connectors.kafka.errors import DataLoss
-from connectors.kafka.range_reader import RAW_SPARK_SCHEMA, read_range
 from service.errors import ConfigError
 
 FORMAT_NAME = "cdc_kafka"
@@ -69,6 +68,8 @@ class KafkaSource(DataSource):
         return FORMAT_NAME
 
     def schema(self) -> str:
+        from connectors.kafka.range_reader import RAW_SPARK_SCHEMA  # Arrow is loaded where records are read
+
         return RAW_SPARK_SCHEMA
 
     def streamReader(self, schema) -> "KafkaStreamReader":
@@ -184,6 +185,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [KafkaRange(tp[0], tp[1], first, stop, floors.get(tp)) for tp, first, stop in ranges]
 
     def read(self, partition: KafkaRange) -> Iterator:
+        from connectors.kafka.range_reader import read_range  # not in the processes that only plan
+
         return read_range(
             self.client, partition.topic, partition.partition, partition.start, partition.end, partition.floor
         )

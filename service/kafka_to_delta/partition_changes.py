@@ -34,9 +34,10 @@ from service.changes import ChangeKind
 from service.kafka_to_delta.changelog_batch import ChangelogBatchDecoder, Column
 from service.kafka_to_delta.debezium_json import compact_json, loads
 from service.kafka_to_delta.fill_unchanged import fill_unchanged, filled_net
-from service.kafka_to_delta.payload_schema import PAYLOAD_SCHEMA, PAYLOAD_SPARK_SCHEMA
+from service.kafka_to_delta.payload_schema import PAYLOAD_SPARK_SCHEMA
 
 TRUNCATE = "TRUNCATE"
+PAYLOAD_SCHEMA = pa.schema([("part", pa.string()), ("payload", pa.binary())])  # PAYLOAD_SPARK_SCHEMA in Arrow
 __all__ = ["PAYLOAD_SCHEMA", "PAYLOAD_SPARK_SCHEMA", "NetPayload", "PartitionReducer"]
 _META_KEY = b"cdc-lakehouse"
 _IMAGE_KINDS = (ChangeKind.INSERT.value, ChangeKind.UPDATE_BEFORE.value, ChangeKind.UPDATE_AFTER.value)

@@ -45,6 +45,7 @@ from service.kafka_to_delta.merge_sink import MergeOutcome, MergeSink
 from service.kafka_to_delta.net_changes import net_changes
 from service.kafka_to_delta.partition_changes import COUNTERS, PAYLOAD_SPARK_SCHEMA, NetPayload, PartitionReducer
 from service.maintenance import TableMaintenance
+from service.memory_release import release_memory
 from service.rebuilt_seed import Seed, load_seed
 from service.settings import PipelineSettings, Settings
 
@@ -178,6 +179,7 @@ class IngestPipeline:
             name, batch_id, self.table.uri, outcome.upserts, outcome.deletes, reduced - started, merged - reduced,
         )
         self.maintenance.after_batch()  # between this table's MERGEs: its commits never collide with them
+        release_memory()
 
     def _count_materializer(self, counters: dict[str, int]) -> None:
         if not self.pipeline.materialized or not counters:
