@@ -23,6 +23,7 @@ from confluent_kafka import Producer
 from deltalake import DeltaTable
 
 from connectors.delta.delta_rs import DeltaWriteError
+from service.compiled_plan import apply_plan, compile_plan, read_plan
 from service.joins.join_state import JoinStateStore
 from service.runner import Runner
 from service.settings import settings_from_mapping
@@ -89,12 +90,14 @@ def join_config(name: str, kind: str, orders: Source, customers: Source, **extra
             **extra}
 
 
-def run_until_idle(bootstrap: str, workdir: Path, joins: list[dict]) -> Runner:
+def run_until_idle(bootstrap: str, workdir: Path, joins: list[dict], plan: Path | None = None) -> Runner:
     settings = settings_from_mapping({
         "kafka": {"bootstrap_servers": bootstrap}, "lakehouse": {"root": str(workdir / "tables")},
         "checkpoint_root": str(workdir / "checkpoints"), "joins": joins,
         "recovery": {"initial_backoff_seconds": 0.2},
     })
+    if plan is not None:  # as `cdc-lakehouse run CONFIG --plan PLAN` does
+        settings = apply_plan(settings, read_plan(plan), source=str(plan))
     runner = Runner(settings)
     runner.start(until_idle=True)
     runner.wait()
@@ -205,3 +208,32 @@ def test_each_side_expires_by_its_own_ttl_in_data_time(kafka_bootstrap, unique, 
     phase(lambda: customers.put({"customer_id": 1, "name": "bo"}, T0 + 30 * MINUTE))
     assert output(workdir, "ttl_inner") == [(1, 1, 5, 1, "bo"), (2, 1, 7, 1, "bo")]
     assert output(workdir, "ttl_left") == [(1, 1, 5, 1, "bo"), (2, 1, 7, 1, "bo")]
+
+
+def test_one_ttl_edited_in_the_plan_changes_that_operator_alone(kafka_bootstrap, unique, workdir):
+    """The config keeps both sides of both joins for 1 h; the plan file shortens the right state of
+    `plan_inner` alone to 10 min. A customer silent for 20 min has expired there and nowhere else."""
+    orders, customers = Source(f"plan.orders.{unique}", "order_id", 1), Source(f"plan.customers.{unique}", "customer_id", 1)
+    create_topics(kafka_bootstrap, [orders.topic, customers.topic], 1)
+    ttls = {"left_state_ttl_seconds": 3600, "right_state_ttl_seconds": 3600}
+    joins = [join_config("plan_inner", "inner", orders, customers, **ttls),
+             join_config("plan_other", "inner", orders, customers, **ttls)]
+    plan = compile_plan(settings_from_mapping({"joins": joins}))
+    edited = [entry for node in plan["nodes"] if node["id"] == "plan_inner/join" for entry in node["state"]
+              if entry["name"] == "right"]
+    assert len(edited) == 1 and edited[0]["ttl"] == "3600000 ms"
+    edited[0]["ttl"] = "600000 ms"
+    path = workdir / "plan.json"
+    path.write_text(json.dumps(plan))
+
+    def phase(*changes) -> None:
+        for change in changes:
+            change()
+        produce_interleaved(kafka_bootstrap, [orders, customers], random.Random(0))
+        run_until_idle(kafka_bootstrap, workdir, joins, plan=path)
+
+    phase(lambda: customers.put({"customer_id": 1, "name": "ann"}, T0),
+          lambda: orders.put({"order_id": 1, "customer_id": 1, "amount": 5}, T0))
+    phase(lambda: orders.put({"order_id": 2, "customer_id": 1, "amount": 7}, T0 + 20 * MINUTE))
+    assert output(workdir, "plan_inner") == [(1, 1, 5, 1, "ann")]  # customer 1 expired after 10 min
+    assert output(workdir, "plan_other") == [(1, 1, 5, 1, "ann"), (2, 1, 7, 1, "ann")]  # 1 h: still there

@@ -147,3 +147,46 @@ def test_a_checkpoint_of_another_materializer_state_layout_is_refused(tmp_path):
     (checkpoint / "plan.json").write_text(json.dumps(stored))
     with pytest.raises(ConfigError, match="state_layout changed from 'per key'"):
         check_and_store("orders", str(checkpoint), pipeline_operators(_settings().pipelines[0]))
+
+
+JOINS = [
+    {"name": "enriched", "type": "left", "table": "enriched", "primary_key": ["order_id"],
+     "left": {"topics": ["orders"], "primary_key": ["order_id"], "join_key": ["customer_id"]},
+     "right": {"topics": ["customers"], "primary_key": ["customer_id"], "join_key": ["customer_id"]},
+     "left_state_ttl_seconds": 3600, "right_state_ttl_seconds": 600, "on_conflict": "deduplicate"},
+    {"name": "gated", "type": "enrichment", "table": "gated", "primary_key": ["order_id"],
+     "left": {"topics": ["probe"], "primary_key": ["order_id"], "join_key": ["customer_id"]},
+     "right": {"topics": ["build"], "primary_key": ["customer_id"], "join_key": ["customer_id"]},
+     "state_ttl_seconds": 86400},
+]
+
+
+def test_the_plan_of_ingest_materializer_order_by_and_both_joins_has_the_spec_shape():
+    plan = compile_plan(_settings({**CONFIG, "joins": JOINS}))
+    nodes = {node["id"]: node for node in plan["nodes"]}
+    assert sorted(nodes) == ["enriched/join", "enriched/materializer", "flat/from_changelog", "flat/order_by",
+                             "gated/enrichment", "gated/snapshot_gate", "orders/materializer"]
+    for node in plan["nodes"]:
+        assert set(node) >= {"id", "kind", "key", "state"}
+        assert [entry["index"] for entry in node["state"]] == list(range(len(node["state"])))
+        assert all(entry["ttl"].endswith(" ms") and entry["ttl"][:-3].isdigit() for entry in node["state"])
+    assert nodes["enriched/join"]["state"] == [{"index": 0, "ttl": "3600000 ms", "name": "left"},
+                                               {"index": 1, "ttl": "600000 ms", "name": "right"}]
+    assert nodes["enriched/join"]["key"] == ["customer_id"]
+    assert nodes["enriched/materializer"]["key"] == ["order_id", "customer_id"]
+    assert nodes["gated/enrichment"]["state"] == [{"index": 0, "ttl": "86400000 ms", "name": "build"}]
+    assert [e["name"] for e in nodes["gated/snapshot_gate"]["state"]] == ["snapshot_progress", "held_probes"]
+
+
+def test_editing_one_join_ttl_in_the_plan_changes_that_ttl_and_nothing_else(tmp_path):
+    settings = _settings({**CONFIG, "joins": JOINS})
+    plan = compile_plan(settings)
+    next(e for n in plan["nodes"] if n["id"] == "enriched/join" for e in n["state"] if e["name"] == "left")["ttl"] = \
+        "60000 ms"
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    planned = apply_plan(settings, read_plan(path))
+    assert planned.joins[0].left_ttl_seconds == 60
+    assert {**planned.joins[0].model_dump(), "left_state_ttl_seconds": 3600} == settings.joins[0].model_dump()
+    assert planned.joins[1].model_dump() == settings.joins[1].model_dump()
+    assert [p.model_dump() for p in planned.pipelines] == [p.model_dump() for p in settings.pipelines]
