@@ -189,4 +189,8 @@ def test_editing_one_join_ttl_in_the_plan_changes_that_ttl_and_nothing_else(tmp_
     assert planned.joins[0].left_ttl_seconds == 60
     assert {**planned.joins[0].model_dump(), "left_state_ttl_seconds": 3600} == settings.joins[0].model_dump()
     assert planned.joins[1].model_dump() == settings.joins[1].model_dump()
-    assert [p.model_dump() for p in planned.pipelines] == [p.model_dump() for p in settings.pipelines]
+    assert compile_plan(planned)["nodes"] == [
+        node if node["id"] != "enriched/join" else {**node, "state": [{**node["state"][0], "ttl": "60000 ms"},
+                                                                       node["state"][1]]}
+        for node in compile_plan(settings)["nodes"]
+    ]
