@@ -37,32 +37,42 @@ _STALL_TIMEOUT_S = 120.0
 
 
 class _Columns:
-    """Column buffers for one Arrow batch."""
+    """Column buffers for one Arrow batch of one partition (topic and partition are the range's)."""
 
-    def __init__(self) -> None:
-        self.rows: list[list] = [[] for _ in RAW_SCHEMA]
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic, self.partition = topic, partition
+        self._clear()
 
-    def add(self, message) -> None:
-        _, ts_ms = message.timestamp()
+    def _clear(self) -> None:
+        self.keys: list = []
+        self.values: list = []
+        self.offsets: list[int] = []
+        self.timestamps: list = []
+        self.headers: list = []
+
+    def add(self, message, offset: int) -> None:
+        """One record (`offset` is the message's, already read by the caller)."""
+        self.keys.append(message.key())
+        self.values.append(message.value())
+        self.offsets.append(offset)
+        ts_ms = message.timestamp()[1]
+        self.timestamps.append(ts_ms * 1000 if ts_ms is not None and ts_ms >= 0 else None)
         headers = message.headers()
-        values = (
-            message.key(),
-            message.value(),
-            message.topic(),
-            message.partition(),
-            message.offset(),
-            ts_ms * 1000 if ts_ms is not None and ts_ms >= 0 else None,
-            [{"key": k, "value": v} for k, v in headers] if headers else None,
-        )
-        for column, value in zip(self.rows, values):
-            column.append(value)
+        self.headers.append([{"key": k, "value": v} for k, v in headers] if headers else None)
 
     def __len__(self) -> int:
-        return len(self.rows[0])
+        return len(self.offsets)
 
     def flush(self) -> pa.RecordBatch:
-        arrays = [pa.array(col, type=field.type) for col, field in zip(self.rows, RAW_SCHEMA)]
-        self.rows = [[] for _ in RAW_SCHEMA]
+        rows = len(self.offsets)
+        arrays = [
+            pa.array(self.keys, pa.binary()), pa.array(self.values, pa.binary()),
+            pa.array([self.topic] * rows, pa.string()),
+            pa.array([self.partition] * rows, pa.int32()), pa.array(self.offsets, pa.int64()),
+            pa.array(self.timestamps, RAW_SCHEMA.field("timestamp").type),
+            pa.array(self.headers, RAW_SCHEMA.field("headers").type),
+        ]
+        self._clear()
         return pa.RecordBatch.from_arrays(arrays, schema=RAW_SCHEMA)
 
 
@@ -94,7 +104,7 @@ def read_range(
 
 
 def _consume(consumer: Consumer, tp: TopicPartition, end: int) -> Iterator[pa.RecordBatch]:
-    columns = _Columns()
+    columns = _Columns(tp.topic, tp.partition)
     position = tp.offset
     last_progress = time.monotonic()
     while position < end:
@@ -108,11 +118,12 @@ def _consume(consumer: Consumer, tp: TopicPartition, end: int) -> Iterator[pa.Re
                     position = max(position, message.offset())
                     continue
                 raise KafkaUnavailable(f"reading topic={tp.topic} partition={tp.partition}: {error}")
-            if message.offset() >= end:
+            offset = message.offset()
+            if offset >= end:
                 position = end
                 break
-            columns.add(message)
-            position = message.offset() + 1
+            columns.add(message, offset)
+            position = offset + 1
         if messages:
             last_progress = time.monotonic()
         elif time.monotonic() - last_progress > _STALL_TIMEOUT_S:
