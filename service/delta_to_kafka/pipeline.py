@@ -52,6 +52,7 @@ from service.delta_to_kafka.export_position import (
     batch_end_offset,
     restore_encoder_state,
 )
+from service.memory_release import release_memory
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +170,8 @@ class ExportPipeline:
             self.failure = error
             self._discard_store()
             raise
+        finally:
+            release_memory()  # the chunk's rows and records: back to the system between batches
 
     def _process_batch(self, feed: DataFrame, batch_id: int) -> None:
         store = self._open_store()
