@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from typing import Iterator, cast
 
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -118,7 +118,7 @@ def _consume(consumer: Consumer, tp: TopicPartition, end: int) -> Iterator[pa.Re
                     position = max(position, message.offset())
                     continue
                 raise KafkaUnavailable(f"reading topic={tp.topic} partition={tp.partition}: {error}")
-            offset = message.offset()
+            offset = cast(int, message.offset())  # set on every record (None only on errors)
             if offset >= end:
                 position = end
                 break

@@ -43,6 +43,7 @@ from connectors.delta.change_feed import COMMIT_VERSION, FORMAT_NAME, DeltaChang
 from connectors.delta.feed_chunks import COMMIT_ROW, Offset
 from connectors.kafka.transactional_producer import KafkaRecord, TransactionalProducer
 from service import metrics
+from service.batch_pipeline import BatchPipeline
 from service.checkpoints import remove_abandoned_writes
 from service.delta_to_kafka.export_position import (
     EncoderState,
@@ -89,7 +90,7 @@ def feed_rows(feed: pa.Table) -> pa.Table:
     return feed.drop_columns([COMMIT_ROW]) if COMMIT_ROW in feed.column_names else feed
 
 
-class ExportPipeline:
+class ExportPipeline(BatchPipeline):
     """Runs one export of a Delta table's change feed to a Kafka topic as a streaming query."""
 
     def __init__(
@@ -162,16 +163,15 @@ class ExportPipeline:
         self.position = None
         self.close()
 
-    def process_batch(self, feed: DataFrame, batch_id: int) -> None:
-        """One micro-batch; a failure is kept so the runner can report it as raised."""
+    def process_batch(self, batch: DataFrame, batch_id: int) -> None:
+        """One micro-batch (see `BatchPipeline`), then the chunk's memory back to the system."""
         try:
-            self._process_batch(feed, batch_id)
-        except BaseException as error:
-            self.failure = error
-            self._discard_store()
-            raise
+            super().process_batch(batch, batch_id)
         finally:
-            release_memory()  # the chunk's rows and records: back to the system between batches
+            release_memory()
+
+    def _after_failure(self) -> None:
+        self._discard_store()
 
     def _process_batch(self, feed: DataFrame, batch_id: int) -> None:
         store = self._open_store()

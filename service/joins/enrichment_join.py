@@ -34,6 +34,7 @@ from connectors.kafka import offsets as om
 from connectors.kafka.cluster import ClusterView
 from connectors.kafka.range_reader import RAW_SCHEMA
 from service import metrics
+from service.batch_pipeline import BatchPipeline, commit_app_id
 from service.checkpoints import remove_abandoned_writes
 from service.join_settings import EnrichmentJoinSettings
 from service.joins.enrichment_rows import Enriched, build_changes, enrich, good_rows, probe_keys
@@ -66,7 +67,7 @@ def batch_end_offsets(checkpoint: str, batch_id: int) -> dict[tuple[str, int], i
     return om.from_map(json.loads(lines[2]))
 
 
-class EnrichmentJoinPipeline:
+class EnrichmentJoinPipeline(BatchPipeline):
     """Runs one `EnrichmentJoinSettings` as a streaming query into its Delta table."""
 
     def __init__(self, spark: SparkSession, settings: Settings, join: EnrichmentJoinSettings) -> None:
@@ -105,7 +106,7 @@ class EnrichmentJoinPipeline:
     @property
     def app_id(self) -> str:
         """Application id of the output table's commits; the query id ties it to the checkpoint."""
-        return f"cdc-lakehouse/{self.join.name}/{self.join.table}/{self._query_id}"
+        return commit_app_id(self.join.name, self.join.table, self._query_id)
 
     def _end_offsets(self, topic: str) -> dict[int, int]:
         cluster = ClusterView(self.settings.kafka.client_config())
@@ -113,14 +114,6 @@ class EnrichmentJoinPipeline:
             return {p: high for (_, p), (_, high) in cluster.watermarks(cluster.partitions([topic])).items()}
         finally:
             cluster.close()
-
-    def process_batch(self, batch: DataFrame, batch_id: int) -> None:
-        """One micro-batch; a failure is kept so the runner can report it as raised."""
-        try:
-            self._process_batch(batch, batch_id)
-        except BaseException as error:
-            self.failure = error
-            raise
 
     def _advance_gate(self, build: pa.Table, batch_id: int) -> GateState:
         before, written = self.gate_log.state_for(batch_id)

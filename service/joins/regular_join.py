@@ -22,6 +22,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from connectors.delta.engines import open_table
 from service import metrics, redaction, test_hooks
+from service.batch_pipeline import BatchPipeline, commit_app_id
 from service.changes import ChangeKind
 from service.checkpoints import remove_abandoned_writes
 from service.join_settings import RegularJoinSettings
@@ -52,7 +53,7 @@ def join_rules(join: RegularJoinSettings) -> JoinRules:
     )
 
 
-class RegularJoinPipeline:
+class RegularJoinPipeline(BatchPipeline):
     """Runs one `RegularJoinSettings` as a streaming query into its Delta table."""
 
     def __init__(self, spark: SparkSession, settings: Settings, join: RegularJoinSettings) -> None:
@@ -80,15 +81,7 @@ class RegularJoinPipeline:
     @property
     def app_id(self) -> str:
         """Application id of this join's Delta commits (output and state); the query id ties it to the checkpoint."""
-        return f"cdc-lakehouse/{self.join.name}/{self.join.table}/{self._query_id}"
-
-    def process_batch(self, batch: DataFrame, batch_id: int) -> None:
-        """One micro-batch; a failure is kept so the runner can report it as raised."""
-        try:
-            self._process_batch(batch, batch_id)
-        except BaseException as error:
-            self.failure = error
-            raise
+        return commit_app_id(self.join.name, self.join.table, self._query_id)
 
     def _process_batch(self, batch: DataFrame, batch_id: int) -> None:
         test_hooks.hold_batch_if_armed(self.name, batch_id)

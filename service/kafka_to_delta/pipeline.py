@@ -28,6 +28,7 @@ from pyspark.sql.streaming import StreamingQuery
 from connectors.delta.engines import open_table
 from connectors.kafka.source import FORMAT_NAME, KafkaSource
 from service import metrics, redaction, test_hooks
+from service.batch_pipeline import BatchPipeline, commit_app_id
 from service.checkpoints import remove_abandoned_writes
 from service.kafka_to_delta.bad_records import (
     DeadLetterStore,
@@ -55,7 +56,7 @@ _QUERY_ID_TIMEOUT_S = 60.0
 
 def app_id(pipeline: PipelineSettings, query_id: str | None) -> str:
     """Application id of a pipeline's Delta commits; the query id ties it to the checkpoint."""
-    return f"cdc-lakehouse/{pipeline.name}/{pipeline.table}/{query_id}"
+    return commit_app_id(pipeline.name, pipeline.table, query_id)
 
 
 def stage_config(pipeline: PipelineSettings) -> StageConfig:
@@ -74,7 +75,7 @@ def stage_config(pipeline: PipelineSettings) -> StageConfig:
     )
 
 
-class IngestPipeline:
+class IngestPipeline(BatchPipeline):
     """Runs one `PipelineSettings` as a streaming query into its Delta table."""
 
     def __init__(self, spark: SparkSession, settings: Settings, pipeline: PipelineSettings) -> None:
@@ -137,14 +138,6 @@ class IngestPipeline:
         if self.pipeline.max_offsets_per_trigger:
             reader = reader.option("maxOffsetsPerTrigger", str(self.pipeline.max_offsets_per_trigger))
         return reader.load()
-
-    def process_batch(self, batch: DataFrame, batch_id: int) -> None:
-        """One micro-batch; a failure is kept so the runner can report it as raised."""
-        try:
-            self._process_batch(batch, batch_id)
-        except BaseException as error:
-            self.failure = error
-            raise
 
     def _prepared(self, batch: DataFrame) -> BatchChanges:
         # Exactly one action on the batch: a second one would run the stateful plan again.

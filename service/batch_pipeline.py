@@ -1,0 +1,33 @@
+"""What every supervised pipeline (ingest, join, export) shares: its Delta application id and
+the micro-batch entry point that keeps a failure for the runner (`service.runner`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def commit_app_id(name: str, table: str, query_id: str | None) -> str:
+    """Application id of a pipeline's Delta commits; the query id ties it to the checkpoint."""
+    return f"cdc-lakehouse/{name}/{table}/{query_id}"
+
+
+class BatchPipeline:
+    """Mixin: `process_batch` (the `foreachBatch` function) runs `_process_batch`; an exception is
+    kept in `failure` (the runner reports the pipeline's own error object) and raised on."""
+
+    failure: BaseException | None = None
+
+    def process_batch(self, batch: Any, batch_id: int) -> None:
+        """One micro-batch; a failure is kept so the runner can report it as raised."""
+        try:
+            self._process_batch(batch, batch_id)
+        except BaseException as error:
+            self.failure = error
+            self._after_failure()
+            raise
+
+    def _process_batch(self, batch: Any, batch_id: int) -> None:
+        raise NotImplementedError
+
+    def _after_failure(self) -> None:
+        """What a failed batch leaves to clean up (nothing by default)."""
