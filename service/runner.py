@@ -33,6 +33,7 @@ from service.delta_to_kafka.pipeline import ExportPipeline
 from service.errors import ConfigError, TerminalError
 from service.failures import classify
 from service.joins import join_pipeline
+from service.kafka_to_delta.from_changelog_stage import needs_state
 from service.kafka_to_delta.pipeline import IngestPipeline
 from service.plan_upgrade import check_and_store
 from service.settings import Settings
@@ -110,7 +111,7 @@ class Runner:
             check_and_store(config.name, self.settings.checkpoint_dir(config.name), pipeline_operators(config))
         for join in self.settings.joins:
             check_and_store(join.name, self.settings.checkpoint_dir(join.name), join_operators(join))
-        self._spark = build_spark(self.settings.spark)
+        self._spark = build_spark(self.settings.spark, quick_jit=self._jvm_light())
         self._idle_progress_s = health.idle_progress_seconds(self._spark)
         log.info("kafka: %s", self.settings.kafka.redacted())
         for config in self.settings.pipelines:
@@ -123,6 +124,11 @@ class Runner:
             self._start(entry)
         if not (until_idle and (self.settings.pipelines or self.settings.joins)):
             self._start_exports()
+
+    def _jvm_light(self) -> bool:
+        """Whether no configured stage moves rows through the JVM's stateful operators."""
+        plain = all(not p.materialized and not needs_state(p) for p in self.settings.pipelines)
+        return plain and not self.settings.joins
 
     def _start_exports(self) -> None:
         assert self._spark is not None, "start() creates the session first"

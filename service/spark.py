@@ -16,23 +16,26 @@ _QUIET_LOG_LEVEL = "ERROR"
 # every key `settings.is_secret_key` hides (tests/integration/test_secrets.py).
 _REDACTION = r"(?i)secret|password|token|access[.]?key|jaas|credential|key[.]pem|oauthbearer[.]config"
 _LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
-# The driver JVM of a local session compiles with C1 only and collects with the serial collector:
-# its work here is light (planning, offsets, moving Arrow batches) and the 2 cores are the Python
-# workers'. Measured on 300,000 Debezium events (plain path): the JVM's CPU 16.1 s -> 7.9 s for the
-# run; materializer path (60,000 events, batches of 10,000): 30.2 s -> 20.2 s. The heap starts small
-# and gives back what a collection freed (the JVM's RSS in that run 425 -> 383 MiB).
-_LOCAL_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xms64m -XX:MinHeapFreeRatio=5 -XX:MaxHeapFreeRatio=20"
+# The JVM of a local session collects with the serial collector, starts with a small heap and gives
+# back what a collection freed (its RSS on 300,000 events 425 -> 383 MiB): the 2 cores are the Python
+# workers'. With `quick_jit` (the plain path: the JVM only plans, tracks offsets and moves Arrow
+# batches) it also compiles with C1 only: the JVM's CPU for that run 12.8 s -> 7.9 s, wall 18.0 ->
+# 16.8 s. Stateful stages (materializer, joins of rows through shuffles and the state store) keep C2:
+# there C1 code made a steady batch of 10,000 ~10 % slower (1.65 -> 1.87 s).
+_LOCAL_JVM_OPTIONS = "-XX:+UseSerialGC -Xms64m -XX:MinHeapFreeRatio=5 -XX:MaxHeapFreeRatio=20"
+_QUICK_JIT = "-XX:TieredStopAtLevel=1"
 
 
 def _default_shuffle_partitions() -> int:
     return max(2, os.cpu_count() or 2)
 
 
-def build_spark(settings: SparkSettings | None = None) -> SparkSession:
+def build_spark(settings: SparkSettings | None = None, quick_jit: bool = False) -> SparkSession:
     """Create (or return the running) SparkSession configured for the pipelines.
 
     Python workers run this interpreter so they can import the project; the state
-    store is RocksDB so keyed state survives restarts with the checkpoint.
+    store is RocksDB so keyed state survives restarts with the checkpoint. `quick_jit`: the JVM
+    does little per record (no stateful stage), so C1 compilation is enough (see above).
     """
     settings = settings or SparkSettings()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -42,7 +45,7 @@ def build_spark(settings: SparkSettings | None = None) -> SparkSession:
     partitions = settings.shuffle_partitions or _default_shuffle_partitions()
     java_options = f"-Dlog4j.configurationFile=file:{_LOG4J_CONFIG}"
     if settings.master.startswith("local"):
-        java_options += f" {_LOCAL_JVM_OPTIONS}"
+        java_options += f" {_LOCAL_JVM_OPTIONS}" + (f" {_QUICK_JIT}" if quick_jit else "")
     builder = (
         SparkSession.builder.master(settings.master)
         .appName(settings.app_name)
