@@ -6,6 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 
+def with_trigger(writer: Any, until_idle: bool, interval_seconds: float) -> Any:
+    """A `DataStreamWriter` with the service's trigger: everything available now, then stop
+    (`until_idle`), or a micro-batch every `interval_seconds`."""
+    if until_idle:
+        return writer.trigger(availableNow=True)
+    return writer.trigger(processingTime=f"{interval_seconds} seconds")
+
+
 def commit_app_id(name: str, table: str, query_id: str | None) -> str:
     """Application id of a pipeline's Delta commits; the query id ties it to the checkpoint."""
     return f"cdc-lakehouse/{name}/{table}/{query_id}"

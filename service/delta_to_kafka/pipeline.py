@@ -43,7 +43,7 @@ from connectors.delta.change_feed import COMMIT_VERSION, FORMAT_NAME, DeltaChang
 from connectors.delta.feed_chunks import COMMIT_ROW, Offset
 from connectors.kafka.transactional_producer import KafkaRecord, TransactionalProducer
 from service import metrics
-from service.batch_pipeline import BatchPipeline
+from service.batch_pipeline import BatchPipeline, with_trigger
 from service.checkpoints import remove_abandoned_writes
 from service.delta_to_kafka.export_position import (
     EncoderState,
@@ -244,8 +244,5 @@ class ExportPipeline(BatchPipeline):
             .foreachBatch(self.process_batch)
             .option("checkpointLocation", self.checkpoint_dir)
         )
-        if until_idle:
-            writer = writer.trigger(availableNow=True)
-        else:
-            writer = writer.trigger(processingTime=f"{self.trigger_interval_seconds} seconds")
+        writer = with_trigger(writer, until_idle, self.trigger_interval_seconds)
         return writer.start()

@@ -34,7 +34,7 @@ from connectors.kafka import offsets as om
 from connectors.kafka.cluster import ClusterView
 from connectors.kafka.range_reader import RAW_SCHEMA
 from service import metrics
-from service.batch_pipeline import BatchPipeline, commit_app_id
+from service.batch_pipeline import BatchPipeline, commit_app_id, with_trigger
 from service.checkpoints import remove_abandoned_writes
 from service.join_settings import EnrichmentJoinSettings
 from service.joins.enrichment_rows import Enriched, build_changes, enrich, good_rows, probe_keys
@@ -211,10 +211,7 @@ class EnrichmentJoinPipeline(BatchPipeline):
             .foreachBatch(self.process_batch)
             .option("checkpointLocation", self.checkpoint)
         )
-        if until_idle:
-            writer = writer.trigger(availableNow=True)
-        else:
-            writer = writer.trigger(processingTime=f"{self.settings.trigger_interval_seconds} seconds")
+        writer = with_trigger(writer, until_idle, self.settings.trigger_interval_seconds)
         self._started.clear()  # a restart by the runner: batches wait for this query's id
         query = writer.start()
         self._query_id = str(query.id)

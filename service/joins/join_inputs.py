@@ -10,18 +10,13 @@ import pyarrow.compute as pc
 from connectors.kafka.range_reader import RAW_SCHEMA
 from service.join_settings import JoinInput
 from service.kafka_to_delta.changelog_batch import CHANGELOG_SCHEMA, ChangelogBatchDecoder
+from service.kafka_to_delta.decode_stage import value_decoder
 
 
 def input_decoder(side: JoinInput) -> ChangelogBatchDecoder:
     """The picklable decoder of one join input (its format and FROM_CHANGELOG settings)."""
-    value_decoder = None
-    if side.format == "avro-confluent":
-        if side.schema_registry is None:
-            raise ValueError("format avro-confluent needs schema_registry")
-        from connectors.schema_registry import ConfluentAvroDecoder, SchemaRegistryClient
-
-        value_decoder = ConfluentAvroDecoder(SchemaRegistryClient(connection=side.schema_registry.connection()))
-    return ChangelogBatchDecoder(side.from_changelog, side.primary_key, side.primary_key, value_decoder=value_decoder)
+    return ChangelogBatchDecoder(side.from_changelog, side.primary_key, side.primary_key,
+                                 value_decoder=value_decoder(side.format, side.schema_registry))
 
 
 def side_records(raw: pa.Table, side: JoinInput) -> pa.Table:

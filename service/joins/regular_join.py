@@ -22,7 +22,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from connectors.delta.engines import open_table
 from service import metrics, redaction, test_hooks
-from service.batch_pipeline import BatchPipeline, commit_app_id
+from service.batch_pipeline import BatchPipeline, commit_app_id, with_trigger
 from service.changes import ChangeKind
 from service.checkpoints import remove_abandoned_writes
 from service.join_settings import RegularJoinSettings
@@ -132,10 +132,7 @@ class RegularJoinPipeline(BatchPipeline):
                   .writeStream.queryName(self.join.name)
                   .foreachBatch(self.process_batch)
                   .option("checkpointLocation", checkpoint))
-        if until_idle:
-            writer = writer.trigger(availableNow=True)
-        else:
-            writer = writer.trigger(processingTime=f"{self.settings.trigger_interval_seconds} seconds")
+        writer = with_trigger(writer, until_idle, self.settings.trigger_interval_seconds)
         self._started.clear()
         query = writer.start()
         self._query_id = str(query.id)

@@ -15,8 +15,11 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql.pandas.types import from_arrow_schema
 
+from service.errors import ConfigError
 from service.kafka_to_delta.changelog_batch import CHANGELOG_SCHEMA, ChangelogBatchDecoder, Column
+from service.kafka_to_delta.debezium_json import DocumentDecoder
 from service.kafka_to_delta.event_time_progress import WATERMARK_COLUMN, EventTimeMaxima, PartitionWatermark
+from service.registry_settings import SchemaRegistrySettings
 from service.settings import PipelineSettings
 
 CHANGELOG_SPARK_SCHEMA = from_arrow_schema(CHANGELOG_SCHEMA)
@@ -25,17 +28,24 @@ _STREAM_SPARK_SCHEMA = from_arrow_schema(_STREAM_SCHEMA)
 __all__ = ["CHANGELOG_SCHEMA", "CHANGELOG_SPARK_SCHEMA", "batch_decoder", "changelog_stream"]
 
 
+def value_decoder(format_name: str, registry: SchemaRegistrySettings | None) -> DocumentDecoder | None:
+    """The record value decoder of an input format; None: JSON (the decoder's default)."""
+    if format_name != "avro-confluent":
+        return None
+    if registry is None:
+        raise ConfigError("format avro-confluent needs `schema_registry: {url: ...}`")
+    # Imported here: a JSON-only service never loads the registry client. The client pickles as
+    # its connection; each executor builds its own on first use.
+    from connectors.schema_registry import ConfluentAvroDecoder, SchemaRegistryClient
+
+    return ConfluentAvroDecoder(SchemaRegistryClient(connection=registry.connection()))
+
+
 def batch_decoder(pipeline: PipelineSettings) -> ChangelogBatchDecoder:
     """The picklable decoder of one pipeline (its format and FROM_CHANGELOG settings)."""
-    value_decoder = None
-    if pipeline.format == "avro-confluent":
-        from connectors.schema_registry import ConfluentAvroDecoder, SchemaRegistryClient
-
-        # The client pickles as its connection; each executor builds its own on first use.
-        connection = pipeline.schema_registry.connection()
-        value_decoder = ConfluentAvroDecoder(SchemaRegistryClient(connection=connection))
     return ChangelogBatchDecoder(
-        pipeline.changelog_settings, pipeline.primary_key, pipeline.effective_upsert_key, value_decoder=value_decoder
+        pipeline.changelog_settings, pipeline.primary_key, pipeline.effective_upsert_key,
+        value_decoder=value_decoder(pipeline.format, pipeline.schema_registry),
     )
 
 

@@ -28,7 +28,7 @@ from pyspark.sql.streaming import StreamingQuery
 from connectors.delta.engines import open_table
 from connectors.kafka.source import FORMAT_NAME, KafkaSource
 from service import metrics, redaction, test_hooks
-from service.batch_pipeline import BatchPipeline, commit_app_id
+from service.batch_pipeline import BatchPipeline, commit_app_id, with_trigger
 from service.checkpoints import remove_abandoned_writes
 from service.kafka_to_delta.bad_records import (
     DeadLetterStore,
@@ -225,10 +225,7 @@ class IngestPipeline(BatchPipeline):
             .foreachBatch(self.process_batch)
             .option("checkpointLocation", self.settings.checkpoint_dir(self.pipeline.name))
         )
-        if until_idle:
-            writer = writer.trigger(availableNow=True)
-        else:
-            writer = writer.trigger(processingTime=f"{self.settings.trigger_interval_seconds} seconds")
+        writer = with_trigger(writer, until_idle, self.settings.trigger_interval_seconds)
         query = writer.start()
         self._query = query
         self._query_id = str(query.id)
