@@ -38,7 +38,7 @@ class ChangesStreamReader(KafkaStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator:
         reducer: PartitionReducer = pickle.loads(self.reducer)
-        yield from reducer(super().read(cast(KafkaRange, partition)))
+        yield from reducer(lambda: super(ChangesStreamReader, self).read(cast(KafkaRange, partition)))
         release_memory()
 
 

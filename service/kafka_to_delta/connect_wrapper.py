@@ -40,6 +40,16 @@ class KnownSchemas(Generic[Attached]):
                     return None
         return None
 
+    def payload_bytes(self, value: bytes) -> tuple[bytes, Attached] | None:
+        """(payload bytes, attached) when `value` wraps a known schema, unparsed: the caller must
+        parse them as exactly one complete JSON value (or parse `value` in full)."""
+        if not value.endswith(DOCUMENT_END):
+            return None
+        for prefix, attached in self._known:
+            if value.startswith(prefix):
+                return value[len(prefix):-len(DOCUMENT_END)], attached
+        return None
+
     def learn(self, value: bytes, schema: Any, attached: Attached) -> None:
         """Remember the schema bytes of `value`, whose full parse gave `schema` (a wrapper)."""
         if not value.startswith(WRAPPER_HEAD):

@@ -21,7 +21,7 @@ import orjson
 from connectors.delta.connect_types import CONNECT_FIELD, CONNECT_FIELDS, CONNECT_STRUCT, CONNECT_TYPE, fields_to_types
 from service.changes import Envelope
 from service.errors import DecodeError
-from service.kafka_to_delta.connect_wrapper import KnownSchemas
+from service.kafka_to_delta.connect_wrapper import WRAPPER_HEAD, KnownSchemas
 
 UNAVAILABLE_VALUE = "__debezium_unavailable_value"
 """Debezium's stand-in for an unchanged value it could not read (e.g. a PostgreSQL TOAST column)."""
@@ -245,6 +245,22 @@ class JsonDocuments:
         types = self._column_types(schema)
         self._known.learn(value, schema, types)
         return document, types
+
+    def payload_bytes(self, value: bytes) -> tuple[bytes, dict[str, str] | None]:
+        """(payload bytes, column types) of a wrapper whose schema is known (learnt by a full
+        decode when it is new), unparsed; (value, None) for a bare document. Raises
+        `DecodeError` when the value cannot be decoded, `ValueError` when the payload cannot be
+        cut out of its wrapper without a full parse."""
+        known = self._known.payload_bytes(value)
+        if known is not None:
+            return known
+        if not value.startswith(WRAPPER_HEAD):
+            return value, None
+        _, types = self(value)  # learns the schema prefix
+        known = self._known.payload_bytes(value)
+        if known is None or types is None:
+            raise ValueError("a wrapper whose payload cannot be cut out")
+        return known
 
     def _column_types(self, schema: Any) -> dict[str, str]:
         fingerprint = _fingerprint(schema)

@@ -21,7 +21,7 @@ range, from its last complete one on.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,8 @@ import pyarrow.compute as pc
 from connectors.delta.arrow_types import inferred_kinds, merge_types, rows_to_table, types_from_kinds
 from service.changes import ChangeKind
 from service.kafka_to_delta.changelog_batch import ChangelogBatchDecoder, Column
-from service.kafka_to_delta.debezium_json import compact_json, loads
+from service.kafka_to_delta.debezium_columns import NotVectorisable, decode_range, meta_columns, typed_net, vector_plan
+from service.kafka_to_delta.debezium_json import JsonDocuments, compact_json, loads
 from service.kafka_to_delta.fill_unchanged import fill_unchanged, filled_net
 from service.kafka_to_delta.payload_schema import PAYLOAD_SPARK_SCHEMA
 
@@ -258,20 +259,58 @@ class NetPayload:
 
 
 class PartitionReducer:
-    """Kafka record batches of one range -> its payload (`PAYLOAD_SCHEMA`). Picklable."""
+    """One Kafka range's record batches -> its payload (`PAYLOAD_SCHEMA`). Picklable.
 
-    def __init__(self, decoder: ChangelogBatchDecoder, primary_key: tuple[str, ...]) -> None:
+    Called with `read`, which yields the range's record batches (`RAW_SCHEMA`) each time it is
+    called. Debezium JSON envelopes are decoded in Arrow (`debezium_columns`) when the settings
+    allow; a range holding anything that path does not vouch for is read again and decoded
+    record by record, which decides errors and policies (the payload's `vectorised` says which
+    way it went, `fallback` why).
+    """
+
+    def __init__(self, decoder: ChangelogBatchDecoder, primary_key: tuple[str, ...], vectorised: bool = True) -> None:
         self.decoder = decoder
         self.primary_key = primary_key
+        self.plan = vector_plan(decoder, primary_key) if vectorised else None
 
-    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def __call__(self, read: Callable[[], Iterable[pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:
+        fallback = None
+        if self.plan is not None:
+            try:
+                yield self._vectorised(read())
+                return
+            except NotVectorisable as exc:
+                fallback = str(exc)
         reduced = _Reduced()
-        for batch in batches:
+        for batch in read():
             reduced.add(pa.Table.from_batches([self.decoder(batch)]))
         net = reduced.surviving()
-        info: dict[str, Any] = {"changes": reduced.changes, "truncated": reduced.truncate_offset is not None}
+        info: dict[str, Any] = {"changes": reduced.changes, "truncated": reduced.truncate_offset is not None,
+                                "vectorised": False}
+        if fallback is not None:
+            info["fallback"] = fallback
         typed = None
         if net is not None and net.num_rows:
             typed, evidence = typed_changes(net, self.primary_key)
             info["types"] = evidence.to_json()
         yield _payload(typed, reduced.failed, info)
+
+    def _vectorised(self, batches: Iterable[pa.RecordBatch]) -> pa.RecordBatch:
+        assert self.plan is not None and isinstance(self.decoder.decode_value, JsonDocuments)
+        columns = decode_range(self.plan, self.decoder.decode_value, batches)
+        net, declared, seen = columns.result(self.primary_key)
+        info: dict[str, Any] = {"changes": columns.changes, "truncated": False, "vectorised": True}
+        typed = None
+        if net is not None:
+            evidence = TypeEvidence(declared, seen)
+            typed = typed_net(net, evidence.types(), self.primary_key)
+            meta = meta_columns(net)
+            for name in Meta.ALL:
+                typed = typed.append_column(name, meta[_META_ROLES[name]])
+            info["types"] = evidence.to_json()
+        return _payload(typed, [], info)
+
+
+_META_ROLES = {Meta.KEY: "key", Meta.KIND: "kind", Meta.TOPIC: "topic", Meta.PARTITION: "partition",
+               Meta.OFFSET: "offset", Meta.CHANGE_INDEX: "change_index", Meta.TIMESTAMP: "timestamp",
+               Meta.UNCHANGED: "unchanged"}

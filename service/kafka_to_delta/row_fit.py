@@ -18,7 +18,7 @@ from typing import Any
 from connectors.delta.arrow_types import TypeName, rows_to_table
 
 _INT64 = (-(2**63), 2**63 - 1)
-_INT_RANGES: dict[str, tuple[int, int]] = {
+INT_RANGES: dict[str, tuple[int, int]] = {  # the values each integer-coded type holds
     TypeName.INT8: (-(2**7), 2**7 - 1),
     TypeName.INT16: (-(2**15), 2**15 - 1),
     TypeName.INT32: (-(2**31), 2**31 - 1),
@@ -39,8 +39,8 @@ def _screen(types: dict[str, str]) -> tuple[tuple[str, str, int, int], ...]:
     """Per column of a type map: (name, kind of plain value that surely fits, integer range)."""
     columns = []
     for name, type_name in types.items():
-        if type_name in _INT_RANGES:
-            columns.append((name, _INT, *_INT_RANGES[type_name]))
+        if type_name in INT_RANGES:
+            columns.append((name, _INT, *INT_RANGES[type_name]))
         elif type_name in TypeName.FLOATS:
             columns.append((name, _FLOAT, -_FLOAT_INT_BOUND, _FLOAT_INT_BOUND))
         elif type_name == TypeName.BOOL:

@@ -49,7 +49,7 @@ def _split(batch: pa.RecordBatch, rng: random.Random) -> list[pa.RecordBatch]:
 
 def _reduce(pipeline: PipelineSettings, batches: list[pa.RecordBatch]) -> pa.Table:
     reducer = PartitionReducer(batch_decoder(pipeline), pipeline.primary_key)
-    return pa.Table.from_batches(list(reducer(iter(batches))), schema=PAYLOAD_SCHEMA)
+    return pa.Table.from_batches(list(reducer(lambda: iter(batches))), schema=PAYLOAD_SCHEMA)
 
 
 def _envelope(op: str, before: dict | None, after: dict | None) -> bytes:
