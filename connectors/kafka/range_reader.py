@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Iterator, cast
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from connectors.kafka.cluster import client_config
@@ -31,9 +33,51 @@ RAW_SPARK_SCHEMA = (
     f"timestamp timestamp, headers array<struct<key:string,value:binary>>, {FLOOR_COLUMN} bigint"
 )
 _BATCH_ROWS = 5_000
+US_PER_MS = 1_000
 _MAX_RESPONSE_BYTES = 1 << 30
 _POLL_TIMEOUT_S = 1.0
 _STALL_TIMEOUT_S = 120.0
+
+
+@dataclass
+class ValueChunk:
+    """Values of consecutive records of one partition, with their offsets and timestamps (epoch
+    ms, None when the record has none), as Python lists: for a decoder that needs nothing else."""
+
+    topic: str
+    partition: int
+    values: list[bytes | None] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    timestamps: list[int | None] = field(default_factory=list)
+
+    @classmethod
+    def of_batch(cls, batch: pa.RecordBatch) -> "ValueChunk":
+        """The chunk of a batch in `RAW_SCHEMA` (one topic partition)."""
+        millis = pc.divide(pc.cast(batch.column("timestamp"), pa.int64()), US_PER_MS)
+        topic, partition = (batch.column(c)[0].as_py() if batch.num_rows else None for c in ("topic", "partition"))
+        return cls(cast(str, topic), cast(int, partition), batch.column("value").to_pylist(), batch.column("offset").to_pylist(),
+                   millis.to_pylist())
+
+
+class _Values:
+    """Buffers of one `ValueChunk` (keys and headers are not read)."""
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic, self.partition = topic, partition
+        self.chunk = ValueChunk(topic, partition)
+
+    def add(self, message, offset: int) -> None:
+        self.chunk.values.append(message.value())
+        self.chunk.offsets.append(offset)
+        ts_ms = message.timestamp()[1]
+        self.chunk.timestamps.append(ts_ms if ts_ms is not None and ts_ms >= 0 else None)
+
+    def __len__(self) -> int:
+        return len(self.chunk.offsets)
+
+    def flush(self) -> ValueChunk:
+        chunk, self.chunk = self.chunk, ValueChunk(self.topic, self.partition)
+        return chunk
 
 
 class _Columns:
@@ -85,6 +129,18 @@ def read_range(
     Offsets may have gaps (compaction, transaction markers, aborted records), so the
     range is done when the consumer's position reaches `end`, not when `end - 1` is seen.
     """
+    for batch in _read(options, topic, partition, start, end, _Columns(topic, partition)):
+        floors = pa.array([floor] * batch.num_rows, pa.int64())
+        yield pa.RecordBatch.from_arrays([*batch.columns, floors], schema=SOURCE_SCHEMA)
+
+
+def read_values(options: dict[str, str], topic: str, partition: int, start: int, end: int) -> Iterator[ValueChunk]:
+    """Yield the values of the records with start <= offset < end, in offset order, as
+    `ValueChunk`s: about half the reading work of `read_range` per record."""
+    yield from _read(options, topic, partition, start, end, _Values(topic, partition))
+
+
+def _read(options: dict[str, str], topic: str, partition: int, start: int, end: int, columns: _Columns | _Values) -> Iterator:
     config = client_config(options, "reader")
     config["enable.partition.eof"] = "true"
     # A broker that ignores the fetch size limits (the embedded one answers with 138 MB at a time when
@@ -96,15 +152,12 @@ def read_range(
     tp = TopicPartition(topic, partition, start)
     try:
         consumer.assign([tp])
-        for batch in _consume(consumer, tp, end):
-            floors = pa.array([floor] * batch.num_rows, pa.int64())
-            yield pa.RecordBatch.from_arrays([*batch.columns, floors], schema=SOURCE_SCHEMA)
+        yield from _consume(consumer, tp, end, columns)
     finally:
         consumer.close()
 
 
-def _consume(consumer: Consumer, tp: TopicPartition, end: int) -> Iterator[pa.RecordBatch]:
-    columns = _Columns(tp.topic, tp.partition)
+def _consume(consumer: Consumer, tp: TopicPartition, end: int, columns: _Columns | _Values) -> Iterator:
     position = tp.offset
     last_progress = time.monotonic()
     while position < end:

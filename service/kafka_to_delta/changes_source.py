@@ -37,8 +37,15 @@ class ChangesStreamReader(KafkaStreamReader):
         self.reducer = reducer  # a pickled `PartitionReducer`
 
     def read(self, partition: InputPartition) -> Iterator:
+        from connectors.kafka.range_reader import read_values  # not in the processes that only plan
+
         reducer: PartitionReducer = pickle.loads(self.reducer)
-        yield from reducer(lambda: super(ChangesStreamReader, self).read(cast(KafkaRange, partition)))
+        kafka_range = cast(KafkaRange, partition)
+        yield from reducer(
+            lambda: super(ChangesStreamReader, self).read(kafka_range),
+            lambda: read_values(self.client, kafka_range.topic, kafka_range.partition, kafka_range.start,
+                                kafka_range.end),
+        )
         release_memory()
 
 

@@ -36,9 +36,11 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from connectors.delta.arrow_types import TypeName, arrow_type
+from connectors.kafka.range_reader import ValueChunk
 from service.changes import ChangeKind
 from service.errors import DecodeError
-from service.kafka_to_delta.changelog_batch import ChangelogBatchDecoder, KafkaColumn
+from service.kafka_to_delta.changelog_batch import ChangelogBatchDecoder
+from service.kafka_to_delta.connect_wrapper import DOCUMENT_END, WRAPPER_HEAD
 from service.kafka_to_delta.debezium_json import UNAVAILABLE_VALUE, JsonDocuments
 from service.kafka_to_delta.op_mapping import Grouping, parse_op_mapping
 from service.kafka_to_delta.row_fit import INT_RANGES
@@ -61,7 +63,8 @@ _PLAIN_TEXT = r'^[ !#-\[\]-~]*$'  # printable ASCII without '"' and '\': its JSO
 _LONG_DIGIT_RUN = b"0" * 19
 _DIGITS_TO_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
 _UNAVAILABLE = UNAVAILABLE_VALUE.encode()
-_US_PER_MS = 1_000
+_WRAPPER_HEAD = WRAPPER_HEAD.decode()
+_US_PER_MS = 1_000  # timestamp_ms columns are stored in microseconds
 _RETRACTING = (Grouping.UPDATE_BEFORE, Grouping.DELETE)
 _STATELESS = (Grouping.INSERT, Grouping.UPDATE_AFTER, Grouping.UPSERT, Grouping.UPDATE, *_RETRACTING)
 
@@ -124,24 +127,25 @@ class RangeColumns:
     declared: dict[str, str] | None = None
     row_types: dict[str, pa.DataType] = field(default_factory=dict)
     """Row columns of known type (parsed as such in later batches)."""
+    prefix: str | None = None
+    """The schema block bytes (as text) before the payload of the range's wrappers."""
     order: dict[str, None] = field(default_factory=dict)
     """Every row column, in order of first appearance (null-typed ones included)."""
     net: pa.Table | None = None
 
-    def add(self, batch: pa.RecordBatch) -> None:
-        """Decode and fold in one batch (`RAW_SCHEMA`); raises `NotVectorisable`."""
-        present, payloads, wrapped = self._payloads(batch.column(KafkaColumn.VALUE).to_pylist())
-        if not payloads:
+    def add(self, chunk: ValueChunk) -> None:
+        """Decode and fold in one chunk of the range's records; raises `NotVectorisable`."""
+        present, payloads, wrapped = self._payloads(chunk.values)
+        if not len(payloads):
             return
         parsed = self._parse(payloads)
-        rows = self._changelog(parsed, pa.array(wrapped, pa.bool_()))
-        source = pa.array(present, pa.int64()).take(rows.column("__record"))
+        rows = self._changelog(parsed, wrapped)
+        source = present.take(rows.column("__record"))
         rows = rows.drop_columns(["__record"])
-        for name, column in ((_TOPIC, KafkaColumn.TOPIC), (_PARTITION, KafkaColumn.PARTITION),
-                             (_OFFSET, KafkaColumn.OFFSET)):
-            rows = rows.append_column(name, batch.column(column).take(source))
-        millis = pc.divide(pc.cast(batch.column(KafkaColumn.TIMESTAMP), pa.int64()), _US_PER_MS)
-        rows = rows.append_column(_TIMESTAMP, millis.take(source))
+        rows = rows.append_column(_TOPIC, pa.array([chunk.topic] * rows.num_rows, pa.string()))
+        rows = rows.append_column(_PARTITION, pa.array(np.full(rows.num_rows, chunk.partition, np.int32)))
+        rows = rows.append_column(_OFFSET, pa.array(chunk.offsets, pa.int64()).take(source))
+        rows = rows.append_column(_TIMESTAMP, pa.array(chunk.timestamps, pa.int64()).take(source))
         self.changes += rows.num_rows
         if self.net is not None:
             try:
@@ -150,26 +154,39 @@ class RangeColumns:
                 raise NotVectorisable(f"batches of the range typed a column differently ({exc})") from None
         self.net = _last_per_key(rows)
 
-    def _payloads(self, values: list[bytes | None]) -> tuple[list[int], list[bytes], list[bool]]:
-        """(record index, payload bytes, declared?) of each record with a value (tombstones, which
-        follow a delete, give nothing)."""
-        present, payloads, wrapped = [], [], []
-        for index, value in enumerate(values):
-            if value is None:
-                continue
-            try:
-                payload, types = self.documents.payload_bytes(value)
-            except (DecodeError, ValueError) as exc:
-                raise NotVectorisable(f"a value is not a plain envelope ({exc})") from None
-            if types is not None:
-                if self.declared is None:
-                    self._declare(types)
-                elif types is not self.declared:
-                    raise NotVectorisable("two schema blocks in one range")
-            present.append(index)
-            payloads.append(payload)
-            wrapped.append(types is not None)
+    def _payloads(self, values: list[bytes | None]) -> tuple[pa.Array, pa.Array, pa.Array]:
+        """(record index, payload, declared?) of each record with a value (tombstones, which
+        follow a delete, give nothing): a wrapper's payload is cut out of it, in Arrow."""
+        column = pa.array(values, pa.binary())
+        present = pc.indices_nonzero(column.is_valid())
+        column = column.take(present)
+        if self.prefix is None:
+            self._learn_prefix(column)
+        if self.prefix is None:
+            wrapped = pa.array(np.zeros(len(column), np.bool_))
+            payloads = column
+        else:
+            wrapped = pc.and_(pc.starts_with(column, pattern=self.prefix), pc.ends_with(column, pattern="}"))
+            payloads = pc.if_else(wrapped, pc.binary_slice(column, len(self.prefix.encode()), -1), column)
+        if pc.any(pc.and_(pc.invert(wrapped), pc.starts_with(column, pattern=_WRAPPER_HEAD))).as_py():
+            raise NotVectorisable("two schema blocks in one range, or a wrapper whose payload cannot be cut out")
         return present, payloads, wrapped
+
+    def _learn_prefix(self, column: pa.Array) -> None:
+        """The schema block of the range's first wrapper (a full decode learns its column types)."""
+        first = pc.index(pc.starts_with(column, pattern=_WRAPPER_HEAD), True).as_py()
+        if first < 0:
+            return
+        value = column[first].as_py()
+        try:
+            payload, types = self.documents.payload_bytes(value)
+            prefix = value[:len(value) - len(payload) - len(DOCUMENT_END)].decode()
+        except (DecodeError, ValueError) as exc:  # UnicodeDecodeError included
+            raise NotVectorisable(f"a value is not a plain envelope ({exc})") from None
+        if types is None:
+            raise NotVectorisable("a value starts like a wrapper but is not one")
+        self._declare(types)
+        self.prefix = prefix
 
     def _declare(self, types: dict[str, str]) -> None:
         parse = {name: _PARSE_TYPES.get(type_name) for name, type_name in types.items()}
@@ -186,12 +203,11 @@ class RangeColumns:
         self.row_types = {**parse}
         self.order = dict.fromkeys([*types, *self.order])
 
-    def _parse(self, payloads: list[bytes]) -> pa.Table:
-        for payload in payloads:
-            if payload[:1] != b"{" or payload[-1:] != b"}":
-                raise NotVectorisable("a payload is not one JSON object")
-        buffer = b"\n".join(payloads)
-        if buffer.count(b"\n") != len(payloads) - 1 or b"\r" in buffer:
+    def _parse(self, payloads: pa.Array) -> pa.Table:
+        if not pc.all(pc.and_(pc.starts_with(payloads, pattern="{"), pc.ends_with(payloads, pattern="}"))).as_py():
+            raise NotVectorisable("a payload is not one JSON object")
+        buffer = _lines(payloads)
+        if buffer.count(b"\n") != len(payloads) or b"\r" in buffer:
             raise NotVectorisable("a value holds a raw line break")
         if _UNAVAILABLE in buffer:
             raise NotVectorisable("unavailable-value placeholders")
@@ -340,6 +356,13 @@ class RangeColumns:
         return net, declared, seen
 
 
+def _lines(payloads: pa.Array) -> bytes:
+    """The payloads as newline-delimited JSON text (each followed by a newline)."""
+    joined = pc.binary_join_element_wise(payloads, pa.scalar(b"\n"), pa.scalar(b""))
+    offsets = np.frombuffer(joined.buffers()[1], dtype=np.int32)[joined.offset:joined.offset + len(joined) + 1]
+    return joined.buffers()[2][int(offsets[0]):int(offsets[-1])].to_pybytes()
+
+
 def _last_per_key(rows: pa.Table) -> pa.Table:
     if rows.num_rows == 0:
         return rows
@@ -394,9 +417,9 @@ def meta_columns(net: pa.Table) -> dict[str, pa.ChunkedArray]:
             "unchanged": pa.nulls(net.num_rows, pa.string())}
 
 
-def decode_range(plan: VectorPlan, documents: JsonDocuments, batches: Iterable[pa.RecordBatch]) -> RangeColumns:
-    """All of a range's batches folded into one `RangeColumns`; raises `NotVectorisable`."""
+def decode_range(plan: VectorPlan, documents: JsonDocuments, chunks: Iterable[ValueChunk]) -> RangeColumns:
+    """All of a range's chunks folded into one `RangeColumns`; raises `NotVectorisable`."""
     columns = RangeColumns(plan, documents)
-    for batch in batches:
-        columns.add(batch)
+    for chunk in chunks:
+        columns.add(chunk)
     return columns

@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from connectors.kafka.range_reader import ValueChunk
 from connectors.delta.arrow_types import inferred_kinds, merge_types, rows_to_table, types_from_kinds
 from service.changes import ChangeKind
 from service.kafka_to_delta.changelog_batch import ChangelogBatchDecoder, Column
@@ -273,11 +274,15 @@ class PartitionReducer:
         self.primary_key = primary_key
         self.plan = vector_plan(decoder, primary_key) if vectorised else None
 
-    def __call__(self, read: Callable[[], Iterable[pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:
+    def __call__(self, read: Callable[[], Iterable[pa.RecordBatch]],
+                 read_values: Callable[[], Iterable[ValueChunk]] | None = None) -> Iterator[pa.RecordBatch]:
+        """The payload of the range `read` yields; `read_values` yields its values alone (cheaper
+        to read, all the vectorised decode needs)."""
         fallback = None
         if self.plan is not None:
+            chunks = read_values() if read_values is not None else map(ValueChunk.of_batch, read())
             try:
-                yield self._vectorised(read())
+                yield self._vectorised(chunks)
                 return
             except NotVectorisable as exc:
                 fallback = str(exc)
@@ -295,9 +300,9 @@ class PartitionReducer:
             info["types"] = evidence.to_json()
         yield _payload(typed, reduced.failed, info)
 
-    def _vectorised(self, batches: Iterable[pa.RecordBatch]) -> pa.RecordBatch:
+    def _vectorised(self, chunks: Iterable[ValueChunk]) -> pa.RecordBatch:
         assert self.plan is not None and isinstance(self.decoder.decode_value, JsonDocuments)
-        columns = decode_range(self.plan, self.decoder.decode_value, batches)
+        columns = decode_range(self.plan, self.decoder.decode_value, chunks)
         net, declared, seen = columns.result(self.primary_key)
         info: dict[str, Any] = {"changes": columns.changes, "truncated": False, "vectorised": True}
         typed = None

@@ -8,6 +8,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewPartitions
 
+from connectors.kafka.range_reader import ValueChunk, read_range, read_values
 from connectors.kafka.source import FORMAT_NAME, KafkaSource
 from service.workload import create_topics
 
@@ -90,3 +91,25 @@ def test_starting_offsets(spark, kafka_bootstrap, unique, workdir, starting):
     option = "latest" if starting == "latest" else json.dumps({topic: {"0": 7}})
     rows = [r for _, b in _collect(spark, kafka_bootstrap, [topic], workdir / "ck", startingOffsets=option) for r in b]
     assert sorted(r.offset for r in rows) == ([] if starting == "latest" else [7, 8, 9])
+
+
+def test_read_values_gives_the_values_offsets_and_timestamps_read_range_gives(kafka_bootstrap, unique):
+    topic = f"src-values-{unique}"
+    create_topics(kafka_bootstrap, [topic], 2)
+    _produce(kafka_bootstrap, topic, 2, 12_040)  # 6,020 per partition: more than one chunk
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    producer.produce(topic, key=b"gone", value=None, partition=1)  # a tombstone
+    assert producer.flush(30) == 0
+    options = {"bootstrap.servers": kafka_bootstrap}
+    for partition, (start, end) in ((0, (0, 6_020)), (1, (17, 6_021))):
+        batches = list(read_range(options, topic, partition, start, end))
+        chunks = list(read_values(options, topic, partition, start, end))
+        assert len(chunks) >= 2
+        values = [v for chunk in chunks for v in chunk.values]
+        assert values == [v for batch in batches for v in batch.column("value").to_pylist()]
+        assert [o for chunk in chunks for o in chunk.offsets] == list(range(start, end))
+        expected = [ValueChunk.of_batch(batch) for batch in batches]
+        assert [t for chunk in chunks for t in chunk.timestamps] == [t for c in expected for t in c.timestamps]
+        assert {(chunk.topic, chunk.partition) for chunk in chunks} == {(topic, partition)}
+        assert all(isinstance(t, int) and t > 1_700_000_000_000 for chunk in chunks for t in chunk.timestamps)
+    assert values[-1] is None and json.loads(values[0]) == {"i": 35}
