@@ -21,6 +21,10 @@ DECODE_ERRORS = Counter(
 BAD_RECORDS = Counter(
     "cdc_bad_records", "Records dropped or dead-lettered by policy", PIPELINE + ("handling", "stage")
 )
+RANGES = Counter(
+    "cdc_ranges", "Kafka ranges read by the plain path, by decode: vectorised or record_by_record "
+    "(a range holding something only the record-by-record decode decides)", PIPELINE + ("decode",)
+)
 CONFLICTS = Counter("cdc_conflicts", "Primary-key conflicts resolved by on_conflict", PIPELINE + ("strategy",))
 ROLLBACKS = Counter("cdc_rollbacks", "Rollbacks to a previous live row (deduplicate)", PIPELINE)
 STALE_DROPPED = Counter("cdc_stale_changes_dropped", "Changes older than the stored sequence", PIPELINE)

@@ -44,6 +44,10 @@ class BatchChanges:
     """Changelog rows read (changes, markers and failed records)."""
     counters: dict[str, int]
     """Materializer counters (conflicts, rollbacks, ...), summed; empty without a materializer."""
+    fallbacks: list[str]
+    """Why each range of the plain path that was decoded record by record was (one reason each)."""
+    vectorised: int = 0
+    """Ranges of the plain path decoded in Arrow (`debezium_columns`)."""
 
 
 def _conformed(table: pa.Table, types: dict[str, str]) -> pa.Table:
@@ -94,12 +98,17 @@ def batch_changes(payloads: pa.Table) -> BatchChanges:
     truncated, count = False, 0
     counters: dict[str, int] = {}
     truncates: list[tuple[str, int, int]] = []
+    fallbacks: list[str] = []
+    vectorised = 0
     for part, payload in zip(payloads.column("part").to_pylist(), payloads.column("payload").to_pylist()):
         table, info = payload_table(payload)
         if part == Part.FAILED:
             failed.append(table)
             continue
         count += info.get("changes", 0)
+        vectorised += bool(info.get("vectorised"))
+        if "fallback" in info:
+            fallbacks.append(info["fallback"])
         truncated = truncated or info.get("truncated", False)
         truncates.extend(tuple(marker) for marker in info.get("truncates", []))
         for name, value in info.get("counters", {}).items():
@@ -121,4 +130,6 @@ def batch_changes(payloads: pa.Table) -> BatchChanges:
         truncated=truncated,
         count=count,
         counters=counters,
+        fallbacks=fallbacks,
+        vectorised=vectorised,
     )

@@ -27,6 +27,7 @@ the range's values as one column) and int64 the record-by-record way.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -60,6 +61,7 @@ _INFERRED_KINDS = {pa.int64(): TypeName.INT64, pa.float64(): TypeName.FLOAT64, p
                    pa.string(): TypeName.STRING}
 _KEY_TYPES = (pa.int64(), pa.bool_(), pa.string())
 _PLAIN_TEXT = r'^[ !#-\[\]-~]*$'  # printable ASCII without '"' and '\': its JSON is itself
+_ERROR_COLUMN = re.compile(r"Column\((/[^)]*)\)")
 _LONG_DIGIT_RUN = b"0" * 19
 _DIGITS_TO_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
 _UNAVAILABLE = UNAVAILABLE_VALUE.encode()
@@ -151,7 +153,7 @@ class RangeColumns:
             try:
                 rows = pa.concat_tables([self.net, rows], promote_options="permissive")
             except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-                raise NotVectorisable(f"batches of the range typed a column differently ({exc})") from None
+                raise NotVectorisable(f"batches of the range typed a column differently ({_shown(exc)})") from None
         self.net = _last_per_key(rows)
 
     def _payloads(self, values: list[bytes | None]) -> tuple[pa.Array, pa.Array, pa.Array]:
@@ -182,7 +184,7 @@ class RangeColumns:
             payload, types = self.documents.payload_bytes(value)
             prefix = value[:len(value) - len(payload) - len(DOCUMENT_END)].decode()
         except (DecodeError, ValueError) as exc:  # UnicodeDecodeError included
-            raise NotVectorisable(f"a value is not a plain envelope ({exc})") from None
+            raise NotVectorisable(f"a value is not a plain envelope ({type(exc).__name__})") from None
         if types is None:
             raise NotVectorisable("a value starts like a wrapper but is not one")
         self._declare(types)
@@ -219,7 +221,7 @@ class RangeColumns:
                 parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer"),
             )
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise NotVectorisable(f"pyarrow.json refused the values ({str(exc)[:120]})") from None
+            raise NotVectorisable(f"pyarrow.json refused the values ({_shown(exc)})") from None
         if table.num_rows != len(payloads):
             raise NotVectorisable("a value holds more than one JSON document")
         self._learn(table, buffer)
@@ -297,7 +299,7 @@ class RangeColumns:
         try:
             rows = self._conformed(pa.concat_tables(tables, promote_options="default"))
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-            raise NotVectorisable(f"the two images typed a column differently ({exc})") from None
+            raise NotVectorisable(f"the two images typed a column differently ({_shown(exc)})") from None
         order = pc.sort_indices(pa.table({"r": rows.column("__record"), "c": rows.column(_CHANGE_INDEX)}),
                                 [("r", "ascending"), ("c", "ascending")])
         return rows.take(order)
@@ -356,6 +358,13 @@ class RangeColumns:
         return net, declared, seen
 
 
+def _shown(error: Exception) -> str:
+    """An Arrow error without the values it may quote (rows may carry personal data): its kind,
+    and the column path when it names one."""
+    column = _ERROR_COLUMN.search(str(error))
+    return type(error).__name__ + (f" at {column.group(1)}" if column else "")
+
+
 def _lines(payloads: pa.Array) -> bytes:
     """The payloads as newline-delimited JSON text (each followed by a newline)."""
     joined = pc.binary_join_element_wise(payloads, pa.scalar(b"\n"), pa.scalar(b""))
@@ -404,7 +413,7 @@ def _typed(column: pa.ChunkedArray, type_name: str, target: pa.DataType) -> pa.C
             return pc.cast(column, target, safe=False)
         return pc.cast(column, target)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise NotVectorisable(f"a value cannot be converted to {type_name} ({exc})") from None
+        raise NotVectorisable(f"a value cannot be converted to {type_name} ({_shown(exc)})") from None
 
 
 def meta_columns(net: pa.Table) -> dict[str, pa.ChunkedArray]:

@@ -142,7 +142,9 @@ class IngestPipeline(BatchPipeline):
     def _prepared(self, batch: DataFrame) -> BatchChanges:
         # Exactly one action on the batch: a second one would run the stateful plan again.
         if self.reduces_where_read:
-            return batch_changes(batch.toArrow())
+            found = batch_changes(batch.toArrow())
+            self._count_ranges(found)
+            return found
         net = batch if self.pipeline.materialized else net_changes(batch)
         found = batch_changes(net.mapInArrow(NetPayload(self.pipeline.primary_key), PAYLOAD_SPARK_SCHEMA).toArrow())
         self.event_times.flush()
@@ -173,6 +175,14 @@ class IngestPipeline(BatchPipeline):
         )
         self.maintenance.after_batch()  # between this table's MERGEs: its commits never collide with them
         release_memory()
+
+    def _count_ranges(self, found: BatchChanges) -> None:
+        name = self.pipeline.name
+        metrics.RANGES.labels(name, "vectorised").inc(found.vectorised)
+        metrics.RANGES.labels(name, "record_by_record").inc(len(found.fallbacks))
+        if found.fallbacks:
+            log.info("pipeline %s: %d Kafka range(s) decoded record by record, e.g. %s", name,
+                     len(found.fallbacks), found.fallbacks[0])
 
     def _count_materializer(self, counters: dict[str, int]) -> None:
         if not self.pipeline.materialized or not counters:

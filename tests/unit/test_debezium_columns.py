@@ -17,6 +17,7 @@ import pyarrow as pa
 import pytest
 
 from connectors.kafka.range_reader import SOURCE_SCHEMA
+from service.kafka_to_delta.batch_changes import batch_changes
 from service.kafka_to_delta.decode_stage import batch_decoder
 from service.kafka_to_delta.partition_changes import PAYLOAD_SCHEMA, PartitionReducer, TypeEvidence, payload_table
 from service.settings import PipelineSettings
@@ -223,3 +224,28 @@ def test_only_envelope_settings_take_the_vectorised_way() -> None:
     passthrough = PipelineSettings(name="p", topics=["t"], table="t", primary_key=["id"],
                                    from_changelog={"preset": "debezium", "passthrough": ["source.lsn"]})
     assert PartitionReducer(batch_decoder(passthrough), ("id",)).plan is None
+
+
+def test_a_range_decoded_record_by_record_says_why_without_quoting_values() -> None:
+    pipeline = PipelineSettings(name="p", topics=["t"], table="t", primary_key=["id"])
+    schema = _schema("int64")
+    row = {name: None for name in _COLUMNS} | {"id": 1}
+    secret = 987654321987654321987  # beyond int64: pyarrow refuses it, quoting it in its message
+    values = [
+        json.dumps({"schema": schema, "payload": {"before": None, "after": document, "op": "c"}},
+                   separators=(",", ":")).encode()
+        for document in (row, {**row, "at": secret})
+    ]
+    batches = _batches([(b'{"id":1}', value) for value in values], random.Random(0))
+    (changes, *_), = [_payloads(PartitionReducer(batch_decoder(pipeline), ("id",)), batches)]
+    _, _, info = changes
+    assert info["vectorised"] is False
+    assert info["fallback"].startswith("pyarrow.json refused the values (ArrowInvalid")
+    assert str(secret) not in info["fallback"] and "987654" not in info["fallback"]
+    merged = batch_changes(pa.Table.from_batches(
+        list(PartitionReducer(batch_decoder(pipeline), ("id",))(lambda: iter(batches))), schema=PAYLOAD_SCHEMA))
+    assert merged.fallbacks == [info["fallback"]] and merged.vectorised == 0
+    clean = _batches([(b'{"id":1}', values[0])], random.Random(0))
+    merged = batch_changes(pa.Table.from_batches(
+        list(PartitionReducer(batch_decoder(pipeline), ("id",))(lambda: iter(clean))), schema=PAYLOAD_SCHEMA))
+    assert merged.fallbacks == [] and merged.vectorised == 1 and merged.changes.num_rows == 1
