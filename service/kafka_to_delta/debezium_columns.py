@@ -13,12 +13,13 @@ whole range record by record, which then decides errors, policies and dead lette
 vouch for: settings other than envelopes with an op field and plain op groupings; a tombstone
 wrapper, an unknown or missing op code (truncates and messages included), an image missing or
 without its primary key, a delete without its before image; Debezium's unavailable-value
-placeholder; two schema blocks in one range; declared types other than integers, floats,
-booleans, text, dates and integer-coded millisecond/microsecond timestamps; a declared integer
-out of its type's range; a row column no schema declares next to declared ones; nested or
-timestamp-looking inferred columns; integers of 19 digits or more where a column is inferred as
-float; key values other than integers, booleans and plain printable ASCII text; values with raw
-line breaks; anything `pyarrow.json` refuses (invalid JSON, duplicate names, mixed types).
+placeholder; a payload with more than `MAX_NESTING` brackets; two schema blocks in one range;
+declared types other than integers, floats, booleans, text, dates and integer-coded
+millisecond/microsecond timestamps; a declared integer out of its type's range; a row column no
+schema declares next to declared ones; nested or timestamp-looking inferred columns; integers of
+19 digits or more where a column is inferred as float; key values other than integers, booleans
+and plain printable ASCII text; values with raw line breaks; anything `pyarrow.json` refuses
+(invalid JSON, duplicate names, mixed types).
 
 One difference, decided: a schema-less column whose surviving values were all written as
 integers, in a range where other records wrote it with a fraction, is float64 here (Arrow parses
@@ -42,7 +43,7 @@ from service.changes import ChangeKind
 from service.errors import DecodeError
 from service.kafka_to_delta.changelog_batch import ChangelogBatchDecoder
 from service.kafka_to_delta.connect_wrapper import DOCUMENT_END, WRAPPER_HEAD
-from service.kafka_to_delta.debezium_json import UNAVAILABLE_VALUE, JsonDocuments
+from service.kafka_to_delta.debezium_json import MAX_NESTING, UNAVAILABLE_VALUE, JsonDocuments
 from service.kafka_to_delta.op_mapping import Grouping, parse_op_mapping
 from service.kafka_to_delta.row_fit import INT_RANGES
 
@@ -151,7 +152,7 @@ class RangeColumns:
         self.changes += rows.num_rows
         if self.net is not None:
             try:
-                rows = pa.concat_tables([self.net, rows], promote_options="permissive")
+                rows = pa.concat_tables([self.net, rows], promote_options="default")
             except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
                 raise NotVectorisable(f"batches of the range typed a column differently ({_shown(exc)})") from None
         self.net = _last_per_key(rows)
@@ -208,6 +209,9 @@ class RangeColumns:
     def _parse(self, payloads: pa.Array) -> pa.Table:
         if not pc.all(pc.and_(pc.starts_with(payloads, pattern="{"), pc.ends_with(payloads, pattern="}"))).as_py():
             raise NotVectorisable("a payload is not one JSON object")
+        brackets = pc.add(pc.count_substring(payloads, "{"), pc.count_substring(payloads, "["))
+        if pc.max(brackets).as_py() > MAX_NESTING:  # as `debezium_json.loads` screens them
+            raise NotVectorisable(f"a value may nest deeper than {MAX_NESTING} levels")
         buffer = _lines(payloads)
         if buffer.count(b"\n") != len(payloads) or b"\r" in buffer:
             raise NotVectorisable("a value holds a raw line break")

@@ -114,7 +114,7 @@ class _Range:
         """A record only the record-by-record way decides."""
         rng = self.rng
         after = dict(document["after"])
-        kind = rng.randrange(12)
+        kind = rng.randrange(13)
         if kind == 0:
             return b'{"op":"c","after":{"id":1'  # not JSON
         if kind == 1:
@@ -137,6 +137,11 @@ class _Range:
             return self._value({**document, "after": {**after, "name": {"nested": 1}}})
         if kind == 10:
             return self._value({**document, "after": {**after, "name": 17}})
+        if kind == 11:
+            deep: object = 1
+            for _ in range(250):
+                deep = [deep]
+            return self._value({**document, "after": {**after, "name": deep}})
         return self._value({**document, "op": "d", "before": None})  # a delete without its image
 
 
