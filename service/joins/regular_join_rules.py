@@ -41,10 +41,10 @@ from service.joins.regular_join_output import OutputRows, expire_output, materia
 from service.kafka_to_delta.changelog_batch import Column
 from service.kafka_to_delta.debezium_json import canonical_key, compact_json
 from service.kafka_to_delta.fill_unchanged import fill_unchanged
+from service.kafka_to_delta.last_change import last_rows
 from service.kafka_to_delta.materializer import Counters, MaterializerConfig
 from service.kafka_to_delta.materializer_state import decode_state, encode_state
 from service.kafka_to_delta.partition_changes import _with_filled_images as with_filled_images
-from service.kafka_to_delta.partition_changes import last_rows
 
 SIDE_SCHEMA = pa.schema([
     ("pk", pa.string()), ("jk", pa.string()), ("row", pa.string()), ("types", pa.string()),

@@ -20,12 +20,12 @@ import pyarrow.compute as pc
 
 from connectors.delta.arrow_types import arrow_type, typed_column
 from service.kafka_to_delta.changelog_batch import CHANGELOG_SCHEMA
+from service.kafka_to_delta.last_change import last_rows
 from service.kafka_to_delta.partition_changes import (
     FAILED_COLUMNS,
     Meta,
     Part,
     TypeEvidence,
-    last_rows,
     payload_table,
 )
 

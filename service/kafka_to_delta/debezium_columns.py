@@ -44,6 +44,7 @@ from service.errors import DecodeError
 from service.kafka_to_delta.changelog_batch import ChangelogBatchDecoder
 from service.kafka_to_delta.connect_wrapper import DOCUMENT_END, WRAPPER_HEAD
 from service.kafka_to_delta.debezium_json import MAX_NESTING, UNAVAILABLE_VALUE, JsonDocuments
+from service.kafka_to_delta.last_change import last_rows
 from service.kafka_to_delta.op_mapping import Grouping, parse_op_mapping
 from service.kafka_to_delta.row_fit import INT_RANGES
 
@@ -155,7 +156,7 @@ class RangeColumns:
                 rows = pa.concat_tables([self.net, rows], promote_options="default")
             except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
                 raise NotVectorisable(f"batches of the range typed a column differently ({_shown(exc)})") from None
-        self.net = _last_per_key(rows)
+        self.net = last_rows(rows, _KEY)
 
     def _payloads(self, values: list[bytes | None]) -> tuple[pa.Array, pa.Array, pa.Array]:
         """(record index, payload, declared?) of each record with a value (tombstones, which
@@ -376,18 +377,9 @@ def _lines(payloads: pa.Array) -> bytes:
     return joined.buffers()[2][int(offsets[0]):int(offsets[-1])].to_pybytes()
 
 
-def _last_per_key(rows: pa.Table) -> pa.Table:
-    if rows.num_rows == 0:
-        return rows
-    index = pa.array(np.arange(rows.num_rows, dtype=np.int64))
-    grouped = pa.table({"k": rows.column(_KEY), "i": index}).group_by("k", use_threads=False).aggregate([("i", "max")])
-    last = grouped.column("i_max")
-    return rows.take(pc.take(last, pc.sort_indices(last)))
-
-
 def typed_net(net: pa.Table, types: dict[str, str], primary_key: tuple[str, ...]) -> pa.Table:
     """The net rows as `typed_changes` lays them out: the typed columns of `types` (a delete
-    keeps its primary key only), then the `partition_changes.Meta` columns (`meta_names`)."""
+    keeps its primary key only); the caller appends the source columns (`meta_columns`)."""
     retract = net.column(_RETRACT)
     arrays, fields = [], []
     for name, type_name in types.items():

@@ -29,13 +29,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors.kafka.range_reader import ValueChunk
 from connectors.delta.arrow_types import inferred_kinds, merge_types, rows_to_table, types_from_kinds
+from connectors.kafka.range_reader import ValueChunk
 from service.changes import ChangeKind
 from service.kafka_to_delta.changelog_batch import ChangelogBatchDecoder, Column
 from service.kafka_to_delta.debezium_columns import NotVectorisable, decode_range, meta_columns, typed_net, vector_plan
 from service.kafka_to_delta.debezium_json import JsonDocuments, compact_json, loads
 from service.kafka_to_delta.fill_unchanged import fill_unchanged, filled_net
+from service.kafka_to_delta.last_change import last_rows
 from service.kafka_to_delta.payload_schema import PAYLOAD_SPARK_SCHEMA
 
 TRUNCATE = "TRUNCATE"
@@ -98,18 +99,6 @@ class TypeEvidence:
     @classmethod
     def from_json(cls, data: dict) -> "TypeEvidence":
         return cls(dict(data["declared"]), {c: set(k) for c, k in data["seen"].items()})
-
-
-def last_rows(table: pa.Table, key: str) -> pa.Table:
-    """The last row of each `key` value (rows in source order), kept in source order."""
-    if table.num_rows == 0:
-        return table
-    index = pa.array(np.arange(table.num_rows, dtype=np.int64))
-    grouped = pa.table({"k": table.column(key), "i": index}).group_by("k", use_threads=False).aggregate(
-        [("i", "max")]
-    )
-    last = grouped.column("i_max")
-    return table.take(pc.take(last, pc.sort_indices(last)))
 
 
 def _with_filled_images(last: pa.Table, changes: pa.Table) -> pa.Table:
