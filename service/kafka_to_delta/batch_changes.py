@@ -45,9 +45,11 @@ class BatchChanges:
     counters: dict[str, int]
     """Materializer counters (conflicts, rollbacks, ...), summed; empty without a materializer."""
     fallbacks: list[str]
-    """Why each range of the plain path that was decoded record by record was (one reason each)."""
+    """Why each range that the vectorised decode gave back was decoded record by record."""
     vectorised: int = 0
     """Ranges of the plain path decoded in Arrow (`debezium_columns`)."""
+    record_by_record: int = 0
+    """Ranges of the plain path decoded record by record (settings it does not take, or given back)."""
 
 
 def _conformed(table: pa.Table, types: dict[str, str]) -> pa.Table:
@@ -99,14 +101,15 @@ def batch_changes(payloads: pa.Table) -> BatchChanges:
     counters: dict[str, int] = {}
     truncates: list[tuple[str, int, int]] = []
     fallbacks: list[str] = []
-    vectorised = 0
+    vectorised = record_by_record = 0
     for part, payload in zip(payloads.column("part").to_pylist(), payloads.column("payload").to_pylist()):
         table, info = payload_table(payload)
         if part == Part.FAILED:
             failed.append(table)
             continue
         count += info.get("changes", 0)
-        vectorised += bool(info.get("vectorised"))
+        vectorised += info.get("vectorised") is True
+        record_by_record += info.get("vectorised") is False  # absent after a stateful stage
         if "fallback" in info:
             fallbacks.append(info["fallback"])
         truncated = truncated or info.get("truncated", False)
@@ -132,4 +135,5 @@ def batch_changes(payloads: pa.Table) -> BatchChanges:
         counters=counters,
         fallbacks=fallbacks,
         vectorised=vectorised,
+        record_by_record=record_by_record,
     )

@@ -179,7 +179,7 @@ class IngestPipeline(BatchPipeline):
     def _count_ranges(self, found: BatchChanges) -> None:
         name = self.pipeline.name
         metrics.RANGES.labels(name, "vectorised").inc(found.vectorised)
-        metrics.RANGES.labels(name, "record_by_record").inc(len(found.fallbacks))
+        metrics.RANGES.labels(name, "record_by_record").inc(found.record_by_record)
         if found.fallbacks:
             log.info("pipeline %s: %d Kafka range(s) decoded record by record, e.g. %s", name,
                      len(found.fallbacks), found.fallbacks[0])

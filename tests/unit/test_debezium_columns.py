@@ -249,8 +249,13 @@ def test_a_range_decoded_record_by_record_says_why_without_quoting_values() -> N
     assert str(secret) not in info["fallback"] and "987654" not in info["fallback"]
     merged = batch_changes(pa.Table.from_batches(
         list(PartitionReducer(batch_decoder(pipeline), ("id",))(lambda: iter(batches))), schema=PAYLOAD_SCHEMA))
-    assert merged.fallbacks == [info["fallback"]] and merged.vectorised == 0
+    assert merged.fallbacks == [info["fallback"]] and (merged.vectorised, merged.record_by_record) == (0, 1)
     clean = _batches([(b'{"id":1}', values[0])], random.Random(0))
     merged = batch_changes(pa.Table.from_batches(
         list(PartitionReducer(batch_decoder(pipeline), ("id",))(lambda: iter(clean))), schema=PAYLOAD_SCHEMA))
-    assert merged.fallbacks == [] and merged.vectorised == 1 and merged.changes.num_rows == 1
+    assert merged.fallbacks == [] and (merged.vectorised, merged.record_by_record) == (1, 0)
+    assert merged.changes.num_rows == 1
+    flat = PipelineSettings(name="p", topics=["t"], table="t", primary_key=["id"], from_changelog={"preset": "flat"})
+    merged = batch_changes(pa.Table.from_batches(  # settings the vectorised decode does not take
+        list(PartitionReducer(batch_decoder(flat), ("id",))(lambda: iter(clean))), schema=PAYLOAD_SCHEMA))
+    assert merged.fallbacks == [] and (merged.vectorised, merged.record_by_record) == (0, 1)
