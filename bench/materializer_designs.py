@@ -50,7 +50,7 @@ from service.kafka_to_delta.materializer import Materializer, MaterializerConfig
 from service.kafka_to_delta.materializer_buckets import BUCKET, GROUP_COLUMN, bucketed
 from service.kafka_to_delta.materializer_bulk import GROUP, NET_NAMES, compact_many, decode_bucket, encode_bucket
 from service.kafka_to_delta.materializer_stage import StageConfig, _grouped, materialize
-from service.kafka_to_delta.net_changes import NET_SCHEMA, net_changes
+from service.kafka_to_delta.net_changes import NET_ARROW_SCHEMA, NET_SCHEMA, net_changes, unpack_net
 from service.settings import SparkSettings
 from service.spark import build_spark
 
@@ -215,7 +215,8 @@ def run_design(spark: SparkSession, name: str, inputs: Path, work: Path) -> dict
         out, state_dir = DESIGNS[name](stream, work), work / "ck" / "state"
 
         def sink(df: DataFrame, _batch_id: int) -> None:
-            _apply(table, df.select("key", "kind", "row").toArrow().to_pylist())
+            net = pa.Table.from_batches(list(unpack_net(df.toArrow().to_batches())), NET_ARROW_SCHEMA)
+            _apply(table, net.select(["key", "kind", "row"]).to_pylist())
     started = time.monotonic()
     query = (out.writeStream.outputMode("update").foreachBatch(sink).option("checkpointLocation", str(work / "ck"))
              .trigger(availableNow=True).start())

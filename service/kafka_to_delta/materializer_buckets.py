@@ -21,6 +21,8 @@ Initial state (`rebuild-state`): on the first micro-batch of a fresh checkpoint,
 `SEED_SCHEMA` (a primary key, its rules' state text, the event time it counts as touched at) are
 merged into their buckets' documents before that batch's changes are applied.
 
+A call's net rows leave as one Arrow IPC value (`net_changes.PACKED_NET_SPARK_SCHEMA`).
+
 The cost per micro-batch is one call per touched bucket plus rewriting those buckets' state, so
 the number of buckets trades per-call overhead against rewrite volume (docs/design/materializer-state.md).
 """
@@ -41,7 +43,6 @@ from service.kafka_to_delta.materializer import Materializer
 from service.kafka_to_delta.materializer_bulk import (
     EVENT_TIME,
     GROUP,
-    NET_NAMES,
     StageConfig,
     arrival,
     compact_many,
@@ -51,6 +52,7 @@ from service.kafka_to_delta.materializer_bulk import (
     is_failed,
     next_expiry,
 )
+from service.kafka_to_delta.net_changes import PACKED_COLUMN, pack_net
 
 BUCKET = "bucket"
 GROUP_COLUMN = "group_key"  # pandas frames rename columns that start with "_"
@@ -131,7 +133,7 @@ class BucketProcessor(StatefulProcessor):
             if moment is not None:
                 self.handle.registerTimer(int(moment))
         if out:
-            yield pd.DataFrame(out, columns=list(NET_NAMES))
+            yield pd.DataFrame({PACKED_COLUMN: [pack_net(out)]})
 
     def _due(self, arrived: list[dict], watermark: int) -> tuple[list[dict], int | None]:
         """The waiting and arrived changes the watermark reached (failed rows at once); the rest wait,

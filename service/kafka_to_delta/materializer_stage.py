@@ -50,7 +50,7 @@ from service.kafka_to_delta.materializer_bulk import (
     passthrough,
 )
 from service.kafka_to_delta.materializer_buckets import BUCKET, BucketProcessor, bucketed, bucketed_seed
-from service.kafka_to_delta.net_changes import NET_SCHEMA
+from service.kafka_to_delta.net_changes import NET_SCHEMA, PACKED_NET_SPARK_SCHEMA
 
 __all__ = ["MaterializerProcessor", "StageConfig", "materialize", "time_mode", "waiting_item"]
 
@@ -181,8 +181,9 @@ def materialize(
     changelog: DataFrame, config: StageConfig, watermark_delay_seconds: float = 0.0, declare_watermark: bool = True,
     initial_state: DataFrame | None = None,
 ) -> DataFrame:
-    """Net changes per primary key (NET_SCHEMA) through the keyed-state materializer: state per key
-    bucket (`materializer_buckets`, the default) or, with `key_buckets` 0, per key (`MaterializerProcessor`).
+    """Net changes per primary key through the keyed-state materializer: state per key bucket
+    (`materializer_buckets`, the default; its rows are packed, `PACKED_NET_SPARK_SCHEMA`, read them
+    with `net_changes.unpack_net`) or, with `key_buckets` 0, per key (`MaterializerProcessor`, NET_SCHEMA).
 
     `initial_state` (`materializer_buckets.SEED_SCHEMA`, bucket stage only): the state the first
     micro-batch of a fresh checkpoint starts from (`service.state_rebuild`).
@@ -206,7 +207,7 @@ def materialize(
     if config.key_buckets:
         seeded = None if initial_state is None else bucketed_seed(initial_state, config.key_buckets).groupBy(BUCKET)
         return bucketed(carried, config.key_buckets).groupBy(BUCKET).transformWithStateInPandas(
-            BucketProcessor(config), NET_SCHEMA, "Update", mode, initialState=seeded
+            BucketProcessor(config), PACKED_NET_SPARK_SCHEMA, "Update", mode, initialState=seeded
         )
     if initial_state is not None:
         raise ValueError("an initial state needs the bucket stage (key_buckets > 0)")

@@ -37,6 +37,7 @@ from service.kafka_to_delta.debezium_columns import NotVectorisable, decode_rang
 from service.kafka_to_delta.debezium_json import JsonDocuments, compact_json, loads
 from service.kafka_to_delta.fill_unchanged import fill_unchanged, filled_net
 from service.kafka_to_delta.last_change import last_rows
+from service.kafka_to_delta.net_changes import unpack_net
 from service.kafka_to_delta.payload_schema import PAYLOAD_SPARK_SCHEMA
 
 TRUNCATE = "TRUNCATE"
@@ -226,7 +227,7 @@ class NetPayload:
         self.primary_key = primary_key
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        received = list(batches)
+        received = list(unpack_net(batches))
         net = pa.Table.from_batches(received) if received else None
         if net is None or net.num_rows == 0:
             return

@@ -23,7 +23,7 @@ from service.kafka_to_delta.materializer_stage import (
     time_mode,
     waiting_item,
 )
-from service.kafka_to_delta.net_changes import NET_SCHEMA, error_group_key
+from service.kafka_to_delta.net_changes import NET_ARROW_SCHEMA, NET_SCHEMA, error_group_key, unpack_net
 
 A1 = {"id": 1, "level": 10, "attr": "a1"}
 B1 = {"id": 1, "level": 20, "attr": "b1"}
@@ -141,7 +141,7 @@ def _run(spark, workdir: Path, batches, config: StageConfig, delay_s: float = 0.
     table: dict[str, dict] = {}
 
     def apply(df, _batch_id):
-        for row in df.toArrow().to_pylist():
+        for row in pa.Table.from_batches(list(unpack_net(df.toArrow().to_batches())), NET_ARROW_SCHEMA).to_pylist():
             if row["kind"] == "-D":
                 table.pop(row["key"], None)
             elif row["kind"] == "+U":

@@ -9,6 +9,7 @@ import json
 
 import orjson
 import pandas as pd
+import pyarrow as pa
 from pyspark.sql.streaming.tws_tester import TwsTester
 
 from service.kafka_to_delta.decode_stage import CHANGELOG_SCHEMA
@@ -16,7 +17,7 @@ from service.kafka_to_delta.materializer import MaterializerConfig
 from service.kafka_to_delta.materializer_buckets import GROUP_COLUMN, BucketProcessor
 from service.kafka_to_delta.materializer_bulk import StageConfig, decode_bucket
 from service.kafka_to_delta.materializer_stage import time_mode
-from service.kafka_to_delta.net_changes import NET_SCHEMA, error_group_key
+from service.kafka_to_delta.net_changes import NET_ARROW_SCHEMA, NET_SCHEMA, error_group_key, unpack_net
 
 BUCKET = 7
 NEVER_LATE = 2**62  # the stage does not drop late rows; TwsTester would, unless told they are never late
@@ -46,8 +47,13 @@ def _tester(strategy: str = "error", compaction: str = "batch", ttl_ms: int = 0)
 
 
 def _call(tester: TwsTester, changes: list[dict]) -> dict[str, dict]:
-    out = tester.testInPandas(BUCKET, pd.DataFrame(changes))
-    return {row["key"]: row for row in out.to_dict("records")}
+    return {row["key"]: row for row in _unpacked(tester.testInPandas(BUCKET, pd.DataFrame(changes)))}
+
+
+def _unpacked(out: pd.DataFrame) -> list[dict]:
+    """The net rows of the processor's output (packed: one Arrow IPC value per call)."""
+    packed = [pa.RecordBatch.from_pandas(out, preserve_index=False)] if len(out) else []
+    return pa.Table.from_batches(list(unpack_net(packed)), schema=NET_ARROW_SCHEMA).to_pylist()
 
 
 def _keys(tester: TwsTester) -> dict:
@@ -92,10 +98,10 @@ def test_watermark_compaction_waits_in_the_bucket_until_the_watermark_reaches_ea
                           change("+I", {"id": 2, "v": 2}, 1, event_time=9_000)]) == {}
     assert len(tester.peekListState("waiting", BUCKET)) == 2
     out = tester.setWatermark(5_000)
-    assert [(r["key"], r["kind"]) for r in out.to_dict("records")] == [("[1]", "+U")]
+    assert [(r["key"], r["kind"]) for r in _unpacked(out)] == [("[1]", "+U")]
     assert len(tester.peekListState("waiting", BUCKET)) == 1
     out = tester.setWatermark(9_000)
-    assert [(r["key"], r["kind"]) for r in out.to_dict("records")] == [("[2]", "+U")]
+    assert [(r["key"], r["kind"]) for r in _unpacked(out)] == [("[2]", "+U")]
     assert tester.peekListState("waiting", BUCKET) == []
 
 
