@@ -2,10 +2,12 @@
 
 import os
 
-# delta-rs carries its own jemalloc, which keeps freed pages for 10 s by default, out of reach of
-# `malloc_trim`: after a MERGE the driver stayed ~50 MiB above its working set through the next
-# micro-batch. Handing freed pages back at once: driver 285-306 -> 232-241 MiB during the 300,000-event
-# benchmark's second batch, peak RSS of the process tree 1,510-1,583 -> 1,496-1,510 MiB (four runs
-# each); the cost is page faults when the next MERGE grows again, 0.11-0.14 -> 0.16-0.20 s for a MERGE
-# of 100,000 keys. This must be set before deltalake is loaded; an operator's own setting wins.
-os.environ.setdefault("_RJEM_MALLOC_CONF", "dirty_decay_ms:0,muzzy_decay_ms:0")
+# delta-rs carries its own jemalloc, which keeps freed pages for 10 s by default (out of reach of
+# `malloc_trim`) and then only marks them reclaimable (still resident): after a MERGE the driver stayed
+# ~50 MiB above its working set through the next micro-batch. Freed pages now go back within about a
+# second: driver 285-306 MiB during the 300,000-event benchmark's second batch -> 287 falling to 241 in
+# 0.6 s; peak RSS of the process tree 1,510-1,583 -> 1,504-1,520 MiB (four and two runs). Giving them
+# back at once (decay 0) cost more than it saved: the next MERGE faulted its pages in again, 0.12 ->
+# 0.28 s per batch of 100,000 on a table of 200,000 keys; with one second that is 0.12 -> 0.14 s.
+# This must be set before deltalake is loaded; an operator's own setting wins.
+os.environ.setdefault("_RJEM_MALLOC_CONF", "dirty_decay_ms:1000,muzzy_decay_ms:0")
