@@ -24,6 +24,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import ArrayType, BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
 from service.changes import ChangeKind
+from service.kafka_to_delta.arrow_ipc import ipc_bytes
 
 CHANGES_COLUMN = "changes"
 _ERROR_KEY_PREFIX = "\u0000error:"
@@ -73,11 +74,7 @@ converted from pandas (the stage's output cost fell by about a tenth of a batch)
 
 def pack_net(rows: list[dict]) -> bytes:
     """`NET_SCHEMA` rows (dicts) as one Arrow IPC stream."""
-    table = pa.Table.from_pylist(rows, schema=NET_ARROW_SCHEMA)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, NET_ARROW_SCHEMA) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+    return ipc_bytes(pa.Table.from_pylist(rows, schema=NET_ARROW_SCHEMA))
 
 
 def unpack_net(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 from connectors.delta.arrow_types import inferred_kinds, merge_types, rows_to_table, types_from_kinds
 from connectors.kafka.range_reader import ValueChunk
 from service.changes import ChangeKind
+from service.kafka_to_delta.arrow_ipc import ipc_bytes
 from service.kafka_to_delta.changelog_batch import ChangelogBatchDecoder, Column
 from service.kafka_to_delta.debezium_columns import NotVectorisable, decode_range, meta_columns, typed_net, vector_plan
 from service.kafka_to_delta.debezium_json import JsonDocuments, compact_json, loads
@@ -189,13 +190,6 @@ def typed_changes(net: pa.Table, primary_key: tuple[str, ...]) -> tuple[pa.Table
     return typed, evidence
 
 
-def _ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
 def payload_table(payload: bytes) -> tuple[pa.Table, dict]:
     """A payload's table and the metadata its range attached."""
     table = pa.ipc.open_stream(payload).read_all()
@@ -207,10 +201,10 @@ def _payload(typed: pa.Table | None, failed: list[pa.Table], info: dict) -> pa.R
     """One range's (or one Spark partition's) payload rows."""
     parts, payloads = [Part.CHANGES], []
     changes = typed if typed is not None else pa.table({})
-    payloads.append(_ipc(changes.replace_schema_metadata({_META_KEY: json.dumps(info).encode()})))
+    payloads.append(ipc_bytes(changes.replace_schema_metadata({_META_KEY: json.dumps(info).encode()})))
     if failed:
         parts.append(Part.FAILED)
-        payloads.append(_ipc(pa.concat_tables(failed)))
+        payloads.append(ipc_bytes(pa.concat_tables(failed)))
     return pa.RecordBatch.from_arrays([pa.array(parts, pa.string()), pa.array(payloads, pa.binary())],
                                       schema=PAYLOAD_SCHEMA)
 
