@@ -16,7 +16,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from connectors.kafka.range_reader import SOURCE_SCHEMA
 from service.kafka_to_delta.batch_changes import batch_changes
 from service.kafka_to_delta.decode_stage import batch_decoder
-from service.kafka_to_delta.net_changes import NET_SCHEMA
+from service.kafka_to_delta.net_changes import NET_SCHEMA, PACKED_COLUMN, pack_net, unpack_net
 from service.kafka_to_delta.partition_changes import PAYLOAD_SCHEMA, Meta, NetPayload, PartitionReducer
 from service.settings import PipelineSettings
 from service.workload import DebeziumWorkload
@@ -156,7 +156,22 @@ def _net_rows(rows: list[dict]) -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist([{**base, **row} for row in rows], schema=schema)
 
 
-def test_net_rows_of_a_stateful_stage_become_typed_payloads_and_truncates_apply_across_spark_partitions():
+def _packed(batches: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
+    """The bucket materializer's form of the same rows: one Arrow IPC value per call."""
+    return [pa.RecordBatch.from_pydict({PACKED_COLUMN: [pack_net(b.to_pylist())]}) for b in batches]
+
+
+def test_packed_net_rows_come_back_unchanged():
+    rows = [{"key": "[1]", "kind": "+U", "row": '{"id":1}', "topic": "t", "partition": 2, "offset": 7,
+             "headers": [{"key": "h", "value": b"\x00\xff"}], "raw_value": b"\x01",
+             "earlier_images": [{"row": '{"id":1,"v":"a"}', "unchanged": None}], "conflicts": 3},
+            {"key": None, "error": "bad", "handling": "SKIP", "stage": "decode", "offset": 8}]
+    unpacked = list(unpack_net(_packed([_net_rows(rows)])))
+    assert pa.Table.from_batches(unpacked).to_pylist() == _net_rows(rows).to_pylist()
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["rows", "packed"])
+def test_net_rows_of_a_stateful_stage_become_typed_payloads_and_truncates_apply_across_spark_partitions(packed):
     where = {"topic": "t", "partition": 0}
     first = [_net_rows([
         {**where, "offset": 3, "key": "[1]", "kind": "+U", "row": '{"id":1,"v":"old"}', "conflicts": 2},
@@ -164,6 +179,8 @@ def test_net_rows_of_a_stateful_stage_become_typed_payloads_and_truncates_apply_
         {**where, "offset": 4, "error": "bad", "handling": "SKIP", "stage": "decode", "raw_value": b"x"},
     ])]
     second = [_net_rows([{**where, "offset": 5, "key": None, "kind": "TRUNCATE", "rollbacks": 1}])]
+    if packed:
+        first, second = _packed(first), _packed(second)
     payloads = [pa.Table.from_batches(list(NetPayload(("id",))(iter(part)))) for part in (first, second)]
     found = batch_changes(pa.concat_tables(payloads))
     assert _net(found.changes)[0] == {2: {"id": 2, "v": "new"}}
