@@ -22,11 +22,14 @@ _LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 # 383 MiB), and compiles with C1 only (the JVM's CPU for that run 12.8 s -> 7.9 s, wall 18.0 -> 16.8 s).
 # Stateful stages (materializer, joins: rows through shuffles and the state store) keep C2, as C1
 # code made a steady batch of 10,000 ~10 % slower there (1.65 -> 1.87 s), and get a fixed young
-# generation of 256 MiB: they allocate far more per record, and the small heap collected every few
-# hundred milliseconds (the collector's thread ~0.14 s of CPU per batch). That made a steady
-# materializer batch of 10,000 about 7 % faster (1.44 -> 1.33 s, two A/B pairs in-process).
+# generation: they allocate far more per record, and the small heap's young generation (~21 MiB)
+# was collected every few hundred milliseconds (the collector's thread ~0.14 s of CPU per batch).
+# A steady materializer batch of 10,000, in-process: 1.43 s before, 1.34-1.35 s with a young
+# generation of 64, 128 or 256 MiB alike (one run each; 1.44 -> 1.33 s in two earlier A/B pairs with
+# 256 MiB), so the smallest; the JVM's RSS at the tree's peak ranged 650-980 MiB over these runs
+# without a pattern the runs could separate from noise.
 _LIGHT_JVM_OPTIONS = "-XX:+UseSerialGC -Xms64m -XX:MinHeapFreeRatio=5 -XX:MaxHeapFreeRatio=20 -XX:TieredStopAtLevel=1"
-_STATEFUL_JVM_OPTIONS = "-XX:+UseSerialGC -Xms384m -Xmn256m"
+_STATEFUL_JVM_OPTIONS = "-XX:+UseSerialGC -Xmn64m -XX:MinHeapFreeRatio=5 -XX:MaxHeapFreeRatio=20"
 
 
 def _default_shuffle_partitions() -> int:
