@@ -23,7 +23,7 @@ from service.errors import DecodeError, SourceCoordinates
 from service.kafka_to_delta.debezium_json import ConnectLayout, DocumentDecoder, JsonDocuments, compact_json, json_key
 from service.kafka_to_delta.from_changelog import ChangelogRow, FromChangelog, KeyDecoder, Marker, RecordRejected
 from service.kafka_to_delta.from_changelog_settings import FromChangelogSettings
-from service.kafka_to_delta.row_fit import TypedRows
+from service.kafka_to_delta.row_fit import BARE_MISFIT, TypedRows
 
 ERROR_KEY_MAX_CHARS = 200
 _KIND_TEXT = {kind: kind.value for kinds in (ChangeKind, Marker) for kind in kinds}
@@ -137,9 +137,10 @@ def _error_row(reason: str, handling: str, stage: str) -> tuple:
 class _Output:
     """Output rows (computed columns) and, per row, the input record they came from."""
 
-    def __init__(self, decode_handling: str, keep_raw: bool = False) -> None:
+    def __init__(self, decode_handling: str, keep_raw: bool = False, range_types: dict[str, str] | None = None) -> None:
         self.decode_handling = decode_handling
         self.keep_raw = keep_raw  # every row keeps its record's bytes (late rows may be dead-lettered)
+        self.range_types = range_types  # what records without column types are checked against
         self.rows: list[tuple] = []
         self.source: list[int] = []
         self.error_source: list[int | None] = []
@@ -166,6 +167,8 @@ class _Output:
         self.error_source.extend([None] * len(out))
         if types is not None:
             self.typed.add(index, [row.row for row in rows if row.row is not None], types)
+        elif self.range_types is not None:
+            self.typed.add(index, [row.row for row in rows if row.row is not None], self.range_types, BARE_MISFIT)
 
     def reject_misfits(self) -> None:
         """Turn the rows of each record whose values do not fit its column types into one error row."""
@@ -225,10 +228,13 @@ class ChangelogBatchDecoder:
         self.stage = FromChangelog(settings, primary_key, upsert_key, key_decoder)
         self.decode_value = value_decoder or JsonDocuments(connect_layout(settings))
 
-    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        """Convert one batch in `RAW_SCHEMA` to one in `CHANGELOG_SCHEMA`, in source order."""
+    def __call__(self, batch: pa.RecordBatch, range_types: dict[str, str] | None = None) -> pa.RecordBatch:
+        """Convert one batch in `RAW_SCHEMA` to one in `CHANGELOG_SCHEMA`, in source order.
+
+        `range_types`: column types that records declaring none must fit as well (the types other
+        records of their Kafka range declare); a record that does not is rejected like any misfit."""
         keep_raw = self.settings.order_by is not None and self.settings.late_handling == "dead_letter"
-        out = _Output(self.settings.decode_error_handling, keep_raw)
+        out = _Output(self.settings.decode_error_handling, keep_raw, range_types)
         keys = batch.column(KafkaColumn.KEY).to_pylist()
         values = batch.column(KafkaColumn.VALUE).to_pylist()
         for index, (key, value) in enumerate(zip(keys, values)):

@@ -40,6 +40,7 @@ from service.kafka_to_delta.fill_unchanged import fill_unchanged, filled_net
 from service.kafka_to_delta.last_change import last_rows
 from service.kafka_to_delta.net_changes import unpack_net
 from service.kafka_to_delta.payload_schema import PAYLOAD_SPARK_SCHEMA
+from service.kafka_to_delta.row_fit import BARE_MISFIT, TypedRows
 
 TRUNCATE = "TRUNCATE"
 PAYLOAD_SCHEMA = pa.schema([("part", pa.string()), ("payload", pa.binary())])  # PAYLOAD_SPARK_SCHEMA in Arrow
@@ -243,6 +244,25 @@ class NetPayload:
         yield _payload(typed, kept, info)
 
 
+def _unfit_range_types(net: pa.Table | None) -> dict[str, str] | None:
+    """The column types a range's records declare, when a surviving upsert of a record that declares
+    none does not fit them (a whole-range conversion would fail on it); else None."""
+    if net is None or net.num_rows == 0:
+        return None
+    texts = net.column(Column.TYPES)
+    if texts.null_count in (0, net.num_rows):
+        return None
+    declared: dict[str, str] = {}
+    for text in pc.unique(texts.drop_null()).to_pylist():
+        declared = merge_types(declared, json.loads(text))
+    bare = net.filter(pc.and_(pc.is_null(texts), pc.invert(pc.is_in(net.column(Column.KIND), pa.array(_RETRACTIONS)))))
+    checked = TypedRows()
+    for index, text in enumerate(bare.column(Column.ROW).to_pylist()):
+        if text is not None:
+            checked.add(index, [loads(text.encode())], declared, BARE_MISFIT)
+    return declared if checked.misfits() else None
+
+
 class PartitionReducer:
     """One Kafka range's record batches -> its payload (`PAYLOAD_SCHEMA`). Picklable.
 
@@ -270,9 +290,10 @@ class PartitionReducer:
                 return
             except NotVectorisable as exc:
                 fallback = str(exc)
-        reduced = _Reduced()
-        for batch in read():
-            reduced.add(pa.Table.from_batches([self.decoder(batch)]))
+        reduced = self._reduced(read, None)
+        range_types = _unfit_range_types(reduced.surviving())
+        if range_types is not None:  # a record without types misfits what others declare: reject it, read again
+            reduced = self._reduced(read, range_types)
         net = reduced.surviving()
         info: dict[str, Any] = {"changes": reduced.changes, "truncated": reduced.truncate_offset is not None,
                                 "vectorised": False}
@@ -283,6 +304,12 @@ class PartitionReducer:
             typed, evidence = typed_changes(net, self.primary_key)
             info["types"] = evidence.to_json()
         yield _payload(typed, reduced.failed, info)
+
+    def _reduced(self, read: Callable[[], Iterable[pa.RecordBatch]], range_types: dict[str, str] | None) -> _Reduced:
+        reduced = _Reduced()
+        for batch in read():
+            reduced.add(pa.Table.from_batches([self.decoder(batch, range_types)]))
+        return reduced
 
     def _vectorised(self, chunks: Iterable[ValueChunk]) -> pa.RecordBatch:
         assert self.plan is not None and isinstance(self.decoder.decode_value, JsonDocuments)

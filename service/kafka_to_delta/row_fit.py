@@ -33,6 +33,8 @@ _FLOAT_INT_BOUND = 2**1023  # float() of a larger integer may overflow
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _INT, _FLOAT, _BOOL, _TEXT = "int", "float", "bool", "text"
 _MISFIT = "row does not fit the columns its record declares"
+BARE_MISFIT = "row does not fit the column types other records of its Kafka range declare"
+"""The reason of a record without column types whose values do not fit those its range declares."""
 
 
 def _screen(types: dict[str, str]) -> tuple[tuple[str, str, int, int], ...]:
@@ -112,9 +114,12 @@ class TypedRows:
         self._found: dict[int, str] = {}
         # id(types) -> (types, [(record index, row images)]); the map is held, so its id is not reused
         self._unsure: dict[int, tuple[dict[str, str], list[tuple[int, list[dict]]]]] = {}
+        self._what: dict[int, str] = {}  # id(types) -> the reason's first words
 
-    def add(self, index: int, images: list[dict], types: dict[str, str]) -> None:
-        """The row images of record `index`, whose column types are `types`."""
+    def add(self, index: int, images: list[dict], types: dict[str, str], what: str = _MISFIT) -> None:
+        """The row images of record `index`, checked against `types`: the types it declares or, for a
+        record that declares none, those of its range (`what`: BARE_MISFIT)."""
+        self._what.setdefault(id(types), what)
         screen = self._screens.get(id(types))
         if screen is None:
             screen = self._screens[id(types)] = _Screen(types)
@@ -122,7 +127,7 @@ class TypedRows:
             undeclared = image.keys() - types.keys()
             reason = screen.broken or (_case_twin(undeclared, screen.lowered) if undeclared else None)
             if reason is not None:
-                self._found[index] = f"{_MISFIT}: {reason}"
+                self._found[index] = f"{what}: {reason}"
                 return
         if not all(_plainly_fits(image, screen.columns) for image in images):
             self._unsure.setdefault(id(types), (types, []))[1].append((index, images))
@@ -136,5 +141,5 @@ class TypedRows:
             for index, images in records:
                 reason = _misfit(images, types)
                 if reason is not None:
-                    found[index] = f"{_MISFIT}: {reason}"
+                    found[index] = f"{self._what[id(types)]}: {reason}"
         return found

@@ -163,7 +163,7 @@ def _payloads(reducer: PartitionReducer, batches: list[pa.RecordBatch]) -> list[
     out = []
     try:
         produced = list(reducer(lambda: iter(batches)))
-    except ValueError as exc:  # e.g. a bare record whose value does not fit a column another record declares
+    except ValueError as exc:  # a range that fails as a whole (a record that misfits is rejected alone instead)
         return f"{type(exc).__name__}: {exc}"
     for batch in produced:
         assert batch.schema == PAYLOAD_SCHEMA

@@ -143,6 +143,35 @@ def test_bad_records_travel_with_their_policy_and_bytes_and_good_ones_still_appl
     assert set(_net(found.changes)[0]) == {2}
 
 
+def _declaring(op: str, before: dict | None, after: dict | None) -> bytes:
+    """An envelope with its Connect schema block: `id` int32, `v` int32."""
+    image = {"type": "struct", "optional": True,
+             "fields": [{"field": "id", "type": "int32"}, {"field": "v", "type": "int32", "optional": True}]}
+    schema = {"type": "struct", "fields": [{**image, "field": "before"}, {**image, "field": "after"},
+                                           {"field": "op", "type": "string"}]}
+    return json.dumps({"schema": schema, "payload": {"before": before, "after": after, "op": op}}).encode()
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one_batch", "split"])
+def test_a_record_without_types_that_misfits_what_its_range_declares_is_rejected_alone(split):
+    big = 2**40  # beyond the int32 that another record of the range declares for `v`
+    pairs = [(_key(2), _envelope("c", None, {"id": 2, "v": 3})),  # valid: kept when its successor is rejected
+             (_key(2), _envelope("u", {"id": 2, "v": 3}, {"id": 2, "v": big})),
+             (_key(4), _envelope("c", None, {"id": 4, "v": "text"})),
+             (_key(1), _declaring("c", None, {"id": 1, "v": 5})),
+             (_key(3), _envelope("c", None, {"id": 3, "v": 7}))]
+    records = _records(pairs, first=10)
+    batches = [records.slice(0, 2), records.slice(2)] if split else [records]
+    found = batch_changes(_reduce(_pipeline(decode_error_handling="LOG"), batches))
+    assert _net(found.changes)[0] == {1: {"id": 1, "v": 5}, 2: {"id": 2, "v": 3}, 3: {"id": 3, "v": 7}}
+    assert found.changes.schema.field("v").type == pa.int32()
+    failed = found.failed.to_pylist()
+    assert [(f["offset"], f["handling"], f["stage"], f["raw_value"]) for f in failed] == [
+        (11, "LOG", "decode", pairs[1][1]), (12, "LOG", "decode", pairs[2][1])]
+    assert all(f["error"].startswith("row does not fit the column types other records of its Kafka range declare")
+               and "column 'v'" in f["error"] and str(big) not in f["error"] for f in failed)
+
+
 def test_a_batch_of_nothing_but_tombstones_and_deletes_deletes_by_primary_key():
     pairs = [(_key(5), _envelope("d", {"id": 5, "v": 1}, None)), (_key(5), None)]
     upserts, deletes = _net(batch_changes(_reduce(_pipeline(), [_records(pairs)])).changes)
