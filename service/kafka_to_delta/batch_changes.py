@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from connectors.delta.arrow_types import arrow_type, typed_column
+from service.errors import DecodeError, SourceCoordinates
 from service.kafka_to_delta.changelog_batch import CHANGELOG_SCHEMA
 from service.kafka_to_delta.last_change import last_rows
 from service.kafka_to_delta.partition_changes import (
@@ -65,13 +66,42 @@ def _conformed(table: pa.Table, types: dict[str, str]) -> pa.Table:
                 try:
                     column = column.cast(target)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                    column = typed_column(name, type_name, column.to_pylist())
+                    column = _typed_or_located(table, name, type_name)
         arrays.append(column)
         fields.append(pa.field(name, target))
     for name in Meta.ALL:
         arrays.append(table.column(name))
         fields.append(table.schema.field(name))
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def _typed_or_located(table: pa.Table, name: str, type_name: str) -> pa.Array:
+    """A range's column converted to the batch's type; a value that does not fit (a record without
+    column types in one range, a type declared in another) is a `DecodeError` naming the record.
+
+    Such a record is rejected under `decode_error_handling` when the declaring record is in its own
+    Kafka range (`partition_changes`). Across ranges it is found only here, after its range kept
+    only the key's last change: skipping it would lose the key's earlier changes of that range, so
+    it stops the batch whatever the policy, with its coordinates and no values.
+    """
+    values = table.column(name).to_pylist()
+    try:
+        return typed_column(name, type_name, values)
+    except ValueError:
+        bad = [i for i, value in enumerate(values) if value is not None and not _fits(name, type_name, value)]
+        first = table.slice(bad[0], 1).select([Meta.TOPIC, Meta.PARTITION, Meta.OFFSET, Meta.KEY]).to_pylist()[0]
+        where = SourceCoordinates(first[Meta.TOPIC], first[Meta.PARTITION], first[Meta.OFFSET], first[Meta.KEY])
+        more = f"; {len(bad) - 1} more row(s) of the batch alike" if len(bad) > 1 else ""
+        raise DecodeError(f"a record without column types does not fit column {name!r} as {type_name}, the type "
+                          f"another Kafka range of the micro-batch declares{more}", where) from None
+
+
+def _fits(name: str, type_name: str, value: object) -> bool:
+    try:
+        typed_column(name, type_name, [value])
+    except ValueError:
+        return False
+    return True
 
 
 def without_truncated(changes: pa.Table, truncates: list[tuple[str, int, int]]) -> pa.Table:

@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 from connectors.delta.arrow_types import inferred_kinds, merge_types, rows_to_table, types_from_kinds
 from connectors.kafka.range_reader import ValueChunk
 from service.changes import ChangeKind
+from service.errors import DecodeError, SourceCoordinates
 from service.kafka_to_delta.arrow_ipc import ipc_bytes
 from service.kafka_to_delta.changelog_batch import ChangelogBatchDecoder, Column
 from service.kafka_to_delta.debezium_columns import NotVectorisable, decode_range, meta_columns, typed_net, vector_plan
@@ -182,7 +183,7 @@ def typed_changes(net: pa.Table, primary_key: tuple[str, ...]) -> tuple[pa.Table
     undeclared = [row for row, texts in upserts or zip(rows, net.column(Column.TYPES).to_pylist())
                   if texts is None or not row.keys() <= declared[texts].keys()]
     evidence.seen = inferred_kinds(undeclared)
-    typed = rows_to_table(rows, evidence.types())
+    typed = _table_or_located(rows, evidence.types(), net)
     kinds = pa.array([ChangeKind.DELETE.value if d else ChangeKind.UPDATE_AFTER.value for d in deletes], pa.string())
     meta = {name: net.column(source) for name, source in Meta.SOURCE.items()}
     meta[Meta.KIND] = kinds
@@ -242,6 +243,28 @@ class NetPayload:
             info["types"] = evidence.to_json()
         kept = [failed.select([c for c in FAILED_COLUMNS])] if failed.num_rows else []
         yield _payload(typed, kept, info)
+
+
+def _table_or_located(rows: list[dict | None], types: dict[str, str], net: pa.Table) -> pa.Table:
+    """`rows_to_table`, or a `DecodeError` naming the first row (of `net`) whose values do not fit
+    `types` (a record without column types where others of its range, or of the rows a stateful
+    stage compacted, declare them), with no values."""
+    try:
+        return rows_to_table(rows, types)
+    except ValueError as exc:
+        reason = str(exc)
+        bad = next(i for i, row in enumerate(rows) if _misfits(row, types))
+        where = net.slice(bad, 1).select([Column.TOPIC, Column.PARTITION, Column.OFFSET, Column.KEY]).to_pylist()[0]
+        raise DecodeError(f"a record without column types does not fit those other records declare: {reason}",
+                          SourceCoordinates(*where.values())) from None
+
+
+def _misfits(row: dict | None, types: dict[str, str]) -> bool:
+    try:
+        rows_to_table([row], types)
+    except ValueError:
+        return True
+    return False
 
 
 def _unfit_range_types(net: pa.Table | None) -> dict[str, str] | None:

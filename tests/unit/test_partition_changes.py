@@ -14,6 +14,7 @@ import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from connectors.kafka.range_reader import SOURCE_SCHEMA
+from service.errors import DecodeError
 from service.kafka_to_delta.batch_changes import batch_changes
 from service.kafka_to_delta.decode_stage import batch_decoder
 from service.kafka_to_delta.net_changes import NET_SCHEMA, PACKED_COLUMN, pack_net, unpack_net
@@ -170,6 +171,29 @@ def test_a_record_without_types_that_misfits_what_its_range_declares_is_rejected
         (11, "LOG", "decode", pairs[1][1]), (12, "LOG", "decode", pairs[2][1])]
     assert all(f["error"].startswith("row does not fit the column types other records of its Kafka range declare")
                and "column 'v'" in f["error"] and str(big) not in f["error"] for f in failed)
+
+
+def test_a_record_without_types_that_misfits_what_another_range_declares_stops_the_batch_naming_it():
+    big = 2**40
+    declaring = _reduce(_pipeline(), [_records([(_key(1), _declaring("c", None, {"id": 1, "v": 5}))], partition=0)])
+    fitting = _reduce(_pipeline(), [_records([(_key(3), _envelope("c", None, {"id": 3, "v": 7}))], partition=2)])
+    assert _net(batch_changes(pa.concat_tables([declaring, fitting])).changes)[0] == {
+        1: {"id": 1, "v": 5}, 3: {"id": 3, "v": 7}}
+    bare = _reduce(_pipeline(), [_records([(_key(2), _envelope("c", None, {"id": 2, "v": big}))], partition=1, first=8)])
+    with pytest.raises(DecodeError, match=r"column 'v' as int32.*\(topic=t partition=1 offset=8 key=") as caught:
+        batch_changes(pa.concat_tables([declaring, fitting, bare]))
+    assert str(big) not in str(caught.value)
+
+
+def test_net_rows_of_a_stateful_stage_that_misfit_declared_types_stop_the_batch_naming_the_record():
+    where = {"topic": "t", "partition": 0}
+    rows = [_net_rows([
+        {**where, "offset": 3, "key": "[1]", "kind": "+U", "row": '{"id":1,"v":5}', "types": '{"id":"int32","v":"int32"}'},
+        {**where, "offset": 9, "key": "[2]", "kind": "+U", "row": '{"id":2,"v":1099511627776}'},
+    ])]
+    with pytest.raises(DecodeError, match=r"column 'v'.*\(topic=t partition=0 offset=9 key=") as caught:
+        list(NetPayload(("id",))(iter(rows)))
+    assert "1099511627776" not in str(caught.value)
 
 
 def test_a_batch_of_nothing_but_tombstones_and_deletes_deletes_by_primary_key():
