@@ -19,6 +19,7 @@ from connectors.delta.delta_rs import DELETE_FLAG, DeltaSchemaError
 from connectors.delta.engines import DeltaEngineTable
 from connectors.delta.merge_plan import keep_flag
 from service.changes import ChangeKind
+from service.errors import SourceCoordinates
 from service.kafka_to_delta.fill_unchanged import filled_net
 from service.kafka_to_delta.partition_changes import Meta
 
@@ -45,8 +46,9 @@ def _batch_types(net: pa.Table, rows: list[dict]) -> dict[str, str]:
     return {**types, **{column: kind for column, kind in inferred.items() if column not in types}}
 
 
-def _conform(batch: pa.Table, existing: pa.Schema | None, table_uri: str) -> pa.Table:
-    """Cast the batch to the table's column types; new columns stay (schema evolution)."""
+def _conform(batch: pa.Table, existing: pa.Schema | None, table_uri: str, meta: pa.Table | None = None) -> pa.Table:
+    """Cast the batch to the table's column types; new columns stay (schema evolution). `meta`: the
+    rows' `Meta` columns, to name the first record whose value does not fit."""
     if existing is None:
         return batch
     columns, fields = [], []
@@ -55,9 +57,10 @@ def _conform(batch: pa.Table, existing: pa.Schema | None, table_uri: str) -> pa.
             try:
                 column = batch.column(field.name).cast(field.type)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                where = "" if meta is None else _first_misfit(batch.column(field.name), field.type, meta)
                 raise DeltaSchemaError(
                     f"{table_uri}: column {field.name!r} has type {batch.schema.field(field.name).type} "
-                    f"in this batch but {field.type} in the table"
+                    f"in this batch but {field.type} in the table{where}"
                 ) from None
         else:
             column = pa.nulls(batch.num_rows, field.type)
@@ -68,6 +71,17 @@ def _conform(batch: pa.Table, existing: pa.Schema | None, table_uri: str) -> pa.
             columns.append(batch.column(field.name))
             fields.append(field)
     return pa.Table.from_arrays(columns, schema=pa.schema(fields))
+
+
+def _first_misfit(column: pa.ChunkedArray, target: pa.DataType, meta: pa.Table) -> str:
+    """Where the first value of `column` that cannot be cast to `target` came from (no value shown)."""
+    for index in range(len(column)):
+        try:
+            column.slice(index, 1).cast(target)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            row = meta.slice(index, 1).select([Meta.TOPIC, Meta.PARTITION, Meta.OFFSET, Meta.KEY]).to_pylist()[0]
+            return f" (first at {SourceCoordinates(*row.values())})"
+    return ""
 
 
 def _with_keep_flags(batch: pa.Table, unchanged: pa.ChunkedArray | pa.Array, primary_key: tuple[str, ...]) -> pa.Table:
@@ -127,7 +141,8 @@ class MergeSink:
             return self._merge_nothing(batch_id, app_id, truncate)
         deletes = pc.equal(changes.column(Meta.KIND), ChangeKind.DELETE.value)
         data = changes.drop_columns(list(Meta.ALL))
-        return self._merge(data, deletes, changes.column(Meta.UNCHANGED), app_id, batch_id, truncate)
+        return self._merge(data, deletes, changes.column(Meta.UNCHANGED), app_id, batch_id, truncate,
+                           changes.select(list(Meta.ALL)))
 
     def _merge_nothing(self, batch_id: int, app_id: str, truncate: bool) -> MergeOutcome:
         if truncate and self.table.schema() is not None:
@@ -135,13 +150,13 @@ class MergeSink:
         return MergeOutcome(batch_id, 0, 0, truncated=truncate)
 
     def _merge(self, data: pa.Table, deletes: pa.ChunkedArray | pa.Array, unchanged: pa.ChunkedArray | pa.Array,
-               app_id: str, batch_id: int, truncate: bool) -> MergeOutcome:
+               app_id: str, batch_id: int, truncate: bool, meta: pa.Table | None = None) -> MergeOutcome:
         """MERGE typed rows; `deletes` flags the rows that delete their key."""
         missing = [c for c in self.primary_key if c not in data.column_names]
         if missing:
             raise DeltaSchemaError(f"{self.table.uri}: primary key column(s) {missing} not in the data")
         existing = self.table.schema()
-        typed = _conform(data, existing, self.table.uri)
+        typed = _conform(data, existing, self.table.uri, meta)
         if existing is None:
             self.table.create(typed.schema)
         typed = _with_keep_flags(typed.append_column(DELETE_FLAG, deletes), unchanged, self.primary_key)

@@ -9,8 +9,13 @@ import pytest
 from deltalake import DeltaTable
 
 from connectors.delta.delta_rs import DeltaRsTable, DeltaSchemaError
+from connectors.kafka.range_reader import SOURCE_SCHEMA
 from service.changes import ChangeKind
+from service.kafka_to_delta.batch_changes import batch_changes
+from service.kafka_to_delta.decode_stage import batch_decoder
 from service.kafka_to_delta.merge_sink import MergeSink
+from service.kafka_to_delta.partition_changes import PartitionReducer
+from service.settings import PipelineSettings
 
 APP = "cdc-lakehouse/test"
 
@@ -54,6 +59,39 @@ def test_a_value_that_does_not_fit_the_column_is_a_clear_error(tmp_path):
     sink.apply(_net((ChangeKind.INSERT, {"id": 1, "n": 5}, None)), APP, 0)
     with pytest.raises(DeltaSchemaError, match=r"column 'n'"):
         sink.apply(_net((ChangeKind.INSERT, {"id": 2, "n": "not a number"}, None)), APP, 1)
+    assert _rows(uri) == [{"id": 1, "n": 5}]
+
+
+def _typed(pairs: list[tuple[int, dict]], first_offset: int) -> pa.Table:
+    """Typed net changes of Debezium envelopes (value, with or without a schema block) read at
+    partition 0 from `first_offset`, as the plain path hands them to the sink."""
+    settings = PipelineSettings(name="p", topics=["t"], table="t", primary_key=["id"])
+    n = len(pairs)
+    records = pa.RecordBatch.from_pydict({
+        "key": [json.dumps({"id": k}).encode() for k, _ in pairs], "value": [json.dumps(v).encode() for _, v in pairs],
+        "topic": ["t"] * n, "partition": pa.array([0] * n, pa.int32()),
+        "offset": pa.array(range(first_offset, first_offset + n), pa.int64()),
+        "timestamp": pa.array([1_700_000_000_000_000] * n, pa.timestamp("us", tz="UTC")),
+        "headers": pa.nulls(n, SOURCE_SCHEMA.field("headers").type), "watermark_floor": pa.nulls(n, pa.int64()),
+    }, schema=SOURCE_SCHEMA)
+    payloads = pa.Table.from_batches(list(PartitionReducer(batch_decoder(settings), ("id",))(lambda: iter([records]))))
+    return batch_changes(payloads).changes
+
+
+def test_a_value_that_does_not_fit_the_tables_column_names_its_record(tmp_path):
+    uri = tmp_path / "t"
+    sink = MergeSink(DeltaRsTable(str(uri)), ("id",))
+    fields = [{"field": "id", "type": "int32"}, {"field": "n", "type": "int32", "optional": True}]
+    image = {"type": "struct", "optional": True, "fields": fields}
+    schema = {"type": "struct", "fields": [{**image, "field": "before"}, {**image, "field": "after"},
+                                           {"field": "op", "type": "string"}]}
+    declared = {"schema": schema, "payload": {"op": "c", "before": None, "after": {"id": 1, "n": 5}}}
+    sink.apply_typed(_typed([(1, declared)], 0), APP, 0)
+    bare = {"op": "c", "before": None, "after": {"id": 2, "n": 2**40}}  # no schema block: typed int64 here
+    with pytest.raises(DeltaSchemaError, match=r"column 'n' .* int32 in the table \(first at topic=t partition=0 "
+                                               r"offset=7 key=") as caught:
+        sink.apply_typed(_typed([(3, {**bare, "after": {"id": 3, "n": 1}}), (2, bare)], 6), APP, 1)
+    assert str(2**40) not in str(caught.value)
     assert _rows(uri) == [{"id": 1, "n": 5}]
 
 
