@@ -1,5 +1,6 @@
-"""Kafka records -> changelog rows, on the executors (`mapInArrow`), under the pipeline's
-FROM_CHANGELOG configuration and input format (JSON, or Avro in the Confluent wire format).
+"""Kafka records -> changelog rows where each Kafka range is read (`DecodedRanges`, read through
+`changes_source`), under the pipeline's FROM_CHANGELOG configuration and input format (JSON, or
+Avro in the Confluent wire format).
 
 When several topics feed one table, each upsert key is prefixed with its topic: two sources
 claiming the same key are different upsert keys, which is what the materializer's
@@ -9,10 +10,9 @@ claiming the same key are different upsert keys, which is what the materializer'
 from __future__ import annotations
 
 import json
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
 import pyarrow as pa
-from pyspark.sql import DataFrame
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from service.errors import ConfigError
@@ -25,7 +25,9 @@ from service.settings import PipelineSettings
 CHANGELOG_SPARK_SCHEMA = from_arrow_schema(CHANGELOG_SCHEMA)
 _STREAM_SCHEMA = CHANGELOG_SCHEMA.append(pa.field(WATERMARK_COLUMN, pa.int64()))
 _STREAM_SPARK_SCHEMA = from_arrow_schema(_STREAM_SCHEMA)
-__all__ = ["CHANGELOG_SCHEMA", "CHANGELOG_SPARK_SCHEMA", "batch_decoder", "changelog_stream"]
+STREAM_SPARK_SCHEMA = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in _STREAM_SPARK_SCHEMA.fields)
+"""The changelog rows plus their watermark candidate, as a schema string for a data source."""
+__all__ = ["CHANGELOG_SCHEMA", "CHANGELOG_SPARK_SCHEMA", "STREAM_SPARK_SCHEMA", "DecodedRanges", "batch_decoder"]
 
 
 def value_decoder(format_name: str, registry: SchemaRegistrySettings | None) -> DocumentDecoder | None:
@@ -79,8 +81,14 @@ class _Decode:
             self.maxima.report(watermark.maxima)
 
 
-def changelog_stream(raw: DataFrame, pipeline: PipelineSettings, maxima: EventTimeMaxima | None = None) -> DataFrame:
-    """The changelog rows (`CHANGELOG_SCHEMA`, plus `WATERMARK_COLUMN`) of a Kafka record stream;
-    the largest event time read per partition is reported to `maxima`."""
-    decode = _Decode(batch_decoder(pipeline), len(pipeline.topics) > 1, maxima)
-    return raw.mapInArrow(decode, _STREAM_SPARK_SCHEMA)
+class DecodedRanges:
+    """What a Kafka range becomes where it is read on the stateful paths (`changes_source` with
+    `STREAM_SPARK_SCHEMA`): its changelog rows and watermark candidates, decoded in the reading task,
+    so the raw records never cross to the JVM and back to a second Python stage. Picklable."""
+
+    def __init__(self, pipeline: PipelineSettings, maxima: EventTimeMaxima | None) -> None:
+        self.decode = _Decode(batch_decoder(pipeline), len(pipeline.topics) > 1, maxima)
+
+    def __call__(self, read: Callable[[], Iterable[pa.RecordBatch]], read_values: object = None) -> Iterator[pa.RecordBatch]:
+        """The range's changelog batches (`read` yields its record batches)."""
+        yield from self.decode(iter(read()))

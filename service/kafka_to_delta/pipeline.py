@@ -3,7 +3,8 @@
 The streaming plan, plain path (no materializer, no stateful FROM_CHANGELOG): each Kafka range
 is read, decoded, reduced to its last change per key and typed where it is read
 (`changes_source`, `partition_changes`); the driver merges the ranges in Arrow
-(`batch_changes`) and MERGEs. Otherwise: decode on the executors (`decode_stage`), the
+(`batch_changes`) and MERGEs. Otherwise: each range is decoded where it is read as well
+(`decode_stage.DecodedRanges` through `changes_source`: changelog rows, no raw records), the
 stateful FROM_CHANGELOG stage when configured, then either the keyed-state materializer
 (`materializer_stage`, when the upsert key differs from the primary key or several topics
 feed the table) or, per micro-batch, the reduction in Spark (`net_changes`).
@@ -26,7 +27,6 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from connectors.delta.engines import open_table
-from connectors.kafka.source import FORMAT_NAME, KafkaSource
 from service import metrics, redaction, test_hooks
 from service.batch_pipeline import BatchPipeline, commit_app_id, with_trigger
 from service.checkpoints import remove_abandoned_writes
@@ -37,7 +37,7 @@ from service.kafka_to_delta.bad_records import (
 from service.kafka_to_delta.batch_changes import BatchChanges, batch_changes
 from service.kafka_to_delta.changes_source import changes_source, changes_source_name
 from service.kafka_to_delta.dead_letters import DeadLetterSink
-from service.kafka_to_delta.decode_stage import batch_decoder, changelog_stream
+from service.kafka_to_delta.decode_stage import STREAM_SPARK_SCHEMA, DecodedRanges, batch_decoder
 from service.kafka_to_delta.event_time_progress import EventTimeMaxima
 from service.kafka_to_delta.from_changelog_stage import needs_state, stateful_changelog
 from service.kafka_to_delta.materializer import MaterializerConfig
@@ -215,9 +215,10 @@ class IngestPipeline(BatchPipeline):
             reducer = PartitionReducer(batch_decoder(self.pipeline), self.pipeline.primary_key)
             self.spark.dataSource.register(changes_source(self.pipeline.name, reducer))
             stream = self._source(changes_source_name(self.pipeline.name), watermarked=False)
-        else:
-            self.spark.dataSource.register(KafkaSource)
-            changelog = changelog_stream(self._source(FORMAT_NAME, watermarked=True), self.pipeline, self.event_times)
+        else:  # decoded where read as well: changelog rows and watermark candidates
+            decoded = DecodedRanges(self.pipeline, self.event_times)
+            self.spark.dataSource.register(changes_source(self.pipeline.name, decoded, STREAM_SPARK_SCHEMA))
+            changelog = self._source(changes_source_name(self.pipeline.name), watermarked=True)
             stream = stateful_changelog(changelog, self.pipeline)
         if self.pipeline.materialized:
             # Imported here: the materializer needs pandas (50 MiB) that the plain path does not.
