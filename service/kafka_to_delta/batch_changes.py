@@ -89,6 +89,8 @@ def _typed_or_located(table: pa.Table, name: str, type_name: str) -> pa.Array:
         return typed_column(name, type_name, values)
     except ValueError:
         bad = [i for i, value in enumerate(values) if value is not None and not _fits(name, type_name, value)]
+        if not bad:
+            raise
         first = table.slice(bad[0], 1).select([Meta.TOPIC, Meta.PARTITION, Meta.OFFSET, Meta.KEY]).to_pylist()[0]
         where = SourceCoordinates(first[Meta.TOPIC], first[Meta.PARTITION], first[Meta.OFFSET], first[Meta.KEY])
         more = f"; {len(bad) - 1} more row(s) of the batch alike" if len(bad) > 1 else ""

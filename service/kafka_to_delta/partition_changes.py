@@ -253,7 +253,9 @@ def _table_or_located(rows: list[dict | None], types: dict[str, str], net: pa.Ta
         return rows_to_table(rows, types)
     except ValueError as exc:
         reason = str(exc)
-        bad = next(i for i, row in enumerate(rows) if _misfits(row, types))
+        bad = next((i for i, row in enumerate(rows) if _misfits(row, types)), None)
+        if bad is None:
+            raise
         where = net.slice(bad, 1).select([Column.TOPIC, Column.PARTITION, Column.OFFSET, Column.KEY]).to_pylist()[0]
         raise DecodeError(f"a record without column types does not fit those other records declare: {reason}",
                           SourceCoordinates(*where.values())) from None
