@@ -31,3 +31,6 @@ extras=""
 bash scripts/worker_path.sh .venv/bin/python
 .venv/bin/python -c "import service, connectors, pyspark, deltalake, confluent_kafka" \
   || { echo "installation failed" >&2; exit 1; }
+# The local Spark JVM's class archive (service/jvm_class_archive.py): about 3 s off every start.
+# Written once per Java runtime and Spark version (about 20 s); a failure only costs the gain.
+.venv/bin/cdc-lakehouse prepare 2>&1 | tail -1 || true

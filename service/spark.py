@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from service.jvm_class_archive import dump_options, session_options
 from service.settings import SparkSettings
 
 _ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -36,13 +37,16 @@ def _default_shuffle_partitions() -> int:
     return max(2, os.cpu_count() or 2)
 
 
-def build_spark(settings: SparkSettings | None = None, quick_jit: bool = False) -> SparkSession:
+def build_spark(settings: SparkSettings | None = None, quick_jit: bool = False,
+                class_archive_out: Path | None = None) -> SparkSession:
     """Create (or return the running) SparkSession configured for the pipelines.
 
     Python workers run this interpreter so they can import the project; the state
     store is RocksDB so keyed state survives restarts with the checkpoint. `quick_jit`: the JVM
     does little per record (no stateful stage), so C1 compilation and a small heap are enough;
-    otherwise a local JVM gets a young generation sized for stateful stages (see above).
+    otherwise a local JVM gets a young generation sized for stateful stages (see above). The driver's
+    JVM maps the prepared class archive (`jvm_class_archive`); with `class_archive_out` it writes one
+    there at exit instead.
     """
     settings = settings or SparkSettings()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -53,6 +57,8 @@ def build_spark(settings: SparkSettings | None = None, quick_jit: bool = False) 
     java_options = f"-Dlog4j.configurationFile=file:{_LOG4J_CONFIG}"
     if settings.master.startswith("local"):
         java_options += f" {_LIGHT_JVM_OPTIONS if quick_jit else _STATEFUL_JVM_OPTIONS}"
+    archive = session_options() if class_archive_out is None else dump_options(class_archive_out)
+    java_options += f" {archive}" if archive else ""
     builder = (
         SparkSession.builder.master(settings.master)
         .appName(settings.app_name)

@@ -1,0 +1,47 @@
+"""Where the JVM class archive lives and when a session maps it (no JVM started here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from service import jvm_class_archive as archive
+
+
+def test_the_directory_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(archive.ARCHIVE_DIR_ENV, str(tmp_path))
+    assert archive.archive_dir() == tmp_path
+    monkeypatch.setenv(archive.ARCHIVE_DIR_ENV, " ")
+    assert archive.archive_dir() is None
+    assert archive.archive_path() is None and archive.session_options() == ""
+    monkeypatch.delenv(archive.ARCHIVE_DIR_ENV)
+    assert archive.archive_dir() == Path.home() / ".cache" / "cdc-lakehouse"
+
+
+def test_a_session_maps_the_archive_only_once_it_exists(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(archive.ARCHIVE_DIR_ENV, str(tmp_path))
+    path = archive.archive_path()
+    assert path is not None and path.parent == tmp_path and path.suffix == ".jsa"
+    assert path == archive.archive_path(), "the name is stable for one runtime and one set of jars"
+    assert archive.session_options() == ""
+    path.write_bytes(b"archive")
+    assert f"-XX:SharedArchiveFile={path}" in archive.session_options()
+    assert archive.prepare() == path, "an existing archive is kept, not written again"
+    assert path.read_bytes() == b"archive"
+
+
+def test_the_archive_is_keyed_by_the_java_runtime(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(archive.ARCHIVE_DIR_ENV, str(tmp_path))
+    java = archive._java()
+    if java is None:
+        pytest.skip("no java on this machine")
+    first = archive.archive_path()
+    other = tmp_path / "jdk" / "bin" / "java"
+    other.parent.mkdir(parents=True)
+    other.write_bytes(b"#!/bin/sh\n")
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk"))
+    assert archive._java() == other.resolve()
+    assert archive.archive_path() not in (None, first)
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "absent"))
+    assert archive._java() is None and archive.archive_path() is None
