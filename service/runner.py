@@ -38,6 +38,7 @@ from service.kafka_to_delta.pipeline import IngestPipeline
 from service.plan_upgrade import check_and_store
 from service.settings import Settings
 from service.spark import build_spark
+from service.worker_warmup import warm_workers
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.5
@@ -112,6 +113,8 @@ class Runner:
         for join in self.settings.joins:
             check_and_store(join.name, self.settings.checkpoint_dir(join.name), join_operators(join))
         self._spark = build_spark(self.settings.spark, quick_jit=self._jvm_light())
+        if self.settings.pipelines or self.settings.joins:
+            warm_workers(self._spark)
         self._idle_progress_s = health.idle_progress_seconds(self._spark)
         log.info("kafka: %s", self.settings.kafka.redacted())
         for config in self.settings.pipelines:

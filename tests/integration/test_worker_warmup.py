@@ -1,0 +1,22 @@
+"""Python workers started ahead of a query's first micro-batch stay for its tasks."""
+
+from __future__ import annotations
+
+import os
+
+from pyspark.sql import SparkSession
+
+from service.worker_warmup import READER_MODULES, warm, warm_workers
+
+
+def test_warmed_workers_import_the_readers_and_stay(spark: SparkSession) -> None:
+    pids = warm(spark, 2, READER_MODULES)
+    assert len(pids) == 2 and os.getpid() not in pids
+    assert all(os.path.exists(f"/proc/{pid}") for pid in pids), "workers are reused, not ended after the task"
+
+
+def test_a_failed_warmup_only_loses_the_head_start(spark: SparkSession) -> None:
+    thread = warm_workers(spark, ("service.no_such_module",))
+    thread.join(timeout=300)
+    assert not thread.is_alive()
+    assert spark.range(3).count() == 3
