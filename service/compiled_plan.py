@@ -36,7 +36,8 @@ from service.join_settings import EnrichmentJoinSettings, JoinSettings, RegularJ
 from service.settings import PipelineSettings, Settings
 
 PLAN_FORMAT = 1
-_STATE_LAYOUT = f"key buckets: {DEFAULT_KEY_BUCKETS}" if DEFAULT_KEY_BUCKETS else "per key"
+_BUCKETS_LAYOUT = "key buckets: "
+_PER_KEY_LAYOUT = "per key"
 _MS_PER_S = 1000
 _TTL_UNIT = " ms"
 _WHOLE_ROW = ["(whole row)"]
@@ -96,8 +97,23 @@ def _group_key(pipeline: PipelineSettings) -> tuple[str, ...]:
     return ("topic", *(columns or _WHOLE_ROW))
 
 
-def pipeline_operators(pipeline: PipelineSettings) -> list[Operator]:
-    """The stateful operators of one pipeline, in data-flow order."""
+def state_layout(key_buckets: int) -> str:
+    """How the materializer holds its state: per key bucket (how many) or per key."""
+    return f"{_BUCKETS_LAYOUT}{key_buckets}" if key_buckets else _PER_KEY_LAYOUT
+
+
+def key_buckets_of(layout: object) -> int | None:
+    """The key bucket count a `state_layout` names (0: per key); None when it names none."""
+    if layout == _PER_KEY_LAYOUT:
+        return 0
+    if isinstance(layout, str) and layout.startswith(_BUCKETS_LAYOUT) and layout[len(_BUCKETS_LAYOUT):].isdigit():
+        return int(layout[len(_BUCKETS_LAYOUT):])
+    return None
+
+
+def pipeline_operators(pipeline: PipelineSettings, key_buckets: int = DEFAULT_KEY_BUCKETS) -> list[Operator]:
+    """The stateful operators of one pipeline, in data-flow order (`key_buckets`: its checkpoint's, see
+    `plan_upgrade.stored_key_buckets`)."""
     operators = []
     changelog = pipeline.from_changelog
     if changelog.order_by is not None:
@@ -115,7 +131,7 @@ def pipeline_operators(pipeline: PipelineSettings) -> list[Operator]:
             pipeline.name, Kind.MATERIALIZER, key, (StateEntry(0, _ms(pipeline.materializer_ttl_seconds), "rows"),),
             {"on_conflict": pipeline.on_conflict or "error", "compaction": pipeline.effective_compaction,
              "primary_key": list(pipeline.primary_key), "sequence_by": list(pipeline.sequence_by),
-             "topics": sorted(pipeline.topics), "state_layout": _STATE_LAYOUT},
+             "topics": sorted(pipeline.topics), "state_layout": state_layout(key_buckets)},
         ))
     return operators
 

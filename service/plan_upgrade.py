@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from service.checkpoints import local_path
-from service.compiled_plan import PLAN_FORMAT, Kind, Operator
+from service.compiled_plan import PLAN_FORMAT, Kind, Operator, key_buckets_of, pipeline_operators
 from service.errors import ConfigError
+from service.kafka_to_delta.materializer_bulk import DEFAULT_KEY_BUCKETS, LEGACY_KEY_BUCKETS
+from service.settings import PipelineSettings
 
 log = logging.getLogger(__name__)
 PLAN_FILE = "plan.json"
@@ -74,6 +76,37 @@ def _rebuildable(pipeline: str, operators: list[Operator], refused: list[str]) -
     materializer = f"{pipeline}/{Kind.MATERIALIZER}"
     kinds = {op.kind for op in operators}
     return Kind.MATERIALIZER in kinds and Kind.JOIN not in kinds and any(materializer in c for c in refused)
+
+
+def stored_key_buckets(pipeline: str, checkpoint_dir: str) -> int:
+    """The materializer's key bucket count for a pipeline's checkpoint (part of its state's layout).
+
+    The count its stored plan names; LEGACY_KEY_BUCKETS for a started checkpoint without a stored plan
+    or one that is not local (no plan is stored there); DEFAULT_KEY_BUCKETS for a new checkpoint.
+    """
+    checkpoint = local_path(checkpoint_dir)
+    if checkpoint is None:
+        return LEGACY_KEY_BUCKETS
+    path = checkpoint / PLAN_FILE
+    if not path.exists():
+        return LEGACY_KEY_BUCKETS if _started(checkpoint) else DEFAULT_KEY_BUCKETS
+    try:
+        nodes = json.loads(path.read_text())["nodes"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ConfigError(f"pipeline {pipeline}: the stored plan {path} cannot be read ({error})") from None
+    materializer = f"{pipeline}/{Kind.MATERIALIZER}"
+    for node in nodes:
+        if isinstance(node, dict) and node.get("id") == materializer:
+            count = key_buckets_of((node.get("properties") or {}).get("state_layout"))
+            if count is not None:
+                return count
+    return DEFAULT_KEY_BUCKETS
+
+
+def check_and_store_pipeline(pipeline: PipelineSettings, checkpoint_dir: str) -> None:
+    """`check_and_store` for an ingest pipeline, its materializer laid out as its checkpoint's."""
+    buckets = stored_key_buckets(pipeline.name, checkpoint_dir)
+    check_and_store(pipeline.name, checkpoint_dir, pipeline_operators(pipeline, buckets))
 
 
 def check_and_store(pipeline: str, checkpoint_dir: str, operators: list[Operator]) -> None:

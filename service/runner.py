@@ -27,7 +27,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from service import health, metrics, redaction
-from service.compiled_plan import join_operators, pipeline_operators
+from service.compiled_plan import join_operators
 from service.delta_to_kafka.exports import export_pipeline
 from service.delta_to_kafka.pipeline import ExportPipeline
 from service.errors import ConfigError, TerminalError
@@ -35,7 +35,7 @@ from service.failures import classify
 from service.joins import join_pipeline
 from service.kafka_to_delta.from_changelog_stage import needs_state
 from service.kafka_to_delta.pipeline import IngestPipeline
-from service.plan_upgrade import check_and_store
+from service.plan_upgrade import check_and_store, check_and_store_pipeline
 from service.settings import Settings
 from service.spark import build_spark
 from service.worker_warmup import warm_workers
@@ -109,7 +109,7 @@ class Runner:
             log.info("metrics on http://%s:%d/metrics (and /healthz, /readyz)", self.settings.metrics_address,
                      self.settings.metrics_port)
         for config in self.settings.pipelines:  # before anything runs: an incompatible upgrade is refused
-            check_and_store(config.name, self.settings.checkpoint_dir(config.name), pipeline_operators(config))
+            check_and_store_pipeline(config, self.settings.checkpoint_dir(config.name))
         for join in self.settings.joins:
             check_and_store(join.name, self.settings.checkpoint_dir(join.name), join_operators(join))
         self._spark = build_spark(self.settings.spark, quick_jit=self._jvm_light())

@@ -41,12 +41,13 @@ from service.kafka_to_delta.decode_stage import STREAM_SPARK_SCHEMA, DecodedRang
 from service.kafka_to_delta.event_time_progress import EventTimeMaxima
 from service.kafka_to_delta.from_changelog_stage import needs_state, stateful_changelog
 from service.kafka_to_delta.materializer import MaterializerConfig
-from service.kafka_to_delta.materializer_bulk import StageConfig
+from service.kafka_to_delta.materializer_bulk import DEFAULT_KEY_BUCKETS, StageConfig
 from service.kafka_to_delta.merge_sink import MergeOutcome, MergeSink
 from service.kafka_to_delta.net_changes import net_changes
 from service.kafka_to_delta.partition_changes import COUNTERS, PAYLOAD_SPARK_SCHEMA, NetPayload, PartitionReducer
 from service.maintenance import TableMaintenance
 from service.memory_release import release_memory
+from service.plan_upgrade import stored_key_buckets
 from service.rebuilt_seed import Seed, load_seed
 from service.settings import PipelineSettings, Settings
 
@@ -59,8 +60,8 @@ def app_id(pipeline: PipelineSettings, query_id: str | None) -> str:
     return commit_app_id(pipeline.name, pipeline.table, query_id)
 
 
-def stage_config(pipeline: PipelineSettings) -> StageConfig:
-    """The materializer's configuration for one pipeline."""
+def stage_config(pipeline: PipelineSettings, key_buckets: int = DEFAULT_KEY_BUCKETS) -> StageConfig:
+    """The materializer's configuration for one pipeline (`key_buckets`: its checkpoint's)."""
     rules = MaterializerConfig(
         table=pipeline.table,
         primary_key=pipeline.primary_key,
@@ -71,7 +72,7 @@ def stage_config(pipeline: PipelineSettings) -> StageConfig:
     ttl_ms = int(pipeline.materializer_ttl_seconds * 1000)
     return StageConfig(
         rules=rules, compaction=pipeline.effective_compaction, state_ttl_ms=ttl_ms,
-        whole_row_key=not pipeline.effective_upsert_key,
+        whole_row_key=not pipeline.effective_upsert_key, key_buckets=key_buckets,
     )
 
 
@@ -209,8 +210,9 @@ class IngestPipeline(BatchPipeline):
 
     def start(self, until_idle: bool) -> StreamingQuery:
         """Start the streaming query; `until_idle` reads what is there now, then ends."""
-        remove_abandoned_writes(self.settings.checkpoint_dir(self.pipeline.name))
-        self.seed = load_seed(self.spark, self.settings.checkpoint_dir(self.pipeline.name))  # rebuild-state
+        checkpoint = self.settings.checkpoint_dir(self.pipeline.name)
+        remove_abandoned_writes(checkpoint)
+        self.seed = load_seed(self.spark, checkpoint)  # rebuild-state
         if self.reduces_where_read:
             reducer = PartitionReducer(batch_decoder(self.pipeline), self.pipeline.primary_key)
             self.spark.dataSource.register(changes_source(self.pipeline.name, reducer))
@@ -225,7 +227,8 @@ class IngestPipeline(BatchPipeline):
             from service.kafka_to_delta.materializer_stage import materialize
 
             stream = materialize(
-                stream, stage_config(self.pipeline), self.pipeline.effective_watermark_delay_seconds,
+                stream, stage_config(self.pipeline, stored_key_buckets(self.pipeline.name, checkpoint)),
+                self.pipeline.effective_watermark_delay_seconds,
                 declare_watermark=not needs_state(self.pipeline),
                 initial_state=None if self.seed is None else self.seed.initial_state,
             )
@@ -234,7 +237,7 @@ class IngestPipeline(BatchPipeline):
             .writeStream.queryName(self.pipeline.name)
             .outputMode("update")
             .foreachBatch(self.process_batch)
-            .option("checkpointLocation", self.settings.checkpoint_dir(self.pipeline.name))
+            .option("checkpointLocation", checkpoint)
         )
         writer = with_trigger(writer, until_idle, self.settings.trigger_interval_seconds)
         query = writer.start()

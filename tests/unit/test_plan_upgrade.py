@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from service.compiled_plan import compile_plan, join_operators, pipeline_operators
+from service.compiled_plan import compile_plan, join_operators
 from service.errors import ConfigError
-from service.plan_upgrade import PLAN_FILE, check_and_store
+from service.kafka_to_delta.materializer_bulk import DEFAULT_KEY_BUCKETS, LEGACY_KEY_BUCKETS
+from service.plan_upgrade import PLAN_FILE, check_and_store, check_and_store_pipeline, stored_key_buckets
 from service.settings import Settings, settings_from_mapping
 
 BASE: dict[str, Any] = {
@@ -44,7 +45,7 @@ def _check(root: Path, config: dict[str, Any]) -> None:
     """What the runner does before it starts anything."""
     settings = _settings(config)
     for pipeline in settings.pipelines:
-        check_and_store(pipeline.name, str(root / pipeline.name), pipeline_operators(pipeline))
+        check_and_store_pipeline(pipeline, str(root / pipeline.name))
     for join in settings.joins:
         check_and_store(join.name, str(root / join.name), join_operators(join))
 
@@ -131,3 +132,25 @@ def test_a_new_pipeline_goes_ahead_with_a_checkpoint_of_its_own(tmp_path):
                                "on_conflict": "deduplicate"})
     _check(root, grown)
     assert json.loads((root / "accounts" / PLAN_FILE).read_text())["nodes"][0]["id"] == "accounts/materializer"
+
+
+def _layout(root: Path) -> str:
+    nodes = json.loads((root / "people" / PLAN_FILE).read_text())["nodes"]
+    return next(n for n in nodes if n["id"] == "people/materializer")["properties"]["state_layout"]
+
+
+def test_a_checkpoint_keeps_the_key_buckets_it_began_with(tmp_path: Path) -> None:
+    checkpoint = str(tmp_path / "people")
+    assert stored_key_buckets("people", checkpoint) == DEFAULT_KEY_BUCKETS, "a new checkpoint"
+    _started(tmp_path)
+    assert _layout(tmp_path) == f"key buckets: {DEFAULT_KEY_BUCKETS}"
+    for layout, buckets in (("key buckets: 64", 64), ("per key", 0)):  # written by earlier versions
+        stored = json.loads((tmp_path / "people" / PLAN_FILE).read_text())
+        next(n for n in stored["nodes"] if n["id"] == "people/materializer")["properties"]["state_layout"] = layout
+        (tmp_path / "people" / PLAN_FILE).write_text(json.dumps(stored))
+        assert stored_key_buckets("people", checkpoint) == buckets
+        _check(tmp_path, BASE)  # not refused: the start keeps the checkpoint's layout
+        assert _layout(tmp_path) == layout
+    (tmp_path / "people" / PLAN_FILE).unlink()  # begun before plans were stored
+    assert stored_key_buckets("people", checkpoint) == LEGACY_KEY_BUCKETS
+    assert stored_key_buckets("people", "s3a://bucket/checkpoints/people") == LEGACY_KEY_BUCKETS, "no plan there"
