@@ -48,9 +48,16 @@ from pyspark.sql.streaming.state import GroupState
 from service.kafka_to_delta.decode_stage import CHANGELOG_SCHEMA, CHANGELOG_SPARK_SCHEMA
 from service.kafka_to_delta.materializer import Materializer, MaterializerConfig
 from service.kafka_to_delta.materializer_buckets import BUCKET, GROUP_COLUMN, bucketed
-from service.kafka_to_delta.materializer_bulk import GROUP, NET_NAMES, compact_many, decode_bucket, encode_bucket
+from service.kafka_to_delta.materializer_bulk import GROUP, compact_many, decode_bucket, encode_bucket
 from service.kafka_to_delta.materializer_stage import StageConfig, _grouped, materialize
-from service.kafka_to_delta.net_changes import NET_ARROW_SCHEMA, NET_SCHEMA, net_changes, unpack_net
+from service.kafka_to_delta.net_changes import (
+    NET_ARROW_SCHEMA,
+    PACKED_COLUMN,
+    PACKED_NET_SPARK_SCHEMA,
+    net_changes,
+    pack_net,
+    unpack_net,
+)
 from service.settings import SparkSettings
 from service.spark import build_spark
 
@@ -142,7 +149,8 @@ def _apply_bucket(key: tuple, frames: Iterator[pd.DataFrame], state: GroupState)
         state.update((encode_bucket(states),))
     elif state.exists:
         state.remove()
-    yield pd.DataFrame(out, columns=list(NET_NAMES))
+    if out:
+        yield pd.DataFrame({PACKED_COLUMN: [pack_net(out)]})
 
 
 def buckets_apply(count: int) -> Callable[[DataFrame, Path], DataFrame]:
@@ -150,7 +158,7 @@ def buckets_apply(count: int) -> Callable[[DataFrame, Path], DataFrame]:
     def plan(stream: DataFrame, _work: Path) -> DataFrame:
         grouped = bucketed(_grouped(stream), count).select(GROUP_COLUMN, *_CARRIED[1:], BUCKET)
         return grouped.groupBy(BUCKET).applyInPandasWithState(
-            _apply_bucket, NET_SCHEMA, "keys binary", "Update", "NoTimeout")
+            _apply_bucket, PACKED_NET_SPARK_SCHEMA, "keys binary", "Update", "NoTimeout")
     return plan
 
 
@@ -215,8 +223,10 @@ def run_design(spark: SparkSession, name: str, inputs: Path, work: Path) -> dict
         out, state_dir = DESIGNS[name](stream, work), work / "ck" / "state"
 
         def sink(df: DataFrame, _batch_id: int) -> None:
-            net = pa.Table.from_batches(list(unpack_net(df.toArrow().to_batches())), NET_ARROW_SCHEMA)
-            _apply(table, net.select(["key", "kind", "row"]).to_pylist())
+            arrow = df.toArrow()
+            if PACKED_COLUMN in arrow.column_names:  # the bucket stages pack their net rows
+                arrow = pa.Table.from_batches(list(unpack_net(arrow.to_batches())), NET_ARROW_SCHEMA)
+            _apply(table, arrow.select(["key", "kind", "row"]).to_pylist())
     started = time.monotonic()
     query = (out.writeStream.outputMode("update").foreachBatch(sink).option("checkpointLocation", str(work / "ck"))
              .trigger(availableNow=True).start())
@@ -233,7 +243,7 @@ DESIGNS: dict[str, Callable[[DataFrame, Path], DataFrame]] = {
     "plain": plain,
     "a-per-key": per_key,
     **{f"b-buckets-{n}": buckets_tws(n) for n in (16, 64, 256)},
-    **{f"b-apply-{n}": buckets_apply(n) for n in (64,)},
+    **{f"b-apply-{n}": buckets_apply(n) for n in (16, 64)},
     "c-delta-table": lambda stream, _work: stream,
 }
 
