@@ -23,6 +23,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
@@ -142,14 +143,13 @@ def _exercise(spark) -> None:  # type: ignore[no-untyped-def]
     spark.dataSource.register(_TrainingSource)
     stream = spark.readStream.format(_TrainingSource.name()).load()
     counts = stream.groupBy("k").agg(F.count("*").alias("n"), F.max("id").alias("last"))
-    query = (counts.writeStream.outputMode("update").foreachBatch(lambda batch, _: batch.toArrow())
-             .option("checkpointLocation", str(Path(spark.conf.get("spark.local.dir", "/tmp")) /
-                                               f"cdc-lakehouse-archive-{os.getpid()}"))
-             .start())
-    try:
-        query.processAllAvailable()
-    finally:
-        query.stop()
+    with tempfile.TemporaryDirectory(prefix="cdc-lakehouse-archive-") as checkpoint:
+        query = (counts.writeStream.outputMode("update").foreachBatch(lambda batch, _: batch.toArrow())
+                 .option("checkpointLocation", checkpoint).start())
+        try:
+            query.processAllAvailable()
+        finally:
+            query.stop()
 
 
 def _same(batches: Iterator) -> Iterator:
