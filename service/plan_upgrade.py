@@ -81,15 +81,18 @@ def _rebuildable(pipeline: str, operators: list[Operator], refused: list[str]) -
 def stored_key_buckets(pipeline: str, checkpoint_dir: str) -> int:
     """The materializer's key bucket count for a pipeline's checkpoint (part of its state's layout).
 
-    The count its stored plan names; LEGACY_KEY_BUCKETS for a started checkpoint without a stored plan
-    or one that is not local (no plan is stored there); DEFAULT_KEY_BUCKETS for a new checkpoint.
+    DEFAULT_KEY_BUCKETS for a checkpoint that holds no state yet; for a started one, the count its
+    stored plan names, or LEGACY_KEY_BUCKETS without a stored plan; LEGACY_KEY_BUCKETS for one that is
+    not local (no plan is stored there).
     """
     checkpoint = local_path(checkpoint_dir)
     if checkpoint is None:
         return LEGACY_KEY_BUCKETS
+    if not _started(checkpoint):
+        return DEFAULT_KEY_BUCKETS
     path = checkpoint / PLAN_FILE
     if not path.exists():
-        return LEGACY_KEY_BUCKETS if _started(checkpoint) else DEFAULT_KEY_BUCKETS
+        return LEGACY_KEY_BUCKETS
     try:
         nodes = json.loads(path.read_text())["nodes"]
     except (OSError, ValueError, KeyError, TypeError) as error:

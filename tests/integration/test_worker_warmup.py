@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import threading
 
+import pytest
 from pyspark.sql import SparkSession
 
 from service.worker_warmup import READER_MODULES, warm, warm_workers
@@ -15,8 +17,13 @@ def test_warmed_workers_import_the_readers_and_stay(spark: SparkSession) -> None
     assert all(os.path.exists(f"/proc/{pid}") for pid in pids), "workers are reused, not ended after the task"
 
 
-def test_a_failed_warmup_only_loses_the_head_start(spark: SparkSession) -> None:
-    thread = warm_workers(spark, ("service.no_such_module",))
+def test_a_failed_warmup_only_loses_the_head_start(spark: SparkSession, monkeypatch: pytest.MonkeyPatch) -> None:
+    missing = ("service.no_such_module",)
+    with pytest.raises(Exception, match="no_such_module"):
+        warm(spark, 1, missing)  # the failure the background thread must absorb
+    escaped: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: escaped.append(args.exc_value))
+    thread = warm_workers(spark, missing)
     thread.join(timeout=300)
-    assert not thread.is_alive()
+    assert not thread.is_alive() and escaped == []
     assert spark.range(3).count() == 3
