@@ -39,6 +39,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle, TimerValues
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
+from service.kafka_to_delta.bucket_packing import BUCKET, PACKED_CHANGES, unpack_changes
 from service.kafka_to_delta.materializer import Materializer
 from service.kafka_to_delta.materializer_bulk import (
     EVENT_TIME,
@@ -54,7 +55,6 @@ from service.kafka_to_delta.materializer_bulk import (
 )
 from service.kafka_to_delta.net_changes import PACKED_COLUMN, pack_net
 
-BUCKET = "bucket"
 GROUP_COLUMN = "group_key"  # pandas frames rename columns that start with "_"
 _BUCKET_SCHEMA = StructType([StructField("keys", BinaryType())])
 _WAITING_SCHEMA = StructType([StructField("record", BinaryType())])
@@ -69,12 +69,17 @@ WAITING_NAMES = (GROUP, "kind", "upsert_key", "row", "types", "unchanged", "sequ
 
 
 def _records(frames: Iterator[pd.DataFrame]) -> list[dict]:
-    """The bucket's input rows as plain Python values (through Arrow: no NaN for nulls, no numpy scalars)."""
+    """The bucket's changes as plain Python values: unpacked (`bucket_packing`), or from one row per change
+    (through Arrow: no NaN for nulls, no numpy scalars)."""
     records: list[dict] = []
     for frame in frames:
-        records.extend(pa.Table.from_pandas(frame, preserve_index=False).to_pylist())
-    for record in records:
-        record[GROUP] = record.pop(GROUP_COLUMN)
+        if PACKED_CHANGES in frame.columns:
+            records.extend(unpack_changes(frame[PACKED_CHANGES]))
+            continue
+        rows = pa.Table.from_pandas(frame, preserve_index=False).to_pylist()
+        for record in rows:
+            record[GROUP] = record.pop(GROUP_COLUMN)
+        records.extend(rows)
     return records
 
 

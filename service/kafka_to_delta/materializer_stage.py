@@ -37,6 +37,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle, TimerValues
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from service.kafka_to_delta.bucket_packing import PACKED_CHANGES
 from service.kafka_to_delta.event_time_progress import WATERMARK_COLUMN
 from service.kafka_to_delta.materializer import Materializer
 from service.kafka_to_delta.materializer_bulk import (
@@ -188,11 +189,17 @@ def materialize(
     `initial_state` (`materializer_buckets.SEED_SCHEMA`, bucket stage only): the state the first
     micro-batch of a fresh checkpoint starts from (`service.state_rebuild`).
 
+    `changelog` is one row per change, or changes already packed per key bucket where they were
+    decoded (`bucket_packing.PACKED_SPARK_SCHEMA`, bucket stage only).
+
     In event time the watermark is declared on a column that is dropped before the stateful
     operator: the query's watermark still advances (and fires the timers), but Spark does not
     filter "late" rows out of the operator's input, which would silently lose changes.
     """
-    grouped = _grouped(changelog)
+    packed = PACKED_CHANGES in changelog.columns
+    if packed and not config.key_buckets:
+        raise ValueError("changes packed per key bucket need the bucket stage (key_buckets > 0)")
+    grouped = changelog if packed else _grouped(changelog)
     mode = time_mode(config)
     # A stateful FROM_CHANGELOG stage in front declares the query's one watermark: a second
     # declaration would keep its buffered rows from ever being released.
@@ -203,12 +210,16 @@ def materialize(
         grouped = grouped.withColumn(_WATERMARK_COLUMN, F.timestamp_millis(moment)).withWatermark(
             _WATERMARK_COLUMN, f"{delay_ms} milliseconds"
         )
-    carried = grouped.select(*_STAGE_COLUMNS, "key", "error", "handling", "stage", "raw_key", "raw_value", "headers")
-    if config.key_buckets:
-        seeded = None if initial_state is None else bucketed_seed(initial_state, config.key_buckets).groupBy(BUCKET)
-        return bucketed(carried, config.key_buckets).groupBy(BUCKET).transformWithStateInPandas(
-            BucketProcessor(config), PACKED_NET_SPARK_SCHEMA, "Update", mode, initialState=seeded
-        )
-    if initial_state is not None:
-        raise ValueError("an initial state needs the bucket stage (key_buckets > 0)")
-    return carried.groupBy(GROUP).transformWithState(MaterializerProcessor(config), NET_SCHEMA, "Update", mode)
+    if packed:
+        stage_input = grouped.select(BUCKET, PACKED_CHANGES)
+    else:
+        carried = grouped.select(*_STAGE_COLUMNS, "key", "error", "handling", "stage", "raw_key", "raw_value", "headers")
+        if not config.key_buckets:
+            if initial_state is not None:
+                raise ValueError("an initial state needs the bucket stage (key_buckets > 0)")
+            return carried.groupBy(GROUP).transformWithState(MaterializerProcessor(config), NET_SCHEMA, "Update", mode)
+        stage_input = bucketed(carried, config.key_buckets)
+    seeded = None if initial_state is None else bucketed_seed(initial_state, config.key_buckets).groupBy(BUCKET)
+    return stage_input.groupBy(BUCKET).transformWithStateInPandas(
+        BucketProcessor(config), PACKED_NET_SPARK_SCHEMA, "Update", mode, initialState=seeded
+    )

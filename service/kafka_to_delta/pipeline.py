@@ -35,6 +35,7 @@ from service.kafka_to_delta.bad_records import (
     handle_bad_records,
 )
 from service.kafka_to_delta.batch_changes import BatchChanges, batch_changes
+from service.kafka_to_delta.bucket_packing import PACKED_SPARK_SCHEMA, PackedBuckets
 from service.kafka_to_delta.changes_source import changes_source, changes_source_name
 from service.kafka_to_delta.dead_letters import DeadLetterSink
 from service.kafka_to_delta.decode_stage import STREAM_SPARK_SCHEMA, DecodedRanges, batch_decoder
@@ -140,6 +141,18 @@ class IngestPipeline(BatchPipeline):
             reader = reader.option("maxOffsetsPerTrigger", str(self.pipeline.max_offsets_per_trigger))
         return reader.load()
 
+    def _decoded_source(self, config: StageConfig | None) -> DataFrame:
+        """The changes decoded where read: packed per key bucket when the bucket stage reads them
+        directly, else one row per change through the stateful FROM_CHANGELOG stage (if any)."""
+        decoded = DecodedRanges(self.pipeline, self.event_times)
+        name = changes_source_name(self.pipeline.name)
+        if config is not None and config.key_buckets and not needs_state(self.pipeline):
+            packed = PackedBuckets(decoded, config.key_buckets)
+            self.spark.dataSource.register(changes_source(self.pipeline.name, packed, PACKED_SPARK_SCHEMA))
+            return self._source(name, watermarked=True)
+        self.spark.dataSource.register(changes_source(self.pipeline.name, decoded, STREAM_SPARK_SCHEMA))
+        return stateful_changelog(self._source(name, watermarked=True), self.pipeline)
+
     def _prepared(self, batch: DataFrame) -> BatchChanges:
         # Exactly one action on the batch: a second one would run the stateful plan again.
         if self.reduces_where_read:
@@ -213,22 +226,20 @@ class IngestPipeline(BatchPipeline):
         checkpoint = self.settings.checkpoint_dir(self.pipeline.name)
         remove_abandoned_writes(checkpoint)
         self.seed = load_seed(self.spark, checkpoint)  # rebuild-state
+        config = stage_config(self.pipeline, stored_key_buckets(self.pipeline.name, checkpoint)) \
+            if self.pipeline.materialized else None
         if self.reduces_where_read:
             reducer = PartitionReducer(batch_decoder(self.pipeline), self.pipeline.primary_key)
             self.spark.dataSource.register(changes_source(self.pipeline.name, reducer))
             stream = self._source(changes_source_name(self.pipeline.name), watermarked=False)
         else:  # decoded where read as well: changelog rows and watermark candidates
-            decoded = DecodedRanges(self.pipeline, self.event_times)
-            self.spark.dataSource.register(changes_source(self.pipeline.name, decoded, STREAM_SPARK_SCHEMA))
-            changelog = self._source(changes_source_name(self.pipeline.name), watermarked=True)
-            stream = stateful_changelog(changelog, self.pipeline)
-        if self.pipeline.materialized:
+            stream = self._decoded_source(config)
+        if config is not None:
             # Imported here: the materializer needs pandas (50 MiB) that the plain path does not.
             from service.kafka_to_delta.materializer_stage import materialize
 
             stream = materialize(
-                stream, stage_config(self.pipeline, stored_key_buckets(self.pipeline.name, checkpoint)),
-                self.pipeline.effective_watermark_delay_seconds,
+                stream, config, self.pipeline.effective_watermark_delay_seconds,
                 declare_watermark=not needs_state(self.pipeline),
                 initial_state=None if self.seed is None else self.seed.initial_state,
             )
