@@ -33,6 +33,14 @@ _LIGHT_JVM_OPTIONS = "-XX:+UseSerialGC -Xms64m -XX:MinHeapFreeRatio=5 -XX:MaxHea
 _STATEFUL_JVM_OPTIONS = "-XX:+UseSerialGC -Xmn64m -XX:MinHeapFreeRatio=5 -XX:MaxHeapFreeRatio=20"
 
 
+# A state store commit writes what changed to a changelog file instead of flushing RocksDB and copying
+# its new files into the checkpoint; a background task snapshots every few versions. Spark switches an
+# existing checkpoint either way. A steady materializer batch of 10,000 (in-process, two runs each, with
+# the bucket documents zstd-compressed): 0.98 / 0.98 s without, 0.91 / 0.97 s with; Spark's commit time
+# over the two state stores 212-259 -> 100-150 ms with plain documents.
+_CHANGELOG_CHECKPOINTING = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
+
+
 def _default_shuffle_partitions() -> int:
     return max(2, os.cpu_count() or 2)
 
@@ -65,6 +73,7 @@ def build_spark(settings: SparkSettings | None = None, quick_jit: bool = False,
         .config("spark.sql.shuffle.partitions", str(partitions))
         .config("spark.default.parallelism", str(partitions))
         .config("spark.sql.streaming.stateStore.providerClass", _ROCKSDB_PROVIDER)
+        .config(_CHANGELOG_CHECKPOINTING, "true")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.redaction.regex", _REDACTION)

@@ -117,3 +117,17 @@ def test_state_ttl_drops_the_keys_the_watermark_left_behind_and_keeps_the_others
     # After expiry a retraction finds nothing: counted, never fatal.
     out = _call(tester, [change("-D", {"id": 2, "v": 2}, 2, event_time=20_000)])
     assert (out["[2]"]["kind"], out["[2]"]["cleared_state_warnings"]) == (None, 1)
+
+
+def test_a_document_stored_uncompressed_is_read_and_written_back_compressed():
+    # Checkpoints written before the documents were compressed hold plain JSON.
+    tester = _tester()
+    a = {"id": 1, "v": "a"}
+    _call(tester, [change("+I", a, 0)])
+    plain = orjson.dumps(_keys(tester))
+    tester.updateValueState("keys", BUCKET, (plain,))
+    out = _call(tester, [change("-U", a, 1), change("+U", {**a, "v": "a2"}, 2)])
+    assert (out["[1]"]["kind"], out["[1]"]["conflicts"], out["[1]"]["cleared_state_warnings"]) == ("+U", 0, 0)
+    [stored] = tester.peekValueState("keys", BUCKET)
+    assert stored[:1] != b"{" and len(stored) < len(orjson.dumps(_keys(tester))) + 16
+    assert json.loads(_keys(tester)["[1]"][0])  # the rules' state text survives the round trip
