@@ -35,6 +35,7 @@ RAW_SPARK_SCHEMA = (
 _BATCH_ROWS = 5_000
 US_PER_MS = 1_000
 _MAX_RESPONSE_BYTES = 1 << 30
+_QUEUED_KIB = 8 * 1024
 _POLL_TIMEOUT_S = 1.0
 _STALL_TIMEOUT_S = 120.0
 
@@ -146,6 +147,12 @@ def _read(options: dict[str, str], topic: str, partition: int, start: int, end: 
     # A broker that ignores the fetch size limits (the embedded one answers with 138 MB at a time when
     # a range holds a few hundred thousand records) must not stall the read; Kafka honours them anyway.
     config.setdefault("receive.message.max.bytes", str(_MAX_RESPONSE_BYTES))
+    # A range ends where it ends: librdkafka's default prefetch queue (64 MiB per partition) only fetches
+    # records past the range's end for the broker to send and this process to drop. 300,000 envelopes on
+    # the embedded broker, `run --until-idle` (one run each): wall 9.9-11.5 -> 7.7 s, a steady batch of
+    # 100,000 records read+decode+reduce 1.04-1.09 -> 0.53 s; 2 MiB, 8 MiB and 32 MiB gave 0.63, 0.53 and
+    # 0.98 s. A setting in the pipeline's Kafka options wins.
+    config.setdefault("queued.max.messages.kbytes", str(_QUEUED_KIB))
     # Only a partition first seen after the query started is planned below its low watermark.
     config["auto.offset.reset"] = "earliest"
     consumer = Consumer(config)
