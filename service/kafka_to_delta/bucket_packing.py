@@ -29,18 +29,20 @@ from service.kafka_to_delta.arrow_ipc import ipc_bytes
 from service.kafka_to_delta.changelog_batch import Column
 from service.kafka_to_delta.decode_stage import DecodedRanges
 from service.kafka_to_delta.event_time_progress import WATERMARK_COLUMN
-from service.kafka_to_delta.materializer_bulk import ERROR_PREFIX, EVENT_TIME, GROUP
+from service.kafka_to_delta.materializer_bulk import EVENT_TIME, GROUP
+from service.kafka_to_delta.net_changes import error_group_key
 
 BUCKET = "bucket"
 PACKED_CHANGES = "changes"
 PACKED_SPARK_SCHEMA = f"{BUCKET} bigint, {WATERMARK_COLUMN} bigint, {PACKED_CHANGES} binary"
 """One row per (decoded chunk, key bucket): the bucket, its rows' largest watermark candidate, its rows."""
-PACKED_NAMES = (
+STAGE_FIELDS = (
     GROUP, Column.KIND, Column.UPSERT_KEY, Column.ROW, Column.TYPES, Column.UNCHANGED, Column.SEQUENCE, EVENT_TIME,
     Column.TOPIC, Column.PARTITION, Column.OFFSET, Column.CHANGE_INDEX, Column.TIMESTAMP, Column.KEY, Column.ERROR,
     Column.HANDLING, Column.STAGE, Column.RAW_KEY, Column.RAW_VALUE, Column.HEADERS,
 )
-"""The columns of a packed chunk: what the bucket stage reads of a change (its group key, `_group`, first)."""
+"""What the materializer's stages read of a change (its group key, `_group`, first): the columns of a packed
+chunk, and those `materializer_stage` selects from rows."""
 _SPARK_XXHASH_SEED = 42
 _UNSIGNED = 1 << 64
 _SIGNED_TOP = 1 << 63
@@ -62,7 +64,7 @@ def group_keys(changes: pa.RecordBatch) -> list[str | None]:
     if errors.null_count == len(errors):
         return keys
     coordinates = zip(*(changes.column(name).to_pylist() for name in (Column.TOPIC, Column.PARTITION, Column.OFFSET)))
-    return [key if error is None else f"{ERROR_PREFIX}{topic}:{partition}:{offset}"
+    return [key if error is None else error_group_key(f"{topic}:{partition}:{offset}")
             for key, error, (topic, partition, offset) in zip(keys, errors.to_pylist(), coordinates)]
 
 
@@ -72,7 +74,7 @@ def packed_buckets(changes: pa.RecordBatch, buckets: int) -> pa.RecordBatch:
     bucket_of = np.fromiter((spark_bucket(g, buckets) for g in groups), np.int64, len(groups))
     event_time = pc.coalesce(changes.column(Column.EVENT_TIME), changes.column(Column.TIMESTAMP))
     columns = {GROUP: pa.array(groups, pa.string()), EVENT_TIME: event_time}
-    rows = pa.table({name: columns[name] if name in columns else changes.column(name) for name in PACKED_NAMES})
+    rows = pa.table({name: columns[name] if name in columns else changes.column(name) for name in STAGE_FIELDS})
     candidates = changes.column(WATERMARK_COLUMN)
     out_buckets, out_marks, out_changes = [], [], []
     for bucket in np.unique(bucket_of):
@@ -87,7 +89,7 @@ def packed_buckets(changes: pa.RecordBatch, buckets: int) -> pa.RecordBatch:
 
 
 def unpack_changes(values: Iterable[bytes]) -> list[dict]:
-    """The changes of packed values (`PACKED_NAMES`), as plain Python records."""
+    """The changes of packed values (`STAGE_FIELDS`), as plain Python records."""
     records: list[dict] = []
     for value in values:
         records.extend(pa.ipc.open_stream(pa.py_buffer(value)).read_all().to_pylist())

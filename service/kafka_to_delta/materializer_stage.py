@@ -37,7 +37,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle, TimerValues
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from service.kafka_to_delta.bucket_packing import PACKED_CHANGES
+from service.kafka_to_delta.bucket_packing import PACKED_CHANGES, STAGE_FIELDS
 from service.kafka_to_delta.event_time_progress import WATERMARK_COLUMN
 from service.kafka_to_delta.materializer import Materializer
 from service.kafka_to_delta.materializer_bulk import (
@@ -65,7 +65,6 @@ _WAITING_FIELDS = (
 )
 _WAITING_SCHEMA = StructType([StructField(name, kind) for name, kind in _WAITING_FIELDS])
 _WAITING_NAMES = tuple(name for name, _ in _WAITING_FIELDS)
-_STAGE_COLUMNS = (GROUP, *_WAITING_NAMES)
 
 
 def waiting_item(record: dict) -> tuple:
@@ -213,7 +212,7 @@ def materialize(
     if packed:
         stage_input = grouped.select(BUCKET, PACKED_CHANGES)
     else:
-        carried = grouped.select(*_STAGE_COLUMNS, "key", "error", "handling", "stage", "raw_key", "raw_value", "headers")
+        carried = grouped.select(*STAGE_FIELDS)
         if not config.key_buckets:
             if initial_state is not None:
                 raise ValueError("an initial state needs the bucket stage (key_buckets > 0)")

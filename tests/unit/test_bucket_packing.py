@@ -12,7 +12,7 @@ import pyarrow as pa
 from service.kafka_to_delta.bucket_packing import (
     BUCKET,
     PACKED_CHANGES,
-    PACKED_NAMES,
+    STAGE_FIELDS,
     PackedBuckets,
     packed_buckets,
     spark_bucket,
@@ -66,7 +66,7 @@ def test_every_change_lands_once_in_its_keys_bucket_with_what_the_stage_reads():
         got = []
         for row in packed:
             records = unpack_changes([row[PACKED_CHANGES]])
-            assert records and all(set(r) == set(PACKED_NAMES) for r in records), seed
+            assert records and all(set(r) == set(STAGE_FIELDS) for r in records), seed
             assert {spark_bucket(r[GROUP], 16) for r in records} == {row[BUCKET]}, seed
             marks = [changes.column(WATERMARK_COLUMN)[r[Column.OFFSET]].as_py() for r in records]
             assert row[WATERMARK_COLUMN] == max((m for m in marks if m is not None), default=None), seed
@@ -80,7 +80,7 @@ def test_every_change_lands_once_in_its_keys_bucket_with_what_the_stage_reads():
             assert record[GROUP] == expected_group, seed
             assert record[EVENT_TIME] == (source[Column.EVENT_TIME] if source[Column.EVENT_TIME] is not None
                                           else source[Column.TIMESTAMP]), seed
-            assert all(record[name] == source[name] for name in PACKED_NAMES if name not in (GROUP, EVENT_TIME)), seed
+            assert all(record[name] == source[name] for name in STAGE_FIELDS if name not in (GROUP, EVENT_TIME)), seed
 
 
 def test_a_range_is_decoded_then_packed():
