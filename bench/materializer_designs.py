@@ -45,10 +45,11 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.state import GroupState
 
+from service.kafka_to_delta.bucket_document import decode_bucket, encode_bucket
 from service.kafka_to_delta.decode_stage import CHANGELOG_SCHEMA, CHANGELOG_SPARK_SCHEMA
 from service.kafka_to_delta.materializer import Materializer, MaterializerConfig
 from service.kafka_to_delta.materializer_buckets import BUCKET, GROUP_COLUMN, bucketed
-from service.kafka_to_delta.materializer_bulk import GROUP, compact_many, decode_bucket, encode_bucket
+from service.kafka_to_delta.materializer_bulk import GROUP, compact_many
 from service.kafka_to_delta.materializer_stage import StageConfig, _grouped, materialize
 from service.kafka_to_delta.net_changes import (
     NET_ARROW_SCHEMA,

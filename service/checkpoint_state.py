@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from service.kafka_to_delta.materializer_bulk import decode_bucket
+from service.kafka_to_delta.bucket_document import decode_bucket
 from service.kafka_to_delta.materializer_state import LiveRow, Tombstone, decode_state
 
 log = logging.getLogger(__name__)

@@ -39,6 +39,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle, TimerValues
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
+from service.kafka_to_delta.bucket_document import BucketDocument
 from service.kafka_to_delta.bucket_packing import BUCKET, PACKED_CHANGES, unpack_changes
 from service.kafka_to_delta.materializer import Materializer
 from service.kafka_to_delta.materializer_bulk import (
@@ -47,11 +48,7 @@ from service.kafka_to_delta.materializer_bulk import (
     StageConfig,
     arrival,
     compact_many,
-    decode_bucket,
-    encode_bucket,
-    expire,
     is_failed,
-    next_expiry,
 )
 from service.kafka_to_delta.net_changes import PACKED_COLUMN, pack_net
 
@@ -83,6 +80,11 @@ def _records(frames: Iterator[pd.DataFrame]) -> list[dict]:
     return records
 
 
+def _document(stored: tuple | None) -> BucketDocument:
+    """The bucket's stored keys, from the value of its `keys` state (None: nothing stored)."""
+    return BucketDocument.read(None if stored is None else stored[0])
+
+
 class BucketProcessor(StatefulProcessor):
     """Applies the rules to every key of a bucket in one call; state: the bucket's keys (one document) and,
     under watermark compaction, the bucket's waiting changes."""
@@ -104,14 +106,14 @@ class BucketProcessor(StatefulProcessor):
 
     def handleInitialState(self, key: Any, initialState: pd.DataFrame, timerValues: TimerValues) -> None:
         """First micro-batch of a fresh checkpoint: merge the seeded keys into the bucket's document."""
-        stored = self.keys.get()
-        states = decode_bucket(None if stored is None else stored[0])
+        document = _document(self.keys.get())
         ttl_ms = self.config.state_ttl_ms
-        for group, state, touched in initialState[list(SEED_COLUMNS)].itertuples(index=False):
-            states[str(group)] = (str(state), int(touched) if ttl_ms and touched is not None else None)
-        if states:
-            self.keys.update((encode_bucket(states),))
-        expiry = next_expiry(states, ttl_ms)
+        seeded = {str(group): (str(state), int(touched) if ttl_ms and touched is not None else None)
+                  for group, state, touched in initialState[list(SEED_COLUMNS)].itertuples(index=False)}
+        document.replace(seeded, seeded)
+        if len(document):
+            self.keys.update((document.to_bytes(),))
+        expiry = document.next_expiry(ttl_ms)
         if expiry is not None:
             self.handle.registerTimer(int(expiry))
 
@@ -124,17 +126,19 @@ class BucketProcessor(StatefulProcessor):
         if self.config.compaction == "watermark":
             due, waiting_from = self._due(arrived, watermark)
         stored = self.keys.get()
-        states = decode_bucket(None if stored is None else stored[0])
-        before = len(states)
+        document = _document(stored)
+        touched = {r[GROUP] for r in due if not is_failed(r[GROUP])}
+        states = document.take(touched)  # only the keys this call touches become Python objects
         out = compact_many(self.rules, sorted(due, key=arrival), states, self.config.whole_row_key,
                            self.config.state_ttl_ms)
-        dropped = expire(states, self.config.state_ttl_ms, watermark)
-        if out or dropped or len(states) != before:
-            if states:
-                self.keys.update((encode_bucket(states),))
+        document.replace(touched, states)
+        dropped = document.expire(self.config.state_ttl_ms, watermark)
+        if touched or dropped:
+            if len(document):
+                self.keys.update((document.to_bytes(),))
             elif stored is not None:
                 self.keys.clear()
-        for moment in (waiting_from, next_expiry(states, self.config.state_ttl_ms)):
+        for moment in (waiting_from, document.next_expiry(self.config.state_ttl_ms)):
             if moment is not None:
                 self.handle.registerTimer(int(moment))
         if out:

@@ -10,12 +10,14 @@ import json
 import orjson
 import pandas as pd
 import pyarrow as pa
+import pytest
 from pyspark.sql.streaming.tws_tester import TwsTester
 
 from service.kafka_to_delta.decode_stage import CHANGELOG_SCHEMA
 from service.kafka_to_delta.materializer import MaterializerConfig
 from service.kafka_to_delta.materializer_buckets import GROUP_COLUMN, BucketProcessor
-from service.kafka_to_delta.materializer_bulk import StageConfig, decode_bucket
+from service.kafka_to_delta.bucket_document import decode_bucket
+from service.kafka_to_delta.materializer_bulk import StageConfig
 from service.kafka_to_delta.materializer_stage import time_mode
 from service.kafka_to_delta.net_changes import NET_ARROW_SCHEMA, NET_SCHEMA, error_group_key, unpack_net
 
@@ -119,15 +121,18 @@ def test_state_ttl_drops_the_keys_the_watermark_left_behind_and_keeps_the_others
     assert (out["[2]"]["kind"], out["[2]"]["cleared_state_warnings"]) == (None, 1)
 
 
-def test_a_document_stored_uncompressed_is_read_and_written_back_compressed():
-    # Checkpoints written before the documents were compressed hold plain JSON.
+@pytest.mark.parametrize("layout", ["plain JSON", "zstd JSON"])
+def test_a_document_of_an_earlier_layout_is_read_and_written_back_as_columns(layout):
+    # Checkpoints written before hold one JSON document per bucket, plain or zstd-compressed.
     tester = _tester()
     a = {"id": 1, "v": "a"}
     _call(tester, [change("+I", a, 0)])
     plain = orjson.dumps(_keys(tester))
-    tester.updateValueState("keys", BUCKET, (plain,))
+    earlier = plain if layout == "plain JSON" else (
+        b"\x01" + len(plain).to_bytes(8, "little") + pa.Codec("zstd").compress(plain, asbytes=True))
+    tester.updateValueState("keys", BUCKET, (earlier,))
     out = _call(tester, [change("-U", a, 1), change("+U", {**a, "v": "a2"}, 2)])
     assert (out["[1]"]["kind"], out["[1]"]["conflicts"], out["[1]"]["cleared_state_warnings"]) == ("+U", 0, 0)
     [stored] = tester.peekValueState("keys", BUCKET)
-    assert stored[:1] != b"{" and len(stored) < len(orjson.dumps(_keys(tester))) + 16
-    assert json.loads(_keys(tester)["[1]"][0])  # the rules' state text survives the round trip
+    assert stored[:1] == b"\x02"
+    assert json.loads(_keys(tester)["[1]"][0])["l"][0]["r"] == _text({**a, "v": "a2"})
