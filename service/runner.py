@@ -36,6 +36,7 @@ from service.joins import join_pipeline
 from service.kafka_to_delta.from_changelog_stage import needs_state
 from service.kafka_to_delta.pipeline import IngestPipeline
 from service.plan_upgrade import check_and_store, check_and_store_pipeline
+from service.planner_workers import stop_idle_planner_workers
 from service.settings import Settings
 from service.spark import build_spark
 from service.worker_warmup import warm_workers
@@ -88,6 +89,7 @@ class Runner:
         self.until_idle = False
         self._spark: SparkSession | None = None
         self._exports_started = False
+        self._starting: _Supervised | None = None  # the entry `_start` is starting
         self._idle_progress_s = health.DEFAULT_IDLE_PROGRESS_S
         self.endpoint: ThreadingHTTPServer | None = None  # /metrics, /healthz, /readyz (with metrics_port)
 
@@ -127,6 +129,7 @@ class Runner:
             self._start(entry)
         if not (until_idle and (self.settings.pipelines or self.settings.joins)):
             self._start_exports()
+        self._sources_planned(None)
 
     def _jvm_light(self) -> bool:
         """Whether no configured stage moves rows through the JVM's stateful operators."""
@@ -143,9 +146,23 @@ class Runner:
 
     def _start(self, entry: _Supervised) -> None:
         entry.pipeline.failure = None
-        entry.query = entry.pipeline.start(self.until_idle)
-        entry.restart_at = None
-        _wait_initialized(entry.query, self.stop_requested)
+        entry.pipeline.entered_batch = False
+        entry.pipeline.on_first_batch = lambda: self._sources_planned(entry)
+        self._starting = entry
+        try:
+            entry.query = entry.pipeline.start(self.until_idle)
+            entry.restart_at = None
+            _wait_initialized(entry.query, self.stop_requested)
+        finally:
+            self._starting = None
+
+    def _sources_planned(self, entry: _Supervised | None) -> None:
+        """`entry`'s query entered its first micro-batch (None: `start` is done): unless another query
+        is being started (queries start one by one), Spark's data-source planning processes sit idle
+        until a query starts again, and are stopped (`planner_workers`)."""
+        starting = self._starting
+        if self._spark is not None and (starting is None or starting is entry):
+            stop_idle_planner_workers(self._spark)
 
     def wait(self) -> None:
         """Supervise until every query finished or a stop was requested; then stop all.
