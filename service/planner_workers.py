@@ -46,6 +46,15 @@ def _private(jvm_object, name: str):
     return field.get(jvm_object)
 
 
+def _live_workers(factory) -> int:
+    """The factory's workers whose process is alive (it keeps stopped ones listed until they are collected)."""
+    handles = _private(factory, "daemonWorkers").values().iterator()
+    live = 0
+    while handles.hasNext():
+        live += bool(handles.next().isAlive())
+    return live
+
+
 def _stop_idle(spark: SparkSession) -> int:
     jvm = spark._jvm
     if jvm is None:
@@ -59,9 +68,7 @@ def _stop_idle(spark: SparkSession) -> int:
         key, factory = entry._1(), entry._2()
         if key.workerModule() not in PLANNER_MODULES or _private(factory, "daemon") is None:
             continue  # not a planning step's, or stopped already
-        handed_out = _private(factory, "daemonWorkers").size()
-        idle = factory.idleWorkers().size()
-        if handed_out > idle:
+        if _live_workers(factory) > factory.idleWorkers().size():
             continue  # a planning step is running right now
         factory.stop()
         stopped += 1
