@@ -49,7 +49,7 @@ from service.kafka_to_delta.bucket_document import decode_bucket, encode_bucket
 from service.kafka_to_delta.decode_stage import CHANGELOG_SCHEMA, CHANGELOG_SPARK_SCHEMA
 from service.kafka_to_delta.materializer import Materializer, MaterializerConfig
 from service.kafka_to_delta.materializer_buckets import BUCKET, GROUP_COLUMN, bucketed
-from service.kafka_to_delta.materializer_bulk import GROUP, compact_many
+from service.kafka_to_delta.materializer_bulk import GROUP, arrival, compact_many
 from service.kafka_to_delta.materializer_stage import StageConfig, _grouped, materialize
 from service.kafka_to_delta.net_changes import (
     NET_ARROW_SCHEMA,
@@ -145,7 +145,7 @@ def _apply_bucket(key: tuple, frames: Iterator[pd.DataFrame], state: GroupState)
     for record in records:
         record[GROUP] = record.pop(GROUP_COLUMN)
     states = decode_bucket(state.get[0] if state.exists else None)
-    out = compact_many(Materializer(CONFIG.rules), records, states, whole_row_key=False)
+    out = compact_many(Materializer(CONFIG.rules), sorted(records, key=arrival), states, whole_row_key=False)
     if states:
         state.update((encode_bucket(states),))
     elif state.exists:
@@ -181,7 +181,7 @@ class DeltaState:
         known = table.to_pyarrow_dataset().to_table(filter=pc.field("pk").isin(keys), columns=["pk", "state", "touched"])
         states = {pk: (state, touched) for pk, state, touched in zip(*(known.column(n).to_pylist() for n in
                                                                         ("pk", "state", "touched")))}
-        out = compact_many(self.rules, records, states, whole_row_key=False)
+        out = compact_many(self.rules, sorted(records, key=arrival), states, whole_row_key=False)
         changed = pa.table({"pk": keys, "state": [states.get(k, (None,))[0] for k in keys.to_pylist()],
                             "touched": pa.array([states.get(k, (None, None))[1] for k in keys.to_pylist()], pa.int64()),
                             "gone": [k not in states for k in keys.to_pylist()]}, schema=_STATE_TABLE_SCHEMA)

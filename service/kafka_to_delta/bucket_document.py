@@ -78,7 +78,7 @@ class BucketDocument:
         kept = self.table
         if keys:
             kept = kept.filter(pc.invert(pc.is_in(kept.column("key"), value_set=pa.array(list(keys), pa.string()))))
-        self.table = pa.concat_tables([kept, _table(states)]).combine_chunks() if states else kept
+        self.table = pa.concat_tables([kept, _table(states)]) if states else kept  # `to_bytes` combines
 
     def expire(self, ttl_ms: int, watermark_ms: int) -> int:
         """Drop the keys the watermark left behind by at least the TTL; how many were dropped."""

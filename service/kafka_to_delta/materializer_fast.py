@@ -23,11 +23,11 @@ import orjson
 from service.errors import SourceCoordinates
 from service.kafka_to_delta.materializer import STATE_CLEARED_WARNING, Counters, Materializer, NetChange, Outcome
 from service.kafka_to_delta.materializer import log as rules_log
-from service.kafka_to_delta.materializer_state import STATE_VERSION
+from service.kafka_to_delta.materializer_state import STATE_VERSION, is_position, one_row_state
 from service.redaction import shown
 
 _ADDS = frozenset(("+I", "+U"))
-_RETRACTIONS = frozenset(("-U", "-D"))
+_KINDS = _ADDS | frozenset(("-U", "-D"))
 _STATE_FIELDS = frozenset(("v", "l"))
 _ROW_FIELDS = frozenset(("r", "p", "k"))
 
@@ -42,7 +42,7 @@ def simple_outcome(rules: Materializer, pk: str, state: str | None, records: lis
         kind = record["kind"]
         if record["upsert_key"] != upsert_key or record.get("sequence") is not None:
             return None
-        if kind not in _ADDS and (kind not in _RETRACTIONS):
+        if kind not in _KINDS:
             return None
         if kind in _ADDS and not isinstance(record["row"], str):
             return None
@@ -63,7 +63,7 @@ def simple_outcome(rules: Materializer, pk: str, state: str | None, records: lis
             counters.cleared_state_warnings += 1
     text = None
     if live is not None:
-        text = orjson.dumps({"v": STATE_VERSION, "l": [{"r": live[0], "p": live[1], "k": upsert_key}]}).decode()
+        text = one_row_state(upsert_key, *live)
         counters.live_rows = 1
         counters.state_bytes = len(text.encode())
     net = None
@@ -93,11 +93,6 @@ def _stored_row(state: str | None, upsert_key: str) -> tuple[bool, tuple[str, tu
     if not isinstance(item, dict) or item.keys() != _ROW_FIELDS or item["k"] != upsert_key:
         return False, None
     row, position = item["r"], item["p"]
-    if not isinstance(row, str) or not _is_position(position):
+    if not isinstance(row, str) or not is_position(position):
         return False, None
     return True, (row, tuple(position))
-
-
-def _is_position(value: Any) -> bool:
-    return (isinstance(value, list) and len(value) == 3 and isinstance(value[0], str)
-            and isinstance(value[1], int) and isinstance(value[2], int))

@@ -74,15 +74,20 @@ class PkState:
         return not self.rows and not self.tombstones
 
 
-def _encode_row(live: LiveRow) -> dict[str, Any]:
-    out: dict[str, Any] = {"r": live.row, "p": live.position}
-    if live.key_mode == "whole_row":
+def _row_fields(upsert_key: str, row: str, position: Position, sequence: tuple | None = None,
+                key_mode: KeyMode = "upsert_key") -> dict[str, Any]:
+    out: dict[str, Any] = {"r": row, "p": position}
+    if key_mode == "whole_row":
         out["w"] = 1
-    if live.key_mode != "whole_row" or live.upsert_key != live.row:
-        out["k"] = live.upsert_key
-    if live.sequence is not None:
-        out["s"] = live.sequence
+    if key_mode != "whole_row" or upsert_key != row:
+        out["k"] = upsert_key
+    if sequence is not None:
+        out["s"] = sequence
     return out
+
+
+def _encode_row(live: LiveRow) -> dict[str, Any]:
+    return _row_fields(live.upsert_key, live.row, live.position, live.sequence, live.key_mode)
 
 
 def encode_state(state: PkState) -> str | None:
@@ -95,10 +100,22 @@ def encode_state(state: PkState) -> str | None:
     return orjson.dumps(out).decode()
 
 
+def one_row_state(upsert_key: str, row: str, position: Position) -> str:
+    """`encode_state` of a state holding one live row of `upsert_key` (upsert-key mode, no sequence, no
+    tombstone), without building the state's objects."""
+    return orjson.dumps({"v": STATE_VERSION, "l": [_row_fields(upsert_key, row, position)]}).decode()
+
+
+def is_position(value: Any) -> bool:
+    """Whether a stored value is a position: [topic, partition, offset]."""
+    return (isinstance(value, (list, tuple)) and len(value) == 3 and isinstance(value[0], str)
+            and isinstance(value[1], int) and isinstance(value[2], int))
+
+
 def _position(value: Any) -> Position:
-    topic, partition, offset = value
-    if not isinstance(topic, str) or not isinstance(partition, int) or not isinstance(offset, int):
+    if not is_position(value):
         raise TypeError("position must be [topic, partition, offset]")
+    topic, partition, offset = value
     return (topic, partition, offset)
 
 
