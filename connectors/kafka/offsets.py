@@ -55,3 +55,27 @@ def cap_rows(
             shares[tp] += 1
             remainder -= 1
     return {tp: start.get(tp, available[tp]) + shares[tp] for tp in available}
+
+
+Span = tuple[tuple[str, int], int, int]
+"""One partition's offsets to read: `((topic, partition), first, stop)`, stop exclusive."""
+
+
+def split_spans(spans: list[Span], min_pieces: int, min_rows: int) -> list[Span]:
+    """`spans`, the largest cut in two until there are `min_pieces` or no piece could keep
+    `min_rows` records; in partition then offset order, so a replay plans the very same pieces.
+
+    For readers that apply a partition's changes in offset order wherever they were read: the
+    pieces of one partition are read in parallel (Spark's `minPartitions` of its Kafka source).
+    """
+    pieces = list(spans)
+    while len(pieces) < min_pieces:
+        widest = max(range(len(pieces)), key=lambda i: (pieces[i][2] - pieces[i][1], -i), default=None)
+        if widest is None:
+            break
+        tp, first, stop = pieces[widest]
+        if stop - first < 2 * min_rows:
+            break
+        middle = first + (stop - first) // 2
+        pieces[widest:widest + 1] = [(tp, first, middle), (tp, middle, stop)]
+    return pieces

@@ -1,10 +1,11 @@
 """Kafka as a Spark streaming source (Python Data Source API), on confluent-kafka.
 
-One Spark input partition per Kafka partition with new data, read in parallel on the
-executors. The source offset is the next offset per partition; Spark keeps it in the
-checkpoint's offset log, so consumer-group commits play no part in correctness. The offset
-also carries each partition's event-time progress (`connectors.kafka.watermarks`), so the
-per-partition watermark is checkpointed with it and restored exactly on restart.
+One Spark input partition per Kafka partition with new data (or per piece of one, with
+`minPartitions`), read in parallel on the executors. The source offset is the next offset per
+partition; Spark keeps it in the checkpoint's offset log, so consumer-group commits play no
+part in correctness. The offset also carries each partition's event-time progress
+(`connectors.kafka.watermarks`), so the per-partition watermark is checkpointed with it and
+restored exactly on restart.
 
 Options (keys are case-insensitive):
   bootstrap.servers        required
@@ -18,6 +19,10 @@ Options (keys are case-insensitive):
   alignmentslackms         admission reads first from partitions less than this far ahead of
                            the one furthest behind in event time (default 0)
   ondataloss               fail (default) | earliest: when offsets still to be read were deleted
+  minpartitions            cut the largest ranges in two until a micro-batch has this many input
+                           partitions (default: one per Kafka partition); only for readers that
+                           apply a partition's records in offset order wherever they were read
+  minpartitionrows         no piece smaller than this (default 1000)
   kafka.<name>             any librdkafka option, passed through
 """
 
@@ -40,6 +45,7 @@ from service.errors import ConfigError
 FORMAT_NAME = "cdc_kafka"
 _KAFKA_PREFIX = "kafka."
 _DATA_LOSS = ("fail", "earliest")
+_MIN_PARTITION_ROWS = 1_000
 log = logging.getLogger(__name__)
 
 
@@ -97,6 +103,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.idle_timeout_ms = int(idle) if idle else None
         self.slack_ms = int(lowered.get("alignmentslackms", "0"))
         self.on_data_loss = lowered.get("ondataloss", "fail")
+        self.min_partitions = int(lowered.get("minpartitions", "0"))
+        self.min_partition_rows = int(lowered.get("minpartitionrows", str(_MIN_PARTITION_ROWS)))
         if self.on_data_loss not in _DATA_LOSS:
             raise ConfigError(f"the cdc_kafka source option 'onDataLoss' must be one of {_DATA_LOSS}")
         self.target: dict[tuple[str, int], int] | None = None
@@ -181,6 +189,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin = om.from_map(start)
         stops = om.from_map(end)
         ranges = [(tp, begin.get(tp, 0), stop) for tp, stop in sorted(stops.items()) if stop > begin.get(tp, 0)]
+        ranges = om.split_spans(ranges, self.min_partitions, self.min_partition_rows)
         floors = wm.planned_floors(end.get(wm.PROGRESS_KEY))  # as planned: a replay uses the same
         return [KafkaRange(tp[0], tp[1], first, stop, floors.get(tp)) for tp, first, stop in ranges]
 

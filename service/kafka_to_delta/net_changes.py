@@ -15,6 +15,7 @@ Both this reduction and the materializer produce `NET_SCHEMA`.
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Iterable, Iterator
 
 import pyarrow as pa
@@ -72,11 +73,16 @@ Arrow IPC stream (`pack_net` / `unpack_net`). One binary value crosses to the JV
 converted from pandas (the stage's output cost fell by about a tenth of a batch)."""
 
 
+_NET_VALUES = itemgetter(*NET_ARROW_SCHEMA.names)
+
+
 def pack_net(rows: list[dict]) -> bytes:
-    """`NET_SCHEMA` rows (dicts) as one Arrow IPC stream (built column by column: 600 rows in 1.9 ms
-    against 4.5 ms row by row with `Table.from_pylist`)."""
-    columns = [pa.array([row.get(field.name) for row in rows], field.type) for field in NET_ARROW_SCHEMA]
-    return ipc_bytes(pa.Table.from_arrays(columns, schema=NET_ARROW_SCHEMA))
+    """`NET_SCHEMA` rows (dicts holding every name) as one Arrow IPC stream, built column by column from
+    the rows' value tuples: 600 rows in 1.1-1.4 ms, against 2.0 ms a column at a time with `dict.get`
+    and 4.5 ms row by row with `Table.from_pylist`."""
+    columns = zip(*map(_NET_VALUES, rows)) if rows else [()] * len(NET_ARROW_SCHEMA)
+    arrays = [pa.array(values, field.type) for values, field in zip(columns, NET_ARROW_SCHEMA)]
+    return ipc_bytes(pa.Table.from_arrays(arrays, schema=NET_ARROW_SCHEMA))
 
 
 def unpack_net(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -118,7 +118,7 @@ class IngestPipeline(BatchPipeline):
         """Where the largest event time read per partition is handed to the source's planner."""
         return os.path.join(self.settings.checkpoint_dir(self.pipeline.name), "event_time_progress.json")
 
-    def _source(self, format_name: str, watermarked: bool) -> DataFrame:
+    def _source(self, format_name: str, watermarked: bool, min_partitions: int = 0) -> DataFrame:
         pipeline = self.pipeline
         reader = (
             self.spark.readStream.format(format_name)
@@ -139,6 +139,8 @@ class IngestPipeline(BatchPipeline):
         reader = reader.option("startingOffsets", starting)
         if self.pipeline.max_offsets_per_trigger:
             reader = reader.option("maxOffsetsPerTrigger", str(self.pipeline.max_offsets_per_trigger))
+        if min_partitions:
+            reader = reader.option("minPartitions", str(min_partitions))
         return reader.load()
 
     def _decoded_source(self, config: StageConfig | None) -> DataFrame:
@@ -149,7 +151,10 @@ class IngestPipeline(BatchPipeline):
         if config is not None and config.key_buckets and not needs_state(self.pipeline):
             packed = PackedBuckets(decoded, config.key_buckets)
             self.spark.dataSource.register(changes_source(self.pipeline.name, packed, PACKED_SPARK_SCHEMA))
-            return self._source(name, watermarked=True)
+            # The bucket stage applies a key's changes in arrival order wherever they were read, so
+            # a partition's range may be read in pieces: event-time aligned admission often gives
+            # a whole micro-batch to the one partition furthest behind, which would read on one core.
+            return self._source(name, watermarked=True, min_partitions=self.spark.sparkContext.defaultParallelism)
         self.spark.dataSource.register(changes_source(self.pipeline.name, decoded, STREAM_SPARK_SCHEMA))
         return stateful_changelog(self._source(name, watermarked=True), self.pipeline)
 

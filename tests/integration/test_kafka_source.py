@@ -83,6 +83,25 @@ def test_admission_control_caps_each_batch(spark, kafka_bootstrap, unique, workd
     assert max(sizes) <= 300 and len(sizes) >= 4
 
 
+def test_min_partitions_reads_a_lone_range_in_pieces(spark, kafka_bootstrap, unique, workdir):
+    topic = f"src-pieces-{unique}"
+    create_topics(kafka_bootstrap, [topic], 1)
+    _produce(kafka_bootstrap, topic, 1, 900)
+    spark.dataSource.register(KafkaSource)
+    frame = (spark.readStream.format(FORMAT_NAME).option("bootstrap.servers", kafka_bootstrap).option("topics", topic)
+             .option("minPartitions", "3").option("minPartitionRows", "100").load())
+    pieces = []
+
+    def collect(df, _):
+        pieces.extend(tuple(sorted(r.offset for r in part)) for part in df.rdd.glom().collect())
+
+    query = (frame.writeStream.foreachBatch(collect).option("checkpointLocation", str(workdir / "ck"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(300)
+    assert not query.isActive
+    assert [(p[0], p[-1], len(p)) for p in pieces] == [(0, 224, 225), (225, 449, 225), (450, 899, 450)]
+
+
 @pytest.mark.parametrize("starting", ["latest", "explicit"])
 def test_starting_offsets(spark, kafka_bootstrap, unique, workdir, starting):
     topic = f"src-start-{starting}-{unique}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from connectors.kafka.offsets import cap_rows, from_map, to_map
+from connectors.kafka.offsets import cap_rows, from_map, split_spans, to_map
 
 
 def test_offset_map_round_trip_is_json_friendly():
@@ -38,3 +38,36 @@ def test_cap_never_exceeds_limit_never_regresses_and_always_progresses(parts, li
     total = sum(lag for _, lag in parts.values())
     assert all(start[tp] <= end[tp] <= available[tp] for tp in parts)
     assert admitted == min(limit, total)
+
+
+def test_a_lone_range_is_cut_in_halves_for_the_slots():
+    spans = [(("t", 0), 100, 10_100)]
+    assert split_spans(spans, 2, 1_000) == [(("t", 0), 100, 5_100), (("t", 0), 5_100, 10_100)]
+    assert split_spans(spans, 4, 1_000) == [
+        (("t", 0), 100, 2_600), (("t", 0), 2_600, 5_100), (("t", 0), 5_100, 7_600), (("t", 0), 7_600, 10_100)]
+
+
+def test_small_ranges_and_enough_ranges_stay_whole():
+    assert split_spans([(("t", 0), 0, 1_999)], 2, 1_000) == [(("t", 0), 0, 1_999)]
+    enough = [(("t", 0), 0, 50_000), (("t", 1), 0, 10)]
+    assert split_spans(enough, 2, 1_000) == enough
+
+
+@given(
+    st.lists(st.integers(min_value=1, max_value=20_000), min_size=0, max_size=6),
+    st.integers(min_value=1, max_value=8),
+    st.integers(min_value=1, max_value=5_000),
+)
+def test_pieces_cover_each_partition_exactly_in_order(sizes, min_pieces, min_rows):
+    spans = [(("t", p), 1_000 * p, 1_000 * p + size) for p, size in enumerate(sizes)]
+    pieces = split_spans(spans, min_pieces, min_rows)
+    for tp, first, stop in spans:
+        own = [(a, b) for piece_tp, a, b in pieces if piece_tp == tp]
+        assert own[0][0] == first and own[-1][1] == stop
+        assert all(a < b and b == next_a for (a, b), (next_a, _) in zip(own, own[1:]))
+        if len(own) > 1:
+            assert all(b - a >= min_rows for a, b in own)
+    assert [tp for tp, _, _ in pieces] == sorted(tp for tp, _, _ in pieces)
+    assert len(pieces) <= max(len(spans), min_pieces)
+    if len(pieces) < min_pieces:  # stopped early only because no piece could be cut again
+        assert all(b - a < 2 * min_rows for _, a, b in pieces)
