@@ -75,15 +75,17 @@ def packed_buckets(changes: pa.RecordBatch, buckets: int) -> pa.RecordBatch:
     event_time = pc.coalesce(changes.column(Column.EVENT_TIME), changes.column(Column.TIMESTAMP))
     columns = {GROUP: pa.array(groups, pa.string()), EVENT_TIME: event_time}
     rows = pa.table({name: columns[name] if name in columns else changes.column(name) for name in STAGE_FIELDS})
-    candidates = changes.column(WATERMARK_COLUMN)
-    out_buckets, out_marks, out_changes = [], [], []
-    for bucket in np.unique(bucket_of):
-        where = pa.array(np.flatnonzero(bucket_of == bucket))
-        out_buckets.append(int(bucket))
-        out_marks.append(pc.max(candidates.take(where)).as_py())
-        out_changes.append(ipc_bytes(rows.take(where)))
+    # One stable sort by bucket, then a slice per bucket (a take per bucket cost 16 passes over the chunk).
+    order = pa.array(np.argsort(bucket_of, kind="stable"))
+    rows, candidates = rows.take(order), changes.column(WATERMARK_COLUMN).take(order)
+    buckets_in_order, counts = np.unique(bucket_of, return_counts=True)
+    starts = np.cumsum(counts) - counts  # where each bucket begins in the sorted rows
+    out_marks, out_changes = [], []
+    for start, count in zip(starts.tolist(), counts.tolist()):
+        out_marks.append(pc.max(candidates.slice(start, count)).as_py())
+        out_changes.append(ipc_bytes(rows.slice(start, count)))
     return pa.RecordBatch.from_arrays(
-        [pa.array(out_buckets, pa.int64()), pa.array(out_marks, pa.int64()), pa.array(out_changes, pa.binary())],
+        [pa.array(buckets_in_order, pa.int64()), pa.array(out_marks, pa.int64()), pa.array(out_changes, pa.binary())],
         names=[BUCKET, WATERMARK_COLUMN, PACKED_CHANGES],
     )
 

@@ -21,7 +21,9 @@ Initial state (`rebuild-state`): on the first micro-batch of a fresh checkpoint,
 `SEED_SCHEMA` (a primary key, its rules' state text, the event time it counts as touched at) are
 merged into their buckets' documents before that batch's changes are applied.
 
-A call's net rows leave as one Arrow IPC value (`net_changes.PACKED_NET_SPARK_SCHEMA`).
+A call's net rows leave as one Arrow IPC value (`net_changes.PACKED_NET_SPARK_SCHEMA`), or, given the
+table's primary key, already as the driver's payload rows (`partition_changes.net_payload`,
+`PAYLOAD_SPARK_SCHEMA`): typed in the call that made them, with no second Python stage after this one.
 
 The cost per micro-batch is one call per touched bucket plus rewriting those buckets' state, so
 the number of buckets trades per-call overhead against rewrite volume (docs/design/materializer-state.md).
@@ -50,7 +52,8 @@ from service.kafka_to_delta.materializer_bulk import (
     compact_many,
     is_failed,
 )
-from service.kafka_to_delta.net_changes import PACKED_COLUMN, pack_net
+from service.kafka_to_delta.net_changes import PACKED_COLUMN, net_table, pack_net
+from service.kafka_to_delta.partition_changes import net_payload
 
 GROUP_COLUMN = "group_key"  # pandas frames rename columns that start with "_"
 _BUCKET_SCHEMA = StructType([StructField("keys", BinaryType())])
@@ -89,8 +92,9 @@ class BucketProcessor(StatefulProcessor):
     """Applies the rules to every key of a bucket in one call; state: the bucket's keys (one document) and,
     under watermark compaction, the bucket's waiting changes."""
 
-    def __init__(self, config: StageConfig) -> None:
+    def __init__(self, config: StageConfig, payload_key: tuple[str, ...] | None = None) -> None:
         self.config = config
+        self.payload_key = payload_key  # the table's primary key: emit payload rows instead of packed net rows
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         """Declare the state variables."""
@@ -141,8 +145,14 @@ class BucketProcessor(StatefulProcessor):
         for moment in (waiting_from, document.next_expiry(self.config.state_ttl_ms)):
             if moment is not None:
                 self.handle.registerTimer(int(moment))
-        if out:
+        if not out:
+            return
+        if self.payload_key is None:
             yield pd.DataFrame({PACKED_COLUMN: [pack_net(out)]})
+            return
+        payload = net_payload(net_table(out), self.payload_key)
+        if payload is not None:
+            yield pd.DataFrame({name: payload.column(name).to_pylist() for name in payload.schema.names})
 
     def _due(self, arrived: list[dict], watermark: int) -> tuple[list[dict], int | None]:
         """The waiting and arrived changes the watermark reached (failed rows at once); the rest wait,

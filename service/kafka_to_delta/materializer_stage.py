@@ -52,6 +52,7 @@ from service.kafka_to_delta.materializer_bulk import (
 )
 from service.kafka_to_delta.materializer_buckets import BUCKET, BucketProcessor, bucketed, bucketed_seed
 from service.kafka_to_delta.net_changes import NET_SCHEMA, PACKED_NET_SPARK_SCHEMA
+from service.kafka_to_delta.payload_schema import PAYLOAD_SPARK_SCHEMA
 
 __all__ = ["MaterializerProcessor", "StageConfig", "materialize", "time_mode", "waiting_item"]
 
@@ -179,11 +180,14 @@ def _grouped(changelog: DataFrame) -> DataFrame:
 
 def materialize(
     changelog: DataFrame, config: StageConfig, watermark_delay_seconds: float = 0.0, declare_watermark: bool = True,
-    initial_state: DataFrame | None = None,
+    initial_state: DataFrame | None = None, payload_key: tuple[str, ...] | None = None,
 ) -> DataFrame:
     """Net changes per primary key through the keyed-state materializer: state per key bucket
     (`materializer_buckets`, the default; its rows are packed, `PACKED_NET_SPARK_SCHEMA`, read them
     with `net_changes.unpack_net`) or, with `key_buckets` 0, per key (`MaterializerProcessor`, NET_SCHEMA).
+
+    `payload_key` (the table's primary key; bucket stage only): the bucket stage emits the driver's
+    payload rows (`PAYLOAD_SPARK_SCHEMA`, `partition_changes.net_payload`) instead of packed net rows.
 
     `initial_state` (`materializer_buckets.SEED_SCHEMA`, bucket stage only): the state the first
     micro-batch of a fresh checkpoint starts from (`service.state_rebuild`).
@@ -219,6 +223,7 @@ def materialize(
             return carried.groupBy(GROUP).transformWithState(MaterializerProcessor(config), NET_SCHEMA, "Update", mode)
         stage_input = bucketed(carried, config.key_buckets)
     seeded = None if initial_state is None else bucketed_seed(initial_state, config.key_buckets).groupBy(BUCKET)
+    schema = PACKED_NET_SPARK_SCHEMA if payload_key is None else PAYLOAD_SPARK_SCHEMA
     return stage_input.groupBy(BUCKET).transformWithStateInPandas(
-        BucketProcessor(config), PACKED_NET_SPARK_SCHEMA, "Update", mode, initialState=seeded
+        BucketProcessor(config, payload_key), schema, "Update", mode, initialState=seeded
     )

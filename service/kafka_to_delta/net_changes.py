@@ -76,13 +76,18 @@ converted from pandas (the stage's output cost fell by about a tenth of a batch)
 _NET_VALUES = itemgetter(*NET_ARROW_SCHEMA.names)
 
 
-def pack_net(rows: list[dict]) -> bytes:
-    """`NET_SCHEMA` rows (dicts holding every name) as one Arrow IPC stream, built column by column from
-    the rows' value tuples: 600 rows in 1.1-1.4 ms, against 2.0 ms a column at a time with `dict.get`
-    and 4.5 ms row by row with `Table.from_pylist`."""
+def net_table(rows: list[dict]) -> pa.Table:
+    """`NET_SCHEMA` rows (dicts holding every name) as a table, built column by column from the rows'
+    value tuples: 600 rows in 1.1-1.4 ms, against 2.0 ms a column at a time with `dict.get` and 4.5 ms
+    row by row with `Table.from_pylist`."""
     columns = zip(*map(_NET_VALUES, rows)) if rows else [()] * len(NET_ARROW_SCHEMA)
     arrays = [pa.array(values, field.type) for values, field in zip(columns, NET_ARROW_SCHEMA)]
-    return ipc_bytes(pa.Table.from_arrays(arrays, schema=NET_ARROW_SCHEMA))
+    return pa.Table.from_arrays(arrays, schema=NET_ARROW_SCHEMA)
+
+
+def pack_net(rows: list[dict]) -> bytes:
+    """`NET_SCHEMA` rows (dicts holding every name) as one Arrow IPC stream (`net_table`)."""
+    return ipc_bytes(net_table(rows))
 
 
 def unpack_net(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -45,7 +45,7 @@ from service.kafka_to_delta.row_fit import BARE_MISFIT, TypedRows
 
 TRUNCATE = "TRUNCATE"
 PAYLOAD_SCHEMA = pa.schema([("part", pa.string()), ("payload", pa.binary())])  # PAYLOAD_SPARK_SCHEMA in Arrow
-__all__ = ["PAYLOAD_SCHEMA", "PAYLOAD_SPARK_SCHEMA", "NetPayload", "PartitionReducer"]
+__all__ = ["PAYLOAD_SCHEMA", "PAYLOAD_SPARK_SCHEMA", "NetPayload", "PartitionReducer", "net_payload"]
 _META_KEY = b"cdc-lakehouse"
 _IMAGE_KINDS = (ChangeKind.INSERT.value, ChangeKind.UPDATE_BEFORE.value, ChangeKind.UPDATE_AFTER.value)
 _RETRACTIONS = (ChangeKind.UPDATE_BEFORE.value, ChangeKind.DELETE.value)
@@ -215,34 +215,42 @@ COUNTERS = ("conflicts", "rollbacks", "stale_dropped", "cleared_state_warnings")
 """Materializer counters a stateful path's net rows carry; summed into the payload's metadata."""
 
 
+def net_payload(net: pa.Table, primary_key: tuple[str, ...]) -> pa.RecordBatch | None:
+    """The payload rows of net rows after a stateful stage (`net_changes.NET_SCHEMA`, at most one per
+    primary key across the whole batch), typed where they are; None when there are none."""
+    if net.num_rows == 0:
+        return None
+    info: dict[str, Any] = {"changes": int(pc.sum(net.column("changes")).as_py() or 0), "truncated": False,
+                            "counters": {c: int(pc.sum(net.column(c)).as_py() or 0) for c in COUNTERS}}
+    failed = net.filter(pc.is_valid(net.column(Column.ERROR)))
+    kind = net.column(Column.KIND)
+    truncates = net.filter(pc.equal(kind, TRUNCATE)).select([Column.TOPIC, Column.PARTITION, Column.OFFSET])
+    if truncates.num_rows:  # applied on the driver: a marker and the changes it wipes may be apart here
+        info["truncated"] = True
+        info["truncates"] = [list(row.values()) for row in truncates.to_pylist()]
+    changes = filled_net(net.filter(pc.and_(pc.is_valid(kind), pc.not_equal(kind, TRUNCATE))))
+    typed = None
+    if changes.num_rows:
+        changes = changes.append_column(Column.CHANGE_INDEX, pa.array(np.zeros(changes.num_rows, np.int32)))
+        typed, evidence = typed_changes(changes, primary_key)
+        info["types"] = evidence.to_json()
+    kept = [failed.select([c for c in FAILED_COLUMNS])] if failed.num_rows else []
+    return _payload(typed, kept, info)
+
+
 class NetPayload:
-    """The `mapInArrow` function after a stateful stage: its net rows (`net_changes.NET_SCHEMA`, at
-    most one per primary key across the whole batch) -> payloads, typed where they are. Picklable."""
+    """The `mapInArrow` function after a stateful stage that emits net rows (`net_payload` of a whole
+    Spark partition). Picklable."""
 
     def __init__(self, primary_key: tuple[str, ...]) -> None:
         self.primary_key = primary_key
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         received = list(unpack_net(batches))
-        net = pa.Table.from_batches(received) if received else None
-        if net is None or net.num_rows == 0:
-            return
-        info: dict[str, Any] = {"changes": int(pc.sum(net.column("changes")).as_py() or 0), "truncated": False,
-                      "counters": {c: int(pc.sum(net.column(c)).as_py() or 0) for c in COUNTERS}}
-        failed = net.filter(pc.is_valid(net.column(Column.ERROR)))
-        kind = net.column(Column.KIND)
-        truncates = net.filter(pc.equal(kind, TRUNCATE)).select([Column.TOPIC, Column.PARTITION, Column.OFFSET])
-        if truncates.num_rows:  # applied on the driver: a marker and the changes it wipes may be apart here
-            info["truncated"] = True
-            info["truncates"] = [list(row.values()) for row in truncates.to_pylist()]
-        changes = filled_net(net.filter(pc.and_(pc.is_valid(kind), pc.not_equal(kind, TRUNCATE))))
-        typed = None
-        if changes.num_rows:
-            changes = changes.append_column(Column.CHANGE_INDEX, pa.array(np.zeros(changes.num_rows, np.int32)))
-            typed, evidence = typed_changes(changes, self.primary_key)
-            info["types"] = evidence.to_json()
-        kept = [failed.select([c for c in FAILED_COLUMNS])] if failed.num_rows else []
-        yield _payload(typed, kept, info)
+        if received:
+            payload = net_payload(pa.Table.from_batches(received), self.primary_key)
+            if payload is not None:
+                yield payload
 
 
 def _table_or_located(rows: list[dict | None], types: dict[str, str], net: pa.Table) -> pa.Table:

@@ -5,3 +5,5 @@ read planning, the streaming source runner) can name the schema without loading 
 """
 
 PAYLOAD_SPARK_SCHEMA = "part string, payload binary"
+PAYLOAD_COLUMN = "payload"
+"""The column of `PAYLOAD_SPARK_SCHEMA` holding the Arrow IPC values."""

@@ -46,6 +46,7 @@ from service.kafka_to_delta.materializer_bulk import DEFAULT_KEY_BUCKETS, StageC
 from service.kafka_to_delta.merge_sink import MergeOutcome, MergeSink
 from service.kafka_to_delta.net_changes import net_changes
 from service.kafka_to_delta.partition_changes import COUNTERS, PAYLOAD_SPARK_SCHEMA, NetPayload, PartitionReducer
+from service.kafka_to_delta.payload_schema import PAYLOAD_COLUMN
 from service.maintenance import TableMaintenance
 from service.memory_release import release_memory
 from service.plan_upgrade import stored_key_buckets
@@ -164,8 +165,12 @@ class IngestPipeline(BatchPipeline):
             found = batch_changes(batch.toArrow())
             self._count_ranges(found)
             return found
-        net = batch if self.pipeline.materialized else net_changes(batch)
-        found = batch_changes(net.mapInArrow(NetPayload(self.pipeline.primary_key), PAYLOAD_SPARK_SCHEMA).toArrow())
+        if PAYLOAD_COLUMN in batch.columns:  # the bucket materializer typed its own net rows
+            payloads = batch
+        else:
+            net = batch if self.pipeline.materialized else net_changes(batch)
+            payloads = net.mapInArrow(NetPayload(self.pipeline.primary_key), PAYLOAD_SPARK_SCHEMA)
+        found = batch_changes(payloads.toArrow())
         self.event_times.flush()
         self._count_materializer(found.counters)
         return found
@@ -247,6 +252,7 @@ class IngestPipeline(BatchPipeline):
                 stream, config, self.pipeline.effective_watermark_delay_seconds,
                 declare_watermark=not needs_state(self.pipeline),
                 initial_state=None if self.seed is None else self.seed.initial_state,
+                payload_key=self.pipeline.primary_key if config.key_buckets else None,
             )
         writer = (
             stream

@@ -19,7 +19,9 @@ from service.kafka_to_delta.materializer_buckets import GROUP_COLUMN, BucketProc
 from service.kafka_to_delta.bucket_document import decode_bucket
 from service.kafka_to_delta.materializer_bulk import StageConfig
 from service.kafka_to_delta.materializer_stage import time_mode
+from service.kafka_to_delta.batch_changes import batch_changes
 from service.kafka_to_delta.net_changes import NET_ARROW_SCHEMA, NET_SCHEMA, error_group_key, unpack_net
+from service.kafka_to_delta.partition_changes import NetPayload
 
 BUCKET = 7
 NEVER_LATE = 2**62  # the stage does not drop late rows; TwsTester would, unless told they are never late
@@ -40,12 +42,14 @@ def change(kind: str, row: dict, offset: int, event_time: int = 5_000, **extra) 
     return values
 
 
-def _tester(strategy: str = "error", compaction: str = "batch", ttl_ms: int = 0) -> TwsTester:
+def _tester(strategy: str = "error", compaction: str = "batch", ttl_ms: int = 0,
+            payload_key: tuple[str, ...] | None = None) -> TwsTester:
     rules = MaterializerConfig(table="t1", primary_key=("id",), on_conflict=strategy)
     config = StageConfig(rules=rules, compaction=compaction, state_ttl_ms=ttl_ms, key_buckets=64)
     mode = time_mode(config)
     extractor = (lambda _row: NEVER_LATE) if mode == "EventTime" else None
-    return TwsTester(BucketProcessor(config), timeMode=mode, outputMode="Update", eventTimeExtractor=extractor)
+    processor = BucketProcessor(config, payload_key)
+    return TwsTester(processor, timeMode=mode, outputMode="Update", eventTimeExtractor=extractor)
 
 
 def _call(tester: TwsTester, changes: list[dict]) -> dict[str, dict]:
@@ -91,6 +95,30 @@ def test_failed_rows_pass_through_untouched():
     [out] = _call(tester, [bad]).values()
     assert (out["error"], out["offset"], out["raw_value"], out["kind"]) == ("bad record", 7, b"\x00", None)
     assert _keys(tester) == {}
+
+
+def test_with_the_primary_key_a_call_emits_what_the_payload_stage_makes_of_its_net_rows():
+    """The payload rows of a call (typed in the call) and those `NetPayload` makes of the same call's
+    packed net rows give the driver the same batch: changes, failed records, counts and counters."""
+    batches = [
+        [change("+I", {"id": 1, "v": "a"}, 0), change("+I", {"id": 2, "v": 2.5}, 1), change("+I", {"id": 3}, 2)],
+        [change("-U", {"id": 1, "v": "a"}, 3), change("+U", {"id": 1, "v": "b"}, 4), change("-D", {"id": 2, "v": 2.5}, 5),
+         change("-U", {"id": 9, "v": "never held"}, 6), change("+I", {"id": 3, "v": "x"}, 7, upsert_key='["other"]')],
+    ]
+    bad = change("+I", {"id": 5}, 8, error="bad record", handling="DEAD_LETTER", stage="decode", raw_value=b"\x00")
+    bad.update(kind=None, row=None)
+    batches[1].append(bad)
+    direct, staged = _tester("nothing", payload_key=("id",)), _tester("nothing")
+    for changes in batches:
+        emitted = direct.testInPandas(BUCKET, pd.DataFrame(changes))
+        packed = staged.testInPandas(BUCKET, pd.DataFrame(changes))
+        through = list(NetPayload(("id",))(iter([pa.RecordBatch.from_pandas(packed, preserve_index=False)])))
+        mine = batch_changes(pa.Table.from_pandas(emitted, preserve_index=False))
+        theirs = batch_changes(pa.Table.from_batches(through))
+        assert mine.changes.equals(theirs.changes) and mine.failed.equals(theirs.failed)
+        assert (mine.count, mine.counters, mine.truncated) == (theirs.count, theirs.counters, theirs.truncated)
+    assert (mine.changes.num_rows, mine.failed.num_rows) == (2, 1)
+    assert (mine.counters["cleared_state_warnings"], mine.counters["conflicts"]) == (1, 1)
 
 
 def test_watermark_compaction_waits_in_the_bucket_until_the_watermark_reaches_each_change():
