@@ -114,7 +114,7 @@ class Runner:
             check_and_store_pipeline(config, self.settings.checkpoint_dir(config.name))
         for join in self.settings.joins:
             check_and_store(join.name, self.settings.checkpoint_dir(join.name), join_operators(join))
-        self._spark = build_spark(self.settings.spark, quick_jit=self._jvm_light())
+        self._spark = build_spark(self.settings.spark, quick_jit=self._jvm_light(), packed_state=self._jvm_packed())
         if self.settings.pipelines or self.settings.joins:
             warm_workers(self._spark)
         self._idle_progress_s = health.idle_progress_seconds(self._spark)
@@ -135,6 +135,12 @@ class Runner:
         """Whether no configured stage moves rows through the JVM's stateful operators."""
         plain = all(not p.materialized and not needs_state(p) for p in self.settings.pipelines)
         return plain and not self.settings.joins
+
+    def _jvm_packed(self) -> bool:
+        """Whether the only stateful stage is the bucket materializer, which the changes reach packed per
+        bucket (no joins, no stateful FROM_CHANGELOG): its JVM moves one value per bucket, not a row per
+        change. A checkpoint of the per-key materializer (state layout of an early version) runs too."""
+        return not self.settings.joins and not any(needs_state(p) for p in self.settings.pipelines)
 
     def _start_exports(self) -> None:
         assert self._spark is not None, "start() creates the session first"
