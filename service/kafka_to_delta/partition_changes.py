@@ -40,11 +40,11 @@ from service.kafka_to_delta.debezium_json import JsonDocuments, compact_json, lo
 from service.kafka_to_delta.fill_unchanged import fill_unchanged, filled_net
 from service.kafka_to_delta.last_change import last_rows
 from service.kafka_to_delta.net_changes import unpack_net
-from service.kafka_to_delta.payload_schema import PAYLOAD_SPARK_SCHEMA
+from service.kafka_to_delta.payload_schema import PAYLOAD_COLUMN, PAYLOAD_SPARK_SCHEMA
 from service.kafka_to_delta.row_fit import BARE_MISFIT, TypedRows
 
 TRUNCATE = "TRUNCATE"
-PAYLOAD_SCHEMA = pa.schema([("part", pa.string()), ("payload", pa.binary())])  # PAYLOAD_SPARK_SCHEMA in Arrow
+PAYLOAD_SCHEMA = pa.schema([("part", pa.string()), (PAYLOAD_COLUMN, pa.binary())])  # PAYLOAD_SPARK_SCHEMA in Arrow
 __all__ = ["PAYLOAD_SCHEMA", "PAYLOAD_SPARK_SCHEMA", "NetPayload", "PartitionReducer", "net_payload"]
 _META_KEY = b"cdc-lakehouse"
 _IMAGE_KINDS = (ChangeKind.INSERT.value, ChangeKind.UPDATE_BEFORE.value, ChangeKind.UPDATE_AFTER.value)

@@ -45,8 +45,8 @@ from service.kafka_to_delta.materializer import MaterializerConfig
 from service.kafka_to_delta.materializer_bulk import DEFAULT_KEY_BUCKETS, StageConfig
 from service.kafka_to_delta.merge_sink import MergeOutcome, MergeSink
 from service.kafka_to_delta.net_changes import net_changes
-from service.kafka_to_delta.partition_changes import COUNTERS, PAYLOAD_SPARK_SCHEMA, NetPayload, PartitionReducer
-from service.kafka_to_delta.payload_schema import PAYLOAD_COLUMN
+from service.kafka_to_delta.partition_changes import COUNTERS, NetPayload, PartitionReducer
+from service.kafka_to_delta.payload_schema import PAYLOAD_COLUMN, PAYLOAD_SPARK_SCHEMA
 from service.maintenance import TableMaintenance
 from service.memory_release import release_memory
 from service.plan_upgrade import stored_key_buckets
