@@ -11,6 +11,12 @@ if ! command -v java >/dev/null || [ "$(java_major)" -lt 17 ]; then
   echo "installing Java 17 (Spark needs it)" >&2
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq openjdk-17-jre-headless >/dev/null
 fi
+# The JVM components of the test suite (Apache Kafka, Kafka Connect + Debezium, the Delta jars, the
+# registry) come from Maven Central through Maven, resolved once into ~/.cache/cdc-lakehouse/jars.
+if [ "${1:-}" = "test" ] && ! command -v mvn >/dev/null; then
+  echo "installing Maven (the test suite's JVM components come from Maven Central)" >&2
+  $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven >/dev/null
+fi
 # The real change-capture tests run a private PostgreSQL cluster (any version with pg_ctl).
 if [ "${1:-}" = "test" ] && ! compgen -G "/usr/lib/postgresql/*/bin/pg_ctl" >/dev/null; then
   echo "installing PostgreSQL (the change-capture tests need it)" >&2
@@ -31,6 +37,11 @@ extras=""
 bash scripts/worker_path.sh .venv/bin/python
 .venv/bin/python -c "import service, connectors, pyspark, deltalake, confluent_kafka" \
   || { echo "installation failed" >&2; exit 1; }
+# Apache Kafka (the test broker), the Delta jars (delta-spark), Kafka Connect with the Debezium
+# PostgreSQL connector, Apicurio Registry: resolved once per machine (connectors/maven_jars.py).
+if [ "${1:-}" = "test" ]; then
+  .venv/bin/python -m connectors.maven_jars resolve kafka delta connect apicurio
+fi
 # The local Spark JVM's class archive (service/jvm_class_archive.py): about 3 s off every start.
 # Written once per Java runtime and Spark version (about 20 s); a failure only costs the gain.
 .venv/bin/cdc-lakehouse prepare 2>&1 | tail -1 || true

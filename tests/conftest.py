@@ -1,7 +1,8 @@
 """Shared fixtures: one broker and one Spark session per test run; unique names per test.
 
 Broker choice: KAFKA_BOOTSTRAP set -> that broker; else a Docker engine that answers ->
-Apache Kafka through testcontainers; else the embedded noida-db broker on a free port.
+Apache Kafka through testcontainers; else Apache Kafka from the Maven jar cache
+(`connectors.kafka.apache_broker`), one KRaft node on free ports, started once per run.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import pytest
 
 from tests.schema_registry_double import schema_registry_url  # noqa: F401  (session fixture)
 
-KAFKA_IMAGE = "apache/kafka:3.9.1"
+from connectors.maven_jars import KAFKA_VERSION
+
+KAFKA_IMAGE = f"apache/kafka:{KAFKA_VERSION}"
 
 
 def _docker_answers() -> bool:
@@ -39,9 +42,9 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> str:
         with KafkaContainer(KAFKA_IMAGE).with_kraft() as container:
             yield container.get_bootstrap_server()
         return
-    from connectors.kafka.local_broker import LocalBroker
+    from connectors.kafka.apache_broker import ApacheKafkaBroker
 
-    with LocalBroker(tmp_path_factory.mktemp("broker")) as broker:
+    with ApacheKafkaBroker(tmp_path_factory.mktemp("broker")) as broker:
         yield broker.bootstrap_servers
 
 
