@@ -27,6 +27,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -196,23 +197,32 @@ def resolve(name: str) -> Path:
     return target
 
 
+def _resolve_timed(name: str) -> str:
+    cached = is_resolved(name)
+    started = time.monotonic()
+    where = resolve(name)
+    how = "cached" if cached else f"resolved in {time.monotonic() - started:.1f} s"
+    return f"{name} {COMPONENTS[name].version}: {where} ({how})"
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[0] not in ("resolve", "path") or any(a not in COMPONENTS for a in argv[1:]):
         print(f"usage: python -m connectors.maven_jars resolve|path {'|'.join(COMPONENTS)} ...", file=sys.stderr)
         return 2
-    for name in argv[1:]:
-        if argv[0] == "path":
-            print(component_dir(name))
-            continue
-        cached = is_resolved(name)
-        started = time.monotonic()
-        try:
-            where = resolve(name)
-        except JarsUnavailable as error:
-            print(f"{name}: {error}", file=sys.stderr)
-            return 1
-        how = "cached" if cached else f"resolved in {time.monotonic() - started:.1f} s"
-        print(f"{name} {COMPONENTS[name].version}: {where} ({how})")
+    if argv[0] == "path":
+        print("\n".join(str(component_dir(name)) for name in argv[1:]))
+        return 0
+    # The first component alone (it fetches Maven's own plugins into the local repository), the
+    # others side by side: a cold resolve is bound by round trips to Maven Central, not by CPU.
+    first, rest = argv[1], argv[2:]
+    try:
+        print(_resolve_timed(first), flush=True)
+        with ThreadPoolExecutor(max_workers=max(1, len(rest))) as pool:
+            for line in pool.map(_resolve_timed, rest):
+                print(line, flush=True)
+    except JarsUnavailable as error:
+        print(f"resolving the JVM components failed: {error}", file=sys.stderr)
+        return 1
     return 0
 
 
