@@ -1,14 +1,13 @@
-"""The service under chaos for `chaos_benchmark.py`: launches, SIGKILLs, broker outages, and what happened.
+"""The service under chaos for `chaos_benchmark.py`: launches, SIGKILLs, broker kills, and what happened.
 
 Each `cdc-lakehouse run CONFIG` process runs in a process group of its own (driver, JVM,
 Python workers), so a SIGKILL takes all of it, as a machine failure would. Progress is read from
 the service's own log: `pipeline NAME: batch N ...` and `export NAME: batch N ...` lines.
 
-A broker outage stops the broker with no write in flight: the feeder is paused (every record
-acknowledged) and the service frozen (SIGSTOP) while the broker takes its final snapshot,
-because noida-db keeps acknowledging writes for about 0.15 s after SIGINT and then loses them.
-The service is resumed while the broker is down, and rides the outage out through its recovery
-settings.
+A broker kill is a SIGKILL of the Apache Kafka process with whatever is in flight (the feeder's
+records, the service's reads and its export transaction), no warning to anyone; the broker is
+restarted on the same log directory (log recovery, same ports and cluster id) after a while, and
+the service rides the outage out through its recovery settings.
 """
 
 from __future__ import annotations
@@ -25,13 +24,14 @@ from pathlib import Path
 
 from chaos_workload import Feeder
 
-from connectors.kafka.local_broker import LocalBroker
+from connectors.kafka.apache_broker import ApacheKafkaBroker
 
 CLI = str(Path(sys.executable).with_name("cdc-lakehouse"))
 NAMES = {"plain": "pipeline plain", "dedup": "pipeline dedup", "export": "export plain-export"}
 PROGRESS_TIMEOUT_S = 240.0
-OUTAGE_S = (20.0, 30.0)  # longer than the source's 15 s metadata timeout: the queries do fail
-FREEZE_S = 1.0
+# Down this long before the restart begins; the restart after a SIGKILL (log recovery) adds 10-30 s,
+# so every outage outlasts the source's 15 s metadata timeout: the queries do fail.
+DOWN_S = (5.0, 20.0)
 BATCH = re.compile(r"(pipeline \S+|export \S+): batch \d+ ")
 RESTART = re.compile(r"; restart \d+ of \d+ in ")
 MAX_EXITS_IN_A_ROW = 3
@@ -81,6 +81,8 @@ class Chaos:
     unexpected_exits: list[str] = field(default_factory=list)
     exits_in_a_row: int = 0
     stalls: int = 0
+    broker_kills: int = 0
+    broker_recoveries: int = 0  # broker kills after which every pipeline and the export committed again
 
     @property
     def current(self) -> Incarnation:
@@ -170,20 +172,18 @@ def moment(chaos: Chaos, rng: random.Random, fresh: bool, startup: bool) -> str:
     return f"{delay:.1f} s after {after}" if progressed else f"after waiting {PROGRESS_TIMEOUT_S:.0f} s for {after}"
 
 
-def broker_outage(chaos: Chaos, broker: LocalBroker, feeder: Feeder, rng: random.Random) -> None:
-    """Stop the broker with no write in flight, keep it down past the metadata timeout, restart it."""
-    feeder.pause()
-    chaos.signal_group(signal.SIGSTOP)
-    time.sleep(FREEZE_S)
-    broker.stop()
-    chaos.signal_group(signal.SIGCONT)
-    time.sleep(rng.uniform(*OUTAGE_S))
+def broker_kill(broker: ApacheKafkaBroker, rng: random.Random) -> float:
+    """SIGKILL the broker mid-traffic, keep it down a while, restart it on the same log directory;
+    the seconds it was away (until it answered again)."""
+    killed = time.monotonic()
+    broker.kill()
+    time.sleep(rng.uniform(*DOWN_S))
     broker.start()
-    feeder.resume()
+    return time.monotonic() - killed
 
 
-def run_chaos(chaos: Chaos, broker: LocalBroker, feeder: Feeder, steps: list[str], rng: random.Random) -> None:
-    """Each step: wait for a random moment, then kill and relaunch, or stop and restart the broker."""
+def run_chaos(chaos: Chaos, broker: ApacheKafkaBroker, feeder: Feeder, steps: list[str], rng: random.Random) -> None:
+    """Each step: wait for a random moment, then kill and relaunch the service, or kill and restart the broker."""
     fresh = True
     for number, step in enumerate(steps, 1):
         when = moment(chaos, rng, fresh, startup=step == "kill")
@@ -193,12 +193,13 @@ def run_chaos(chaos: Chaos, broker: LocalBroker, feeder: Feeder, steps: list[str
             chaos.relaunched.append(len(chaos.runs) - 1)
         else:
             mark = chaos.current.size()
-            broker_outage(chaos, broker, feeder, rng)
+            away = broker_kill(broker, rng)
             recovered = chaos.wait_progress(mark)
-            when += f"; {chaos.current.restarts(mark)} pipeline restarts, "
+            chaos.broker_kills += 1
+            chaos.broker_recoveries += recovered
+            when += f"; broker away {away:.0f} s, {chaos.current.restarts(mark)} pipeline restarts, "
             when += "then every pipeline committed again" if recovered else "NOT recovered within the timeout"
         fresh = step == "kill"
-        print(f"  step {number:2d}/{len(steps)}: {step:<6} {when}", flush=True)
+        print(f"  step {number:2d}/{len(steps)}: {step:<11} {when}", flush=True)
         if feeder.error:
             raise SystemExit(f"FAILED: the feeder stopped: {feeder.error}")
-
