@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.schema_registry_double import schema_registry_url  # noqa: F401  (session fixture)
+from tests.registry.apicurio import apicurio_registry_url  # noqa: F401  (session fixture)
 
 from connectors.maven_jars import KAFKA_VERSION
 

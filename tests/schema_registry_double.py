@@ -1,5 +1,10 @@
 """An in-process HTTP double of the Confluent Schema Registry REST subset the project uses.
 
+Only for what a real registry cannot be made to do on demand here: server errors and outages
+(`fail_next`), counting the requests a client makes (`requests`, to test its caches), and HTTPS
+with basic or bearer auth and client certificates (Apicurio Registry's authentication needs an
+OpenID Connect server). Everything else runs against Apicurio Registry (`tests.registry.apicurio`).
+
 Serves, with Confluent's response shapes and error codes:
   GET  /schemas/ids/{id}                  {"schema": text}            40403 Schema not found
   POST /subjects/{subject}/versions       {"id": id}                  42201 Invalid schema
@@ -20,17 +25,15 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import ssl
 import threading
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 from urllib.parse import unquote
 
 import fastavro
-import pytest
 
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 SCHEMA_BY_ID = re.compile(r"^/schemas/ids/(\d+)$")
@@ -307,12 +310,3 @@ class SchemaRegistryDouble:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-
-@pytest.fixture(scope="session")
-def schema_registry_url() -> Iterator[str]:
-    """Base URL of a Schema Registry: SCHEMA_REGISTRY_URL when set, else an in-process double."""
-    if os.environ.get("SCHEMA_REGISTRY_URL"):
-        yield os.environ["SCHEMA_REGISTRY_URL"]
-        return
-    with SchemaRegistryDouble() as registry:
-        yield registry.url

@@ -26,6 +26,7 @@ from pathlib import Path
 from connectors.kafka.errors import KafkaUnavailable
 from connectors.kafka.local_broker import free_port
 from connectors.maven_jars import lib_jars
+from connectors.subprocesses import stop_group
 
 _READY_TIMEOUT_S = 120.0
 _STOP_TIMEOUT_S = 60.0
@@ -172,14 +173,7 @@ class ApacheKafkaBroker:
 
     def _signal(self, sig: signal.Signals) -> None:
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        os.killpg(process.pid, sig)
-        try:
-            process.wait(timeout=_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_group(process, sig, _STOP_TIMEOUT_S)
 
     def __enter__(self) -> "ApacheKafkaBroker":
         return self.start()

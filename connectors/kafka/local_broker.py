@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import socket
@@ -12,6 +11,7 @@ import time
 from pathlib import Path
 
 from connectors.kafka.errors import KafkaUnavailable
+from connectors.subprocesses import stop_group
 from service.errors import ConfigError
 
 _READY_TIMEOUT_S = 30.0
@@ -81,14 +81,7 @@ class LocalBroker:
     def stop(self) -> None:
         """Stop the broker (SIGINT lets it save its data), killing it if it hangs."""
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        os.killpg(process.pid, signal.SIGINT)
-        try:
-            process.wait(timeout=_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_group(process, signal.SIGINT, _STOP_TIMEOUT_S)
 
     def __enter__(self) -> "LocalBroker":
         return self.start()

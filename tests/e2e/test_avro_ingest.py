@@ -1,7 +1,10 @@
 """One workload, two wire formats: Debezium JSON (with its Connect schema block) into one topic and
 Confluent-framed Avro (schemas in a Schema Registry) into another; `cdc-lakehouse run --until-idle`
 with a `format: json` and a `format: avro-confluent` pipeline gives two identical Delta tables,
-both equal to the workload's replay."""
+both equal to the workload's replay.
+
+Registry: Apicurio Registry's ccompat API (`apicurio_registry_url`), a real Confluent-compatible
+server: the producer side registers, the service's executors fetch the schemas by id."""
 
 from __future__ import annotations
 
@@ -24,12 +27,12 @@ def _table(workdir, name: str):
     return data.schema, sorted(data.to_pylist(), key=lambda row: row["id"])
 
 
-def test_json_and_avro_of_one_workload_give_identical_tables(kafka_bootstrap, schema_registry_url, unique, workdir):
+def test_json_and_avro_of_one_workload_give_identical_tables(kafka_bootstrap, apicurio_registry_url, unique, workdir):
     workload = DebeziumWorkload(f"json.{unique}", PARTITIONS, "always", seed=5, with_timestamp=True)
     events = workload.generate(EVENTS, KEYS)
     avro_topic = f"avro.{unique}"
     avro_events = to_avro([replace(event, topic=avro_topic) for event in events],
-                          SchemaRegistryClient(schema_registry_url), with_timestamp=True)
+                          SchemaRegistryClient(apicurio_registry_url), with_timestamp=True)
     assert [(e.partition, e.key) for e in avro_events] == [(e.partition, e.key) for e in events]
     assert all(value[0] == 0 for value in (e.value for e in avro_events) if value is not None)  # Confluent framing
     create_topics(kafka_bootstrap, [workload.topic, avro_topic], PARTITIONS)
@@ -38,7 +41,7 @@ def test_json_and_avro_of_one_workload_give_identical_tables(kafka_bootstrap, sc
     pipelines = [
         {"name": "p_json", "topics": [workload.topic], "format": "json", "table": "t_json", "primary_key": ["id"]},
         {"name": "p_avro", "topics": [avro_topic], "format": "avro-confluent",
-         "schema_registry": {"url": schema_registry_url}, "table": "t_avro", "primary_key": ["id"]},
+         "schema_registry": {"url": apicurio_registry_url}, "table": "t_avro", "primary_key": ["id"]},
     ]
     result = run_cli(write_config(workdir / "config.yaml", kafka_bootstrap, workdir, pipelines), "--until-idle")
     assert result.returncode == 0, result.stderr[-3000:]

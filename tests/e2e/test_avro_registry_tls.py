@@ -2,7 +2,12 @@
 against the registry double over HTTPS (its certificate signed by a CA made here) with basic
 auth, both configured by one top-level `schema_registry:` block whose credentials come from the
 environment. A second export whose subject holds a schema the new one is not BACKWARD
-compatible with is refused by the registry; the run fails naming the subject and version."""
+compatible with is refused by the registry; the run fails naming the subject and version.
+
+Registry: the in-repo double, because this test is about HTTPS with basic auth and Apicurio
+Registry authenticates only through an OpenID Connect server (none here). The plain-HTTP Avro
+paths, the 409 of a real BACKWARD rule and schema evolution run against Apicurio Registry in
+test_avro_ingest.py, test_avro_schema_evolution.py and tests/integration/."""
 
 from __future__ import annotations
 

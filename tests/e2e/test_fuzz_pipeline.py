@@ -1,7 +1,8 @@
 """Fuzz through the real pipeline: mutated records -> Kafka -> `cdc-lakehouse run --until-idle` -> Delta.
 
 2,000 records of `tests.fuzz_records` (Debezium JSON with and without the schema block, flat
-op-coded JSON, Confluent Avro through the registry double; `EXCLUDED` says which mutations are
+op-coded JSON, Confluent Avro through Apicurio Registry's ccompat API (`apicurio_registry_url`,
+the real server the service's executors fetch schemas from); `EXCLUDED` says which mutations are
 left out and why) go to one topic per format (3 partitions each, offsets as generated), and one
 CLI run ingests every topic twice: under DEAD_LETTER (a dead-letter topic per pipeline) and under
 SKIP. The service exits 0; each table
@@ -131,13 +132,13 @@ def _assert_dead_letters(bootstrap: str, dlq_topic: str, topic: str, rejected: l
         assert letter == expected[where], f"{dlq_topic} {where}: not the record byte for byte"
 
 
-def test_mutated_records_are_applied_dead_lettered_or_skipped(kafka_bootstrap, schema_registry_url, unique, workdir):
-    fuzz = generate(SEED, RECORDS, SchemaRegistryClient(schema_registry_url), EXCLUDED)
+def test_mutated_records_are_applied_dead_lettered_or_skipped(kafka_bootstrap, apicurio_registry_url, unique, workdir):
+    fuzz = generate(SEED, RECORDS, SchemaRegistryClient(apicurio_registry_url), EXCLUDED)
     topic_of = {fmt.topic: f"{fmt.topic}-{unique}" for fmt in FORMATS.values()}
     create_topics(kafka_bootstrap, topic_of.values(), PARTITIONS)
     create_topics(kafka_bootstrap, [f"dlq-{name}-{unique}" for name in FORMATS], 1)
     _produce(kafka_bootstrap, fuzz, topic_of)
-    pipelines = [_pipeline(fmt, policy, topic_of[fmt.topic], schema_registry_url, unique)
+    pipelines = [_pipeline(fmt, policy, topic_of[fmt.topic], apicurio_registry_url, unique)
                  for fmt in FORMATS.values() for policy in POLICIES]
     config = write_config(workdir / "config.yaml", kafka_bootstrap, workdir, pipelines)
     result = run_cli(config, "--until-idle")

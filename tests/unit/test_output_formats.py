@@ -1,5 +1,8 @@
 """Record layouts and exact JSON: Debezium envelopes, flat and deletion-flag records, keys,
-tombstones, headers, and values that read back to the very column values they came from."""
+tombstones, headers, and values that read back to the very column values they came from.
+
+Registry: the one Avro test registers and decodes through Apicurio Registry's ccompat API
+(`apicurio_registry_url`, started once per run on first use)."""
 
 from __future__ import annotations
 
@@ -27,7 +30,6 @@ from service.delta_to_kafka.output_formats import (
 from service.delta_to_kafka.to_changelog import OutputRecord, ToChangelog
 from service.errors import ConfigError
 from service.kafka_to_delta.debezium_json import json_key, loads
-from tests.schema_registry_double import schema_registry_url  # noqa: F401 - fixture
 
 COMMIT_TS = datetime(2024, 5, 1, 12, 0, 0, 250_000, tzinfo=timezone.utc)
 
@@ -158,11 +160,11 @@ def test_avro_confluent_needs_serializers():
         KafkaRecordEncoder(settings)
 
 
-def test_avro_confluent_envelopes_through_the_schema_registry_encoder(schema_registry_url):  # noqa: F811
-    settings = export(preset="debezium", format="avro-confluent", schema_registry_url=schema_registry_url)
+def test_avro_confluent_envelopes_through_the_schema_registry_encoder(apicurio_registry_url):
+    settings = export(preset="debezium", format="avro-confluent", schema_registry_url=apicurio_registry_url)
     columns = {"id": "int64", "at": "timestamp_us_utc", "amount": "decimal(12,3)"}
     source = {"connector": "string", "name": "string", "table": "string", "version": "int64", "ts_ms": "int64"}
-    client = SchemaRegistryClient(schema_registry_url)
+    client = SchemaRegistryClient(apicurio_registry_url)
     key_encoder = ConfluentAvroEncoder(client, f"{settings.topic}-key",
                                        avro_schema_for("Key", {"id": "int64"}, namespace="lake.customers",
                                                        required=("id",)))

@@ -1,0 +1,1 @@
+"""Schema registries the tests run against: Apicurio Registry as a JVM subprocess (`apicurio`)."""
