@@ -34,6 +34,11 @@ from pathlib import Path
 CACHE_ENV = "CDC_LAKEHOUSE_JAR_CACHE"
 KAFKA_VERSION = "4.4.0"
 DEBEZIUM_VERSION = "3.6.3.Final"  # as the embedded engine (pydbzengine 3.6.3) and the compose stack
+# The Kafka Connect worker Debezium 3.6.3 is built against (its debezium-build-parent's version.kafka).
+# On a 4.4 worker its task fails at start: Debezium 3.6's JMX metrics name call
+# org.apache.kafka.common.utils.Sanitizer, which Kafka 4.4 moved to ...common.utils.internals
+# (NoClassDefFoundError; 3.6.1 is the same; Debezium 3.7.0 carries its own Sanitizer).
+CONNECT_VERSION = "4.3.0"
 DELTA_VERSION = "4.4.0"
 APICURIO_VERSION = "3.3.3"
 LOG4J_VERSION = "2.25.2"
@@ -66,11 +71,11 @@ COMPONENTS: dict[str, Component] = {
     "kafka": Component("kafka", KAFKA_VERSION, (f"org.apache.kafka:kafka_2.13:{KAFKA_VERSION}", *_LOG4J)),
     "connect": Component(
         "connect",
-        KAFKA_VERSION,
+        CONNECT_VERSION,
         (
-            f"org.apache.kafka:connect-runtime:{KAFKA_VERSION}",
-            f"org.apache.kafka:connect-json:{KAFKA_VERSION}",
-            f"org.apache.kafka:connect-transforms:{KAFKA_VERSION}",
+            f"org.apache.kafka:connect-runtime:{CONNECT_VERSION}",
+            f"org.apache.kafka:connect-json:{CONNECT_VERSION}",
+            f"org.apache.kafka:connect-transforms:{CONNECT_VERSION}",
             *_LOG4J,
         ),
         (f"io.debezium:debezium-connector-postgres:{DEBEZIUM_VERSION}:tar.gz:plugin",),

@@ -9,8 +9,9 @@ loader as a deployed worker loads it. Nothing of Debezium is on the worker's cla
 config/offset/status topics, replication factor 1, REST listener on a free 127.0.0.1 port) and
 waits until `GET /health` says the worker finished its start-up (joined its group, read its config
 topic). Then the REST API: `create_connector` POSTs a connector's JSON (retrying while the group
-rebalances), `wait_running` waits for the connector and every task to be RUNNING, `stop` ends the
-JVM (SIGTERM: the worker stops its tasks and leaves its group; SIGKILL if it hangs).
+rebalances), `wait_running` waits for the connector and every task to be RUNNING,
+`source_offsets` reads the offsets it committed, `stop` ends the JVM (SIGTERM: the worker stops
+its tasks and leaves its group; SIGKILL if it hangs).
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ class ConnectWorker:
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(command, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, start_new_session=True)
-        self._until(lambda: self._health() == "healthy", "ready (GET /health)", READY_TIMEOUT_S)
+        self.wait_for(lambda: self._health() == "healthy", "ready (GET /health)", READY_TIMEOUT_S)
         self.startup_seconds = time.monotonic() - started
         return self
 
@@ -157,7 +158,7 @@ class ConnectWorker:
                     raise
                 return False
 
-        self._until(created, f"connector {connector['name']} created", timeout)
+        self.wait_for(created, f"connector {connector['name']} created", timeout)
 
     def status(self, name: str) -> dict:
         """GET /connectors/<name>/status ({} while it is not known yet)."""
@@ -177,21 +178,29 @@ class ConnectWorker:
                 raise ConnectError(f"connector {name} failed:\n" + "\n".join(failed))
             return len(states) > 1 and all(s.get("state") == "RUNNING" for s in states)
 
-        self._until(running, f"connector {name} and its tasks RUNNING", timeout)
+        self.wait_for(running, f"connector {name} and its tasks RUNNING", timeout)
         return self.status(name)
 
     def delete_connector(self, name: str) -> None:
         """DELETE /connectors/<name> (stops its tasks; its committed offsets stay)."""
         self.request("DELETE", f"/connectors/{name}")
 
-    def rss_bytes(self) -> int:
-        """The worker JVM's resident set size now."""
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        raise ConnectError("no VmRSS for the worker")
+    def source_offsets(self, name: str) -> list[dict]:
+        """GET /connectors/<name>/offsets: the source offsets the worker has committed, as
+        `{"partition": {...}, "offset": {...}}` (a record's offset is committed only once Kafka
+        acknowledged it and every record the task produced before it)."""
+        return self.request("GET", f"/connectors/{name}/offsets")["offsets"]
 
-    def _until(self, done, what: str, timeout: float) -> None:
+    def rss_bytes(self, peak: bool = False) -> int:
+        """The worker JVM's resident set size now (`peak`: its high-water mark so far)."""
+        field = "VmHWM:" if peak else "VmRSS:"
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith(field):
+                return int(line.split()[1]) * 1024
+        raise ConnectError(f"no {field} for the worker")
+
+    def wait_for(self, done, what: str, timeout: float) -> None:
+        """Poll `done()` until true; ConnectError (with the log tail) on time-out or if the worker exited."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
