@@ -85,7 +85,11 @@ def worker_properties(bootstrap: str, port: int, group: str, plugin_path: Path) 
 
 
 class ConnectError(RuntimeError):
-    """The worker did not start, or its REST API refused a request for good."""
+    """The worker did not start, or its REST API answered an error (`status`: the HTTP status)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class ConnectWorker:
@@ -144,19 +148,20 @@ class ConnectWorker:
             with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as answer:
                 text = answer.read()
         except urllib.error.HTTPError as error:
-            raise ConnectError(f"{method} {path}: HTTP {error.code} {error.read()[:500]!r}") from error
+            raise ConnectError(f"{method} {path}: HTTP {error.code} {error.read()[:500]!r}", error.code) from error
         return json.loads(text) if text else {}
 
     def create_connector(self, connector: dict, timeout: float = RUNNING_TIMEOUT_S) -> None:
-        """POST /connectors with `{"name": ..., "config": {...}}`, retrying while the group rebalances."""
+        """POST /connectors with `{"name": ..., "config": {...}}`, retrying while the group rebalances
+        (done as soon as the worker lists the connector: a POST answered too late may have created it)."""
         def created() -> bool:
             try:
                 self.request("POST", "/connectors", connector)
                 return True
             except ConnectError as error:
-                if not any(f"HTTP {status}" in str(error) for status in RETRIED_STATUSES):
+                if error.status not in RETRIED_STATUSES:
                     raise
-                return False
+                return bool(self.status(connector["name"]))
 
         self.wait_for(created, f"connector {connector['name']} created", timeout)
 

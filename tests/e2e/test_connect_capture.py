@@ -1,11 +1,15 @@
-"""Debezium as users deploy it, end to end: PostgreSQL -> Kafka Connect 4.4 (distributed mode) running
-the Debezium PostgreSQL connector plugin -> Kafka -> `cdc-lakehouse run --until-idle` -> Delta; every
-Delta table equals `SELECT *` of its source table, column for column.
+"""Debezium as users deploy it, end to end: PostgreSQL -> a Kafka Connect worker (distributed mode)
+running the Debezium PostgreSQL connector plugin -> Kafka -> `cdc-lakehouse run --until-idle` ->
+Delta; every Delta table equals `SELECT *` of its source table, column for column.
 
 The worker and the plugin are the Maven Central jars of the `connect` component
-(tests/capture/connect_worker.py). The connector is registered by POSTing the JSON that the compose
-stack registers, read from deploy/debezium/postgres-inventory.json, with only `OVERRIDES` changed
-and `REMOVED` left out (each says why).
+(tests/capture/connect_worker.py): Kafka Connect 4.3.0, the Kafka Debezium 3.6.3 is built against,
+with the broker of the test session (Apache Kafka 4.4). Debezium 3.6.3 does not run on a 4.4 worker:
+its task fails at start with NoClassDefFoundError org/apache/kafka/common/utils/Sanitizer (Kafka 4.4
+moved that class to common.utils.internals; see `CONNECT_VERSION` in connectors/maven_jars.py).
+The connector is registered by POSTing the JSON that the compose stack registers, read from
+deploy/debezium/postgres-inventory.json, with only `overrides` changed and `REMOVED` left out
+(each says why).
 
 The capture runs once per module (fixture `captured`): tables and snapshot rows; the worker started;
 the connector POSTed and RUNNING with its task; the snapshot counted on the topics; the mixed
