@@ -28,6 +28,7 @@ from pathlib import Path
 
 from connectors.kafka.local_broker import free_port
 from connectors.maven_jars import archive_dir, lib_jars
+from connectors.subprocesses import stop_group
 
 MAIN = "org.apache.kafka.connect.cli.ConnectDistributed"
 DEBEZIUM_PLUGIN = "debezium-connector-postgres"
@@ -219,14 +220,7 @@ class ConnectWorker:
     def stop(self) -> None:
         """SIGTERM to the worker's process group, SIGKILL if it has not left in time; a no-op once gone."""
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_group(process, signal.SIGTERM, STOP_TIMEOUT_S)
 
     def __enter__(self) -> "ConnectWorker":
         return self.start()
