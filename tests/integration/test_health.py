@@ -1,6 +1,9 @@
 """/readyz follows the broker: ready while the pipeline runs, unready while the broker is stopped
 (first a trigger hangs, then the pipeline fails and restarts), ready again once it is back;
-/healthz stays up; the lag gauge follows the pipeline's progress."""
+/healthz stays up; the lag gauge follows the pipeline's progress.
+
+The broker is Apache Kafka of the test's own, stopped gracefully (SIGTERM: a controlled shutdown)
+and restarted on its log directory; a broker SIGKILL is tests/e2e/test_recovery.py's."""
 
 from __future__ import annotations
 
@@ -13,7 +16,8 @@ from typing import Callable
 
 import pytest
 
-from connectors.kafka.local_broker import LocalBroker, free_port
+from connectors.kafka.apache_broker import ApacheKafkaBroker
+from connectors.kafka.local_broker import free_port
 from service.runner import Runner
 from service.settings import settings_from_mapping
 from service.workload import DebeziumWorkload, create_topics, produce
@@ -60,7 +64,7 @@ def _restarting(base: str, pipeline: str) -> bool:
 
 
 def test_readyz_turns_unready_while_the_broker_is_stopped(spark, tmp_path, unique):
-    broker = LocalBroker(tmp_path / "broker").start()  # its own: this test stops and restarts it
+    broker = ApacheKafkaBroker(tmp_path / "broker").start()  # its own: this test stops and restarts it
     workload = DebeziumWorkload(f"health-{unique}", 2, "never", seed=7)
     create_topics(broker.bootstrap_servers, [workload.topic], 2)
     events = workload.generate(EVENTS, 60)  # plus a tombstone after each delete
