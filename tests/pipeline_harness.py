@@ -78,13 +78,21 @@ def wait_for_table(uri: str | Path, done: Callable[[], bool], process: subproces
 
 
 def read_committed(bootstrap: str, topic: str, timeout_s: float = 30.0) -> list:
-    """Every committed record of `topic`, each partition read to its end."""
+    """Every committed record of `topic`, each partition read to its end.
+
+    The end is the log end, not the last stable offset: Apache Kafka writes a transaction's
+    commit markers after `commit_transaction` returned, so right after a commit the LSO may still
+    be below the batch. A read_committed position passes the log end only once every transaction
+    below it is decided; a transaction left open makes this wait until `timeout_s`.
+    """
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{topic}",
                          "isolation.level": "read_committed", "enable.auto.commit": "false",
                          "session.timeout.ms": "6000"})
+    log_ends = Consumer({"bootstrap.servers": bootstrap, "group.id": f"ends-{topic}",
+                         "isolation.level": "read_uncommitted"})
     try:
         partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+        ends = {p: log_ends.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
                 for p in partitions}
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
         pending, records, deadline = {p for p, end in ends.items() if end > 0}, [], time.monotonic() + timeout_s
@@ -98,3 +106,4 @@ def read_committed(bootstrap: str, topic: str, timeout_s: float = 30.0) -> list:
         return records
     finally:
         consumer.close()
+        log_ends.close()
