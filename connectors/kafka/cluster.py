@@ -59,11 +59,20 @@ class ClusterView:
         high = self._list(partitions, OffsetSpec.latest())
         return {tp: (max(low[tp], 0), max(high[tp], 0)) for tp in partitions}
 
-    def _list(self, partitions: list[TopicPartitionKey], spec: OffsetSpec) -> dict[TopicPartitionKey, int]:
+    def log_ends(self, partitions: list[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
+        """The log end offset per partition, open transactions included (read_uncommitted).
+
+        A read_committed reader whose position reaches it has seen every transaction that began
+        before the call, decided; one that stops at the last stable offset has not, when another
+        writer's transaction is open (or its markers not yet written) below records committed later.
+        """
+        ends = self._list(partitions, OffsetSpec.latest(), IsolationLevel.READ_UNCOMMITTED)
+        return {tp: max(end, 0) for tp, end in ends.items()}
+
+    def _list(self, partitions: list[TopicPartitionKey], spec: OffsetSpec,
+              isolation: IsolationLevel = IsolationLevel.READ_COMMITTED) -> dict[TopicPartitionKey, int]:
         request = {TopicPartition(topic, partition): spec for topic, partition in partitions}
-        futures = self._admin.list_offsets(
-            request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=_METADATA_TIMEOUT_S
-        )
+        futures = self._admin.list_offsets(request, isolation_level=isolation, request_timeout=_METADATA_TIMEOUT_S)
         result = {}
         for tp, future in futures.items():
             try:

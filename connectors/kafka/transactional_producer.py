@@ -8,8 +8,13 @@ its open transaction, so afterwards this instance is the only writer for that id
 position record to the positions topic and the state records (if any) to the state topic in
 ONE transaction: a read_committed consumer sees all of them or none. `last_committed_position(key)`
 reads the positions topic back and `committed_state()` the state topic (read_committed, to the
-end, the last value per key, a null value deleting the key); call them after `open()` so no
-transaction of our own id is still pending. Both topics are compacted.
+log end, the last value per key, a null value deleting the key); call them after `open()` so no
+transaction of our own id is still pending. Both topics are compacted. The read goes to the log
+end, not to the last stable offset: the positions topic is shared by every export (and every
+dead-letter writer), and another writer's open transaction holds the stable offset below
+positions committed after it began; a reader stopping there would take an older position for
+the last one and publish a batch again. So the read waits for such a transaction to be decided
+(raising `KafkaUnavailable` when it makes no progress for the timeout).
 
 Errors: fatal librdkafka errors (fenced by a newer instance, authorization) raise
 `TransactionFatal` (terminal); abortable and retriable ones abort the transaction and raise
@@ -26,7 +31,7 @@ from typing import Iterable
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from connectors.kafka.cluster import client_config
+from connectors.kafka.cluster import ClusterView, client_config
 from connectors.kafka.errors import KafkaUnavailable
 from service.errors import TerminalError, TransientError
 
@@ -171,9 +176,14 @@ class TransactionalProducer:
         ensure_compacted_topic(self.config, topic, self.timeout_s)
         # Only committed records count, whatever the configured options say.
         committed_only = {"isolation.level": "read_committed", "enable.partition.eof": "true"}
+        view = ClusterView(self.config)
+        try:
+            ends = {p: end for (_, p), end in view.log_ends(view.partitions([topic])).items()}
+        finally:
+            view.close()
         consumer = Consumer({**client_config(self.config, purpose), **committed_only})
         try:
-            return _live_values(consumer, topic, self.timeout_s)
+            return _live_values(consumer, topic, ends, self.timeout_s)
         except KafkaException as exception:
             raise KafkaUnavailable(f"topic={topic}: cannot read {purpose}: {exception}") from None
         finally:
@@ -186,13 +196,9 @@ class TransactionalProducer:
             producer.close()
 
 
-def _live_values(consumer: Consumer, topic: str, timeout_s: float) -> dict[bytes, bytes]:
-    """Read every partition of `topic` to its end (read_committed): the last value per key, as compaction keeps."""
-    partitions = sorted(consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions)
-    ends = {
-        p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s, cached=False)[1]
-        for p in partitions
-    }
+def _live_values(consumer: Consumer, topic: str, ends: dict[int, int], timeout_s: float) -> dict[bytes, bytes]:
+    """Read every partition of `topic` to its log end `ends` (read_committed): the last value per key,
+    as compaction keeps."""
     pending = {p for p, end in ends.items() if end > 0}
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(pending)])
     live: dict[bytes, bytes] = {}
@@ -200,7 +206,8 @@ def _live_values(consumer: Consumer, topic: str, timeout_s: float) -> dict[bytes
     while pending:
         if time.monotonic() > deadline:
             # An open transaction of another writer holds the stable offset below the end.
-            raise KafkaUnavailable(f"topic={topic}: not readable to its end (no progress within {timeout_s:.0f}s)")
+            raise KafkaUnavailable(f"topic={topic}: not readable to its end (no progress within {timeout_s:.0f}s: "
+                                   "a transaction of another writer still open, or the broker away)")
         messages = consumer.consume(_READ_BATCH, _POLL_S)
         for message in messages:
             if message.error() is not None:

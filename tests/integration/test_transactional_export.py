@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from deltalake import DeltaTable, write_deltalake
 
+from connectors.kafka.errors import KafkaUnavailable
 from connectors.kafka.transactional_producer import (
     PositionRecord,
     TransactionalProducer,
@@ -101,6 +102,39 @@ def test_a_newer_instance_fences_the_older_one(kafka_bootstrap, unique):
         old.close()
         new.close()
     assert [key for key, _, _ in consume(kafka_bootstrap, f"out-{unique}")] == [b"k0", b"k1", b"k2"]
+
+
+def test_a_position_committed_behind_another_writers_open_transaction_is_not_read_stale(kafka_bootstrap, unique):
+    """Exports share one positions topic. Another writer's open transaction holds the last stable
+    offset below a position committed after it began: a restarted export must not take the older
+    position for its last one (it would publish that batch again); it waits, then reads the newest."""
+    create_topics(kafka_bootstrap, [f"out-{unique}"], 1)
+    first = _producer(kafka_bootstrap, unique)
+    other = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": f"other-{unique}"})
+    try:
+        first.send_batch(_batch(0, 1), PositionRecord("exp", b"1"))
+        other.init_transactions(30)
+        other.begin_transaction()
+        other.produce(f"positions-{unique}", key=b"other-export", value=b"7")
+        assert other.flush(30) == 0
+        first.send_batch(_batch(1, 1), PositionRecord("exp", b"2"))
+    finally:
+        first.close()
+    blocked = TransactionalProducer({"bootstrap.servers": kafka_bootstrap}, f"t-{unique}", f"out-{unique}",
+                                    f"positions-{unique}", timeout_s=10)
+    try:
+        blocked.open()
+        with pytest.raises(KafkaUnavailable, match="not readable to its end"):
+            blocked.last_committed_position("exp")  # before the fix: b"1"
+    finally:
+        blocked.close()
+    other.abort_transaction(30)
+    restarted = _producer(kafka_bootstrap, unique)
+    try:
+        restarted.open()
+        assert restarted.last_committed_position("exp") == b"2"
+    finally:
+        restarted.close()
 
 
 def test_position_names_its_state_topic_in_a_record_of_bounded_size():
