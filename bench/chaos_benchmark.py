@@ -263,7 +263,8 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"work dir kept: {workdir}")
     if not ok:
         raise SystemExit(1)
-    shutil.rmtree(workdir, ignore_errors=True)
+    if not args.keep:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from connectors.kafka.apache_broker import ApacheKafkaBroker
 CLI = str(Path(sys.executable).with_name("cdc-lakehouse"))
 NAMES = {"plain": "pipeline plain", "dedup": "pipeline dedup", "export": "export plain-export"}
 PROGRESS_TIMEOUT_S = 240.0
-# Down this long before the restart begins; the restart after a SIGKILL (log recovery) adds 10-30 s,
+# Down this long before the restart begins; the restart after a SIGKILL (log recovery) adds 10-40 s here,
 # so every outage outlasts the source's 15 s metadata timeout: the queries do fail.
 DOWN_S = (5.0, 20.0)
 BATCH = re.compile(r"(pipeline \S+|export \S+): batch \d+ ")
