@@ -30,7 +30,8 @@ CLI = str(Path(sys.executable).with_name("cdc-lakehouse"))
 NAMES = {"plain": "pipeline plain", "dedup": "pipeline dedup", "export": "export plain-export"}
 PROGRESS_TIMEOUT_S = 240.0
 # Down this long before the restart begins; the restart after a SIGKILL (log recovery) adds 10-40 s here,
-# so every outage outlasts the source's 15 s metadata timeout: the queries do fail.
+# so a query planning a batch meanwhile fails (the source's 15 s metadata timeout) and is restarted by the
+# service's recovery, while one reading or publishing inside a trigger waits for the broker.
 DOWN_S = (5.0, 20.0)
 BATCH = re.compile(r"(pipeline \S+|export \S+): batch \d+ ")
 RESTART = re.compile(r"; restart \d+ of \d+ in ")

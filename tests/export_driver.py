@@ -15,11 +15,13 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
+from connectors.kafka.cluster import ClusterView
 from connectors.kafka.transactional_producer import KafkaRecord
 
 CHANGE_HEADER = "change"
+_READ_TIMEOUT_S = 120
 
 
 def json_records(feed: pa.Table) -> list[KafkaRecord]:
@@ -36,21 +38,28 @@ def json_records(feed: pa.Table) -> list[KafkaRecord]:
 
 
 def consume(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[tuple]:
-    """Every record of partition 0 of `topic` visible at `isolation`: (key, value, headers)."""
+    """Every record of partition 0 of `topic` visible at `isolation`: (key, value, headers).
+
+    Read to the log end, not to the last stable offset: Apache Kafka writes a transaction's
+    markers after `commit_transaction` returned, so right after a commit the stable offset may
+    still be below it. A read_committed position passes the log end once every transaction below
+    it is decided.
+    """
+    end = ClusterView({"bootstrap.servers": bootstrap}).log_ends([(topic, 0)])[(topic, 0)]
     consumer = Consumer({
         "bootstrap.servers": bootstrap, "group.id": f"check-{time.monotonic_ns()}", "isolation.level": isolation,
-        "enable.partition.eof": True, "enable.auto.commit": False, "session.timeout.ms": 6000,
+        "enable.auto.commit": False, "session.timeout.ms": 6000,
     })
     consumer.assign([TopicPartition(topic, 0, 0)])
-    records = []
+    records, deadline = [], time.monotonic() + _READ_TIMEOUT_S
     try:
-        while True:
-            message = consumer.poll(30)
-            assert message is not None, f"no end of {topic} within 30s"
-            if message.error() is not None:
-                assert message.error().code() == KafkaError._PARTITION_EOF, message.error()
-                return records
-            records.append((message.key(), message.value(), message.headers()))
+        while consumer.position([TopicPartition(topic, 0)])[0].offset < end:
+            assert time.monotonic() < deadline, f"{topic} not read to its end ({end}) within {_READ_TIMEOUT_S}s"
+            message = consumer.poll(0.5)
+            if message is not None:
+                assert message.error() is None, message.error()
+                records.append((message.key(), message.value(), message.headers()))
+        return records
     finally:
         consumer.close()
 
