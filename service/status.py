@@ -119,7 +119,7 @@ def _published(settings: Settings, export: ExportSettings, uri: str, cluster: Cl
         return None
     reader = TransactionalProducer(settings.kafka.client_config(), f"{TRANSACTIONAL_ID_PREFIX}{export.name}",
                                    export.topic, DEFAULT_POSITIONS_TOPIC)  # never opened: reads only
-    value = reader.last_committed_position(export.name)
+    value = reader.last_committed_position(export.name, stable_only=True)  # no wait for other writers
     if value is None:
         return None
     position = ExportPosition.from_value(export.name, value, DEFAULT_POSITIONS_TOPIC)

@@ -164,21 +164,29 @@ class TransactionalProducer:
             raise ValueError(f"{self._where()}: state records given, but no state topic configured")
         return self.state_topic
 
-    def last_committed_position(self, key: str) -> bytes | None:
-        """The value of the last committed position record for `key`, or None if there is none."""
-        return self._committed(self.positions_topic, "positions").get(key.encode())
+    def last_committed_position(self, key: str, stable_only: bool = False) -> bytes | None:
+        """The value of the last committed position record for `key`, or None if there is none.
+
+        `stable_only`: read to the last stable offset and never wait for another writer's open
+        transaction; the answer may be an older position. For readers that only look (status, the
+        retention check), where an older position is the safe side; never for a writer resuming."""
+        return self._committed(self.positions_topic, "positions", stable_only).get(key.encode())
 
     def committed_state(self) -> dict[bytes, bytes]:
         """The live committed records of the state topic: the last value per key, deleted keys left out."""
         return self._committed(self._state_topic(), "state")
 
-    def _committed(self, topic: str, purpose: str) -> dict[bytes, bytes]:
+    def _committed(self, topic: str, purpose: str, stable_only: bool = False) -> dict[bytes, bytes]:
         ensure_compacted_topic(self.config, topic, self.timeout_s)
         # Only committed records count, whatever the configured options say.
         committed_only = {"isolation.level": "read_committed", "enable.partition.eof": "true"}
         view = ClusterView(self.config)
         try:
-            ends = {p: end for (_, p), end in view.log_ends(view.partitions([topic])).items()}
+            partitions = view.partitions([topic])
+            if stable_only:
+                ends = {p: stable for (_, p), (_, stable) in view.watermarks(partitions).items()}
+            else:
+                ends = {p: end for (_, p), end in view.log_ends(partitions).items()}
         finally:
             view.close()
         consumer = Consumer({**client_config(self.config, purpose), **committed_only})

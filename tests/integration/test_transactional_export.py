@@ -107,7 +107,8 @@ def test_a_newer_instance_fences_the_older_one(kafka_bootstrap, unique):
 def test_a_position_committed_behind_another_writers_open_transaction_is_not_read_stale(kafka_bootstrap, unique):
     """Exports share one positions topic. Another writer's open transaction holds the last stable
     offset below a position committed after it began: a restarted export must not take the older
-    position for its last one (it would publish that batch again); it waits, then reads the newest."""
+    position for its last one (it would publish that batch again); it waits, then reads the newest.
+    Readers that only look may take the older one without waiting."""
     create_topics(kafka_bootstrap, [f"out-{unique}"], 1)
     first = _producer(kafka_bootstrap, unique)
     other = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": f"other-{unique}"})
@@ -123,6 +124,8 @@ def test_a_position_committed_behind_another_writers_open_transaction_is_not_rea
     blocked = TransactionalProducer({"bootstrap.servers": kafka_bootstrap}, f"t-{unique}", f"out-{unique}",
                                     f"positions-{unique}", timeout_s=10)
     try:
+        # A reader that only looks (status, the retention check) does not wait: an older position.
+        assert blocked.last_committed_position("exp", stable_only=True) == b"1"
         blocked.open()
         with pytest.raises(KafkaUnavailable, match="not readable to its end"):
             blocked.last_committed_position("exp")  # before the fix: b"1"
