@@ -15,12 +15,16 @@ Steps 3 and 4 first check their retention against every export of the table
 (service/vacuum_retention.py) and are skipped, with a warning naming table and export, when
 an export has not read the change feed that far back.
 
+Both engines are maintained (`connectors.delta.engines.MaintainedTable`): delta-rs from the
+driver, delta-spark with Delta's own OPTIMIZE, checkpoint, log cleanup and VACUUM as Spark jobs
+(it needs the pipeline's Spark session). The retention check reads the table's log with
+delta-rs for either engine, as `status` does.
+
 Maintenance commits never collide with the pipeline's MERGE commits: both run on the same
 thread, one after the other. Another writer of the table can still conflict with a
 compaction: the step is retried on a fresh snapshot a few times. A failed or refused step
 is logged and counted, never raised: maintenance does not stop ingestion, and the next run
-tries again. Only the delta-rs engine is maintained here (delta-spark tables are maintained
-with Delta's own OPTIMIZE and VACUUM on the cluster).
+tries again.
 """
 
 from __future__ import annotations
@@ -29,19 +33,24 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Callable, Literal
+from typing import TYPE_CHECKING, Callable, Literal
 
 from deltalake import DeltaTable
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.exceptions import TableNotFoundError
 
+from connectors.delta.delta_rs import DeltaCommitConflict
+from connectors.delta.engines import MaintainedTable, open_table
 from service import metrics
 from service.settings import PipelineSettings, Settings
 from service.vacuum_retention import RetentionRefused, UnreadFeed, check_retention, log_retention, unread_feeds
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 log = logging.getLogger(__name__)
 CONFLICT_ATTEMPTS = 3
 
-Step = Callable[[DeltaTable], tuple[int, str]]  # -> (files removed, what was done)
+Step = Callable[[MaintainedTable, DeltaTable], tuple[int, str]]  # (engine, log reader) -> (files removed, what was done)
 Outcome = Literal["done", "refused", "failed"]
 
 
@@ -60,12 +69,14 @@ class TableMaintenance:
     """Compaction, checkpoints, log cleanup and VACUUM of one pipeline's table, on a schedule."""
 
     def __init__(self, settings: Settings, pipeline: PipelineSettings,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, spark: "SparkSession | None" = None) -> None:
+        """`spark`: the pipeline's session, which the delta-spark engine runs maintenance in."""
         self.settings = settings
+        self.spark = spark
         self.pipeline = pipeline
         self.config = settings.maintenance_of(pipeline)
         self.uri = settings.lakehouse.table_uri(pipeline.table)
-        self.active = self.config.enabled and settings.lakehouse.engine == "delta-rs"
+        self.active = self.config.enabled
         self._clock = clock
         self._batches = 0
         self._last_run = clock()
@@ -88,8 +99,10 @@ class TableMaintenance:
     def run(self) -> list[StepResult]:
         """Run every enabled step now; returns what each did (nothing when the table does not exist)."""
         self._batches, self._last_run, self._feeds = 0, self._clock(), None
+        lakehouse = self.settings.lakehouse
         try:
-            table = DeltaTable(self.uri, storage_options=self.settings.lakehouse.storage_options or None)
+            reader = DeltaTable(self.uri, storage_options=lakehouse.storage_options or None)
+            table = open_table(lakehouse.engine, self.uri, lakehouse.storage_options, self.spark)
         except TableNotFoundError:
             return []
         except Exception as error:  # noqa: BLE001 - maintenance never stops ingestion
@@ -102,16 +115,16 @@ class TableMaintenance:
             ("log_cleanup", config.log_cleanup, self._cleanup_logs),
             ("vacuum", config.vacuum, self._vacuum),
         ]
-        results = [self._step(name, action, table) for name, enabled, action in steps if enabled]
+        results = [self._step(name, action, table, reader) for name, enabled, action in steps if enabled]
         log.info("pipeline %s: maintenance of %s: %s", self.pipeline.name, self.uri,
                  "; ".join(f"{r.step} {r.result}: {r.detail} ({r.seconds:.2f}s)" for r in results))
         return results
 
-    def _step(self, step: str, action: Step, table: DeltaTable) -> StepResult:
+    def _step(self, step: str, action: Step, table: MaintainedTable, reader: DeltaTable) -> StepResult:
         started = time.monotonic()
         result: Outcome = "done"
         try:
-            removed, detail = _retrying(action, table)
+            removed, detail = _retrying(action, table, reader)
         except RetentionRefused as refusal:
             removed, detail, result = 0, str(refusal), "refused"
             log.warning("pipeline %s: %s", self.pipeline.name, refusal)
@@ -125,36 +138,32 @@ class TableMaintenance:
         metrics.MAINTENANCE_SECONDS.labels(name, step).observe(seconds)
         return StepResult(step, result, removed, seconds, detail)
 
-    def _compact(self, table: DeltaTable) -> tuple[int, str]:
-        size = self.config.target_file_size_bytes
-        if self.config.z_order:
-            done = table.optimize.z_order(self.pipeline.primary_key, target_size=size)
-        else:
-            done = table.optimize.compact(target_size=size)
-        removed, added = done["numFilesRemoved"], done["numFilesAdded"]
+    def _compact(self, table: MaintainedTable, reader: DeltaTable) -> tuple[int, str]:
+        z_order_by = tuple(self.pipeline.primary_key) if self.config.z_order else ()
+        removed, added = table.compact(z_order_by, self.config.target_file_size_bytes)
         return removed, f"{removed} files rewritten into {added}"
 
-    def _checkpoint(self, table: DeltaTable) -> tuple[int, str]:
-        table.create_checkpoint()
-        return 0, f"at version {table.version()}"
+    def _checkpoint(self, table: MaintainedTable, reader: DeltaTable) -> tuple[int, str]:
+        return 0, f"at version {table.checkpoint()}"
 
-    def _cleanup_logs(self, table: DeltaTable) -> tuple[int, str]:
-        retention = log_retention(table)
-        check_retention("log cleanup", retention, self._unread(table), datetime.now(timezone.utc))
-        table.cleanup_metadata()
+    def _cleanup_logs(self, table: MaintainedTable, reader: DeltaTable) -> tuple[int, str]:
+        retention = log_retention(reader)
+        check_retention("log cleanup", retention, self._unread(reader), datetime.now(timezone.utc))
+        table.cleanup_logs()
         return 0, f"log entries older than {retention.total_seconds() / 3600:.0f} h before the last checkpoint"
 
-    def _vacuum(self, table: DeltaTable) -> tuple[int, str]:
+    def _vacuum(self, table: MaintainedTable, reader: DeltaTable) -> tuple[int, str]:
         hours = self.config.vacuum_retention_hours
-        check_retention("VACUUM", timedelta(hours=hours), self._unread(table), datetime.now(timezone.utc))
-        # The retention rule above replaces delta-rs' fixed 7-day floor.
-        deleted = table.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False)
-        return len(deleted), f"{len(deleted)} files removed more than {hours} h ago deleted"
+        check_retention("VACUUM", timedelta(hours=hours), self._unread(reader), datetime.now(timezone.utc))
+        # The retention rule above replaces the engines' fixed 7-day floor.
+        deleted = table.vacuum(hours)
+        return deleted, f"{deleted} files removed more than {hours} h ago deleted"
 
     def _unread(self, table: DeltaTable) -> list[UnreadFeed]:
         """The exports' unread change feeds, read once per run (after compaction: exports only advance)."""
         if self._feeds is None:
             try:
+                table.update_incremental()
                 self._feeds = unread_feeds(self.settings, self.pipeline.table, table)
             except Exception as error:  # noqa: BLE001 - unknown positions are not safe to vacuum past
                 raise RetentionRefused(
@@ -163,13 +172,12 @@ class TableMaintenance:
         return self._feeds
 
 
-def _retrying(action: Step, table: DeltaTable) -> tuple[int, str]:
-    """Run `action`; a commit conflict with another writer is retried on a fresh snapshot."""
+def _retrying(action: Step, table: MaintainedTable, reader: DeltaTable) -> tuple[int, str]:
+    """Run `action`; a commit conflict with another writer is retried (each engine reads the latest version)."""
     for attempt in range(1, CONFLICT_ATTEMPTS + 1):
         try:
-            return action(table)
-        except CommitFailedError:
+            return action(table, reader)
+        except DeltaCommitConflict:
             if attempt == CONFLICT_ATTEMPTS:
                 raise
-            table.update_incremental()
     raise AssertionError("unreachable")

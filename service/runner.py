@@ -114,7 +114,8 @@ class Runner:
             check_and_store_pipeline(config, self.settings.checkpoint_dir(config.name))
         for join in self.settings.joins:
             check_and_store(join.name, self.settings.checkpoint_dir(join.name), join_operators(join))
-        self._spark = build_spark(self.settings.spark, quick_jit=self._jvm_light(), packed_state=self._jvm_packed())
+        self._spark = build_spark(self.settings.spark, quick_jit=self._jvm_light(), packed_state=self._jvm_packed(),
+                                  engine=self.settings.lakehouse.engine)
         if self.settings.pipelines or self.settings.joins:
             warm_workers(self._spark)
         self._idle_progress_s = health.idle_progress_seconds(self._spark)

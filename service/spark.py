@@ -1,4 +1,11 @@
-"""The only SparkSession builder."""
+"""The only SparkSession builder.
+
+With `engine="delta-spark"` the session carries the Delta jars and its SQL extension and catalog
+(`connectors.delta.delta_spark.session_conf`): the jars of the cache (connectors/maven_jars.py)
+when they are resolved, else the Maven package, which Spark resolves from Maven Central at start.
+`spark.jars` also ships them to a cluster's executors. A session that cannot run delta-spark
+stops the start with `DeltaSparkUnavailable` naming the fix.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,8 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from connectors.delta.delta_spark import DeltaSparkUnavailable, missing_delta_reason, session_conf, unresolved_failure
+from connectors.delta.engines import Engine
 from service.jvm_class_archive import dump_options, session_options
 from service.settings import SparkSettings
 
@@ -45,6 +54,24 @@ _STATEFUL_JVM_OPTIONS = "-XX:+UseSerialGC -Xmn64m -XX:MinHeapFreeRatio=5 -XX:Max
 # the bucket documents zstd-compressed): 0.98 / 0.98 s without, 0.91 / 0.97 s with; Spark's commit time
 # over the two state stores 212-259 -> 100-150 ms with plain documents.
 _CHANGELOG_CHECKPOINTING = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
+# Comma-separated settings an engine's conf and the operator's `spark.conf` both add to.
+_LISTS = ("spark.jars", "spark.jars.packages", "spark.sql.extensions")
+# Delta rebuilds a table's state from its log in this many partitions (Delta's default 50; with adaptive
+# execution off nothing merges them). The session's shuffle partitions instead: a MERGE of 2 rows on a
+# loaded 2-core machine took 12-17 s with 50 and 3-4 s with 2.
+_SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
+
+
+def _with_engine_conf(conf: dict[str, str], engine: Engine, partitions: int) -> dict[str, str]:
+    """The operator's `spark.conf` with what `engine` needs added (lists joined; other keys: the operator's win)."""
+    if engine != "delta-spark":
+        return dict(conf)
+    merged = {**session_conf(), _SNAPSHOT_PARTITIONS: str(partitions), **conf}
+    for key in _LISTS:
+        items = [i for value in (conf.get(key), session_conf().get(key)) if value for i in value.split(",")]
+        if items:
+            merged[key] = ",".join(dict.fromkeys(i.strip() for i in items))
+    return merged
 
 
 def _default_shuffle_partitions() -> int:
@@ -52,7 +79,8 @@ def _default_shuffle_partitions() -> int:
 
 
 def build_spark(settings: SparkSettings | None = None, quick_jit: bool = False,
-                class_archive_out: Path | None = None, packed_state: bool = False) -> SparkSession:
+                class_archive_out: Path | None = None, packed_state: bool = False,
+                engine: Engine = "delta-rs") -> SparkSession:
     """Create (or return the running) SparkSession configured for the pipelines.
 
     Python workers run this interpreter so they can import the project; the state
@@ -61,7 +89,7 @@ def build_spark(settings: SparkSettings | None = None, quick_jit: bool = False,
     otherwise a local JVM gets a young generation sized for stateful stages (see above), and with
     `packed_state` (only the bucket materializer is stateful) C1 compilation too. The driver's
     JVM maps the prepared class archive (`jvm_class_archive`); with `class_archive_out` it writes one
-    there at exit instead.
+    there at exit instead. `engine`: the Delta engine of the tables (delta-spark adds its jars and conf).
     """
     settings = settings or SparkSettings()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -91,8 +119,17 @@ def build_spark(settings: SparkSettings | None = None, quick_jit: bool = False,
         .config("spark.python.worker.reuse", "true")
         .config("spark.driver.extraJavaOptions", java_options)
     )
-    for key, value in settings.conf.items():
+    conf = _with_engine_conf(settings.conf, engine, partitions)
+    for key, value in conf.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    try:
+        spark = builder.getOrCreate()
+    except Exception as error:
+        if engine == "delta-spark" and "spark.jars.packages" in conf:
+            raise unresolved_failure(error) from None
+        raise
     spark.sparkContext.setLogLevel(_QUIET_LOG_LEVEL)
+    reason = missing_delta_reason(spark) if engine == "delta-spark" else None
+    if reason is not None:
+        raise DeltaSparkUnavailable(f"lakehouse.engine delta-spark: {reason}")
     return spark

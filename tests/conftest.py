@@ -50,11 +50,18 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="session")
 def spark():
-    """The one SparkSession of the test run."""
+    """The one SparkSession of the test run, able to run both Delta engines: the Delta jars of the
+    cache (connectors/maven_jars.py) with Delta's SQL extension and catalog. Without the jars in the
+    cache every test that needs Spark fails, naming the command that resolves them."""
+    from connectors.maven_jars import JarsUnavailable, lib_jars
     from service.settings import SparkSettings
     from service.spark import build_spark
 
-    session = build_spark(SparkSettings(master="local[2]", shuffle_partitions=2))
+    try:
+        lib_jars("delta")
+    except JarsUnavailable as missing:
+        pytest.fail(f"the test run's Spark session needs the Delta jars: {missing}", pytrace=False)
+    session = build_spark(SparkSettings(master="local[2]", shuffle_partitions=2), engine="delta-spark")
     yield session
     session.stop()
 

@@ -17,11 +17,12 @@ from deltalake import DeltaTable
 CLI = str(Path(sys.executable).with_name("cdc-lakehouse"))
 
 
-def write_config(path: Path, bootstrap: str, workdir: Path, pipelines: list[dict], **extra) -> Path:
-    """A YAML config with tables and checkpoints under `workdir`."""
+def write_config(path: Path, bootstrap: str, workdir: Path, pipelines: list[dict], engine: str = "delta-rs",
+                 **extra) -> Path:
+    """A YAML config with tables (written by Delta `engine`) and checkpoints under `workdir`."""
     config = {
         "kafka": {"bootstrap_servers": bootstrap},
-        "lakehouse": {"root": str(workdir / "tables")},
+        "lakehouse": {"root": str(workdir / "tables"), "engine": engine},
         "checkpoint_root": str(workdir / "checkpoints"),
         "spark": {"master": "local[2]", "shuffle_partitions": 2},
         "pipelines": pipelines,

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Transaction
-from deltalake.exceptions import DeltaError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from connectors.delta.merge_plan import DELETE_FLAG, plan_merge
 from service.errors import TerminalError, TransientError
 
-__all__ = ["DELETE_FLAG", "DeltaRsTable", "DeltaSchemaError", "DeltaWriteError"]
+__all__ = ["DELETE_FLAG", "DeltaCommitConflict", "DeltaRsTable", "DeltaSchemaError", "DeltaWriteError"]
 CDF_ENABLED = {"delta.enableChangeDataFeed": "true"}
 # Log checkpoints as delta-rs writes them, but no deletion of old log entries after a commit:
 # that is table maintenance's job, which first checks that no export still needs them.
@@ -24,6 +24,10 @@ _POST_COMMIT = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_
 
 class DeltaWriteError(TransientError):
     """A Delta commit failed in a way a retry may fix (conflict, storage hiccup)."""
+
+
+class DeltaCommitConflict(DeltaWriteError):
+    """Another writer committed first; the operation may be retried on the new version."""
 
 
 class DeltaSchemaError(TerminalError):
@@ -53,6 +57,16 @@ class DeltaRsTable:
         """The table's Arrow schema, or None when the table does not exist yet."""
         table = self._open()
         return None if table is None else pa.schema(table.schema().to_arrow())
+
+    def configuration(self) -> dict[str, str]:
+        """The table's properties (empty when the table does not exist)."""
+        table = self._open()
+        return {} if table is None else dict(table.metadata().configuration)
+
+    def history(self, limit: int) -> list[dict]:
+        """The table's last `limit` commits, newest first (empty when the table does not exist)."""
+        table = self._open()
+        return [] if table is None else table.history(limit)
 
     def last_batch(self, app_id: str) -> int | None:
         """The highest batch id committed under `app_id`, if any."""
@@ -107,3 +121,40 @@ class DeltaRsTable:
             merger.execute()
         except DeltaError as error:
             raise DeltaWriteError(f"MERGE into {self.uri} failed: {error}") from None
+
+    # --- maintenance (service/maintenance.py decides when, and checks the exports first) ---
+
+    def compact(self, z_order_by: tuple[str, ...] = (), target_size: int | None = None) -> tuple[int, int]:
+        """Rewrite small files into large ones (z-ordered by `z_order_by` when given) in one commit
+        without data change; returns (files removed, files added)."""
+        table = self._existing("compact")
+        try:
+            if z_order_by:
+                done = table.optimize.z_order(list(z_order_by), target_size=target_size)
+            else:
+                done = table.optimize.compact(target_size=target_size)
+        except CommitFailedError as error:
+            raise DeltaCommitConflict(f"OPTIMIZE of {self.uri} conflicted: {error}") from None
+        return done["numFilesRemoved"], done["numFilesAdded"]
+
+    def checkpoint(self) -> int:
+        """Write a log checkpoint at the current version; returns that version."""
+        table = self._existing("checkpoint")
+        table.create_checkpoint()
+        return table.version()
+
+    def cleanup_logs(self) -> None:
+        """Delete log entries older than the table's `delta.logRetentionDuration` before the last checkpoint."""
+        self._existing("log cleanup").cleanup_metadata()
+
+    def vacuum(self, retention_hours: int) -> int:
+        """Delete data files removed more than `retention_hours` ago (no floor: the caller checked the
+        readers); returns how many were deleted."""
+        table = self._existing("VACUUM")
+        return len(table.vacuum(retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False))
+
+    def _existing(self, what: str) -> DeltaTable:
+        table = self._open()
+        if table is None:
+            raise DeltaSchemaError(f"{what} of {self.uri}: the table does not exist")
+        return table

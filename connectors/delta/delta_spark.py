@@ -16,28 +16,36 @@ Reads of the log (schema, version, last committed batch) go through the delta-rs
 reader: Spark has no public API for a table's transaction versions, and one reader keeps
 the Arrow types the sink conforms batches to identical across engines.
 
-The Delta jars must be on the JVM classpath (`delta_spark_conf()`); without them the
-table refuses to open with `DeltaSparkUnavailable` naming what is missing.
+Column names: Delta refuses a space or any of `,;{}()=` and tabs or newlines in a column name
+unless the table maps its columns (column mapping, which delta-rs cannot read the change feed
+of), and quotes a name holding a backtick wrongly in the change feed a MERGE writes (Delta 4.4).
+delta-rs stores all of them. So this engine refuses such names with `DeltaSchemaError` naming
+them, before it writes anything. Log entries are never deleted as a side effect of a
+commit (`delta.enableExpiredLogCleanup` false; Delta otherwise cleans up after every
+checkpoint): only table maintenance does, after checking the exports (service/maintenance.py).
+
+The Delta jars must be on the JVM classpath (`session_conf()`: the jars resolved into the cache
+by connectors/maven_jars.py, else the Maven package); without them the table refuses to open
+with `DeltaSparkUnavailable` naming what is missing.
 """
 
 from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from importlib.metadata import PackageNotFoundError, version
 from typing import Callable, Iterator, Sequence, TypeVar
 
 import pyarrow as pa
-import pyspark
 from delta.tables import DeltaMergeBuilder, DeltaTable
-from py4j.java_gateway import JavaClass
+from py4j.java_gateway import JavaClass, JavaObject, JVMView
 from py4j.protocol import Py4JError, Py4JJavaError
 from pyspark.errors import AnalysisException, PySparkException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from connectors.delta.delta_rs import CDF_ENABLED, DeltaRsTable, DeltaSchemaError, DeltaWriteError
+from connectors.delta.delta_rs import CDF_ENABLED, DeltaCommitConflict, DeltaRsTable, DeltaSchemaError, DeltaWriteError
 from connectors.delta.merge_plan import MergePlan, plan_merge
+from connectors.maven_jars import COMPONENTS, JarsUnavailable, is_resolved, lib_jars
 from service.errors import TerminalError
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
@@ -45,7 +53,17 @@ TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 DELTA_TABLE_CLASS = "io.delta.tables.DeltaTable"
-_SCALA_VERSION = "2.13"
+_MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
+_OPTIMIZE_MAX_FILE_SIZE = "spark.databricks.delta.optimize.maxFileSize"
+# The retention is checked against the table's readers by the caller (service/vacuum_retention.py),
+# in place of Delta's fixed floor of 7 days; VACUUM writes its START / END commits (files deleted).
+_VACUUM_CONF = {"spark.databricks.delta.retentionDurationCheck.enabled": "false",
+                "spark.databricks.delta.vacuum.logging.enabled": "true"}
+_CONFLICT_PACKAGE = "io.delta.exceptions."
+NO_LOG_CLEANUP_ON_COMMIT = {"delta.enableExpiredLogCleanup": "false"}
+# Characters Delta refuses in column names unless the table maps them (DeltaColumnMapping), and the
+# backtick, which Delta 4.4's MERGE quotes wrongly in the change feed it writes.
+_UNSTORABLE = frozenset(" ,;{}()\n\t=`")
 _T = TypeVar("_T")
 
 
@@ -54,13 +72,8 @@ class DeltaSparkUnavailable(TerminalError):
 
 
 def delta_artifact() -> str:
-    """Maven coordinates of the Delta jar matching the installed delta-spark and pyspark."""
-    try:
-        delta_version = version("delta_spark")
-    except PackageNotFoundError:
-        raise DeltaSparkUnavailable("the delta-spark Python package is not installed") from None
-    spark_major_minor = ".".join(pyspark.__version__.split(".")[:2])
-    return f"io.delta:delta-spark_{spark_major_minor}_{_SCALA_VERSION}:{delta_version}"
+    """Maven coordinates of the Delta jar (the `delta` component of connectors/maven_jars.py)."""
+    return COMPONENTS["delta"].dependencies[0]
 
 
 def delta_spark_conf(jars: Sequence[str] = ()) -> dict[str, str]:
@@ -71,6 +84,44 @@ def delta_spark_conf(jars: Sequence[str] = ()) -> dict[str, str]:
     else:
         conf["spark.jars.packages"] = delta_artifact()
     return conf
+
+
+def session_conf() -> dict[str, str]:
+    """Spark settings for a new session running delta-spark: the jars of the cache when they are
+    resolved (no network at start), else the Maven package (Spark resolves it with Ivy)."""
+    return delta_spark_conf([str(jar) for jar in lib_jars("delta")] if is_resolved("delta") else ())
+
+
+def unresolved_failure(error: BaseException) -> DeltaSparkUnavailable:
+    """The error to raise when a session given `spark.jars.packages` (jars not in the cache) failed to start."""
+    return DeltaSparkUnavailable(
+        f"Spark did not start with spark.jars.packages={delta_artifact()} ({_reason(error)}; Spark's output above "
+        f"says why: most often Maven Central cannot be reached) and {_cache_fix()}"
+    )
+
+
+def _cache_fix() -> str:
+    """How to put the Delta jars into the cache (the jar cache's own words)."""
+    try:
+        lib_jars("delta")
+    except JarsUnavailable as missing:
+        return str(missing)
+    return "the Delta jars are in the cache"
+
+
+def unstorable_names(names: Sequence[str]) -> list[str]:
+    """The names among `names` delta-spark cannot write (see the module's text)."""
+    return [name for name in dict.fromkeys(names) if _UNSTORABLE.intersection(name)]
+
+
+def _refuse_unstorable(uri: str, names: Sequence[str]) -> None:
+    unstorable = unstorable_names(names)
+    if unstorable:
+        raise DeltaSchemaError(
+            f"table {uri}: delta-spark cannot write columns named {unstorable} (Delta refuses a space or any of "
+            "',;{}()=' in a column name without column mapping, whose change feed delta-rs cannot read, and "
+            "Delta 4.4's MERGE writes a wrong change feed for a backtick); rename them or use lakehouse.engine delta-rs"
+        )
 
 
 def txn_conf(app_id: str, batch_id: int) -> dict[str, str]:
@@ -98,8 +149,8 @@ def missing_delta_reason(spark: SparkSession) -> str | None:
     if not _class_loaded(spark, DELTA_TABLE_CLASS):
         return (
             f"the Delta Lake jars are not on the Spark classpath (class {DELTA_TABLE_CLASS} not found); "
-            f"start Spark with spark.jars.packages={delta_artifact()} (needs Maven access) "
-            "or with the jars in spark.jars"
+            f"start Spark with the jars in spark.jars or with spark.jars.packages={delta_artifact()} "
+            f"(service/spark.py build_spark does either for lakehouse.engine delta-spark); {_cache_fix()}"
         )
     extensions = spark.conf.get("spark.sql.extensions", "") or ""
     if DELTA_EXTENSION not in extensions:
@@ -113,6 +164,15 @@ def _reason(error: BaseException) -> str:
         return str(error.java_exception.getClass().getName())
     condition = error.getCondition() if isinstance(error, PySparkException) else None
     return f"{type(error).__name__} ({condition})" if condition else type(error).__name__
+
+
+def _is_conflict(error: BaseException) -> bool:
+    """Whether a failed Delta operation lost a race with another writer (Delta's concurrent
+    modification exceptions, as Py4J or as PySpark hands them over)."""
+    if isinstance(error, Py4JJavaError):
+        return str(error.java_exception.getClass().getName()).startswith(_CONFLICT_PACKAGE)
+    condition = error.getCondition() if isinstance(error, PySparkException) else None
+    return bool(condition) and "CONCURRENT" in str(condition)
 
 
 def normalize_cdf(table: pa.Table) -> pa.Table:
@@ -138,8 +198,12 @@ class DeltaSparkTable:
         self.uri = uri
         self.storage_options = storage_options or None
         self._session = spark.newSession()
+        # The MERGE source is an Arrow table held by the driver: deterministic, so Delta need not copy
+        # it before its two passes (a 2-row MERGE on a loaded 2-core machine: ~1 s less).
+        self._session.conf.set(_MATERIALIZE_SOURCE, "none")
         self._log = DeltaRsTable(uri, storage_options)
         self._lock = threading.Lock()
+        self._log_kept = False
 
     def schema(self) -> pa.Schema | None:
         """The table's Arrow schema, or None when the table does not exist yet."""
@@ -155,9 +219,10 @@ class DeltaSparkTable:
 
     def create(self, schema: pa.Schema) -> None:
         """Create the table (change data feed on) unless it exists."""
+        _refuse_unstorable(self.uri, schema.names)
         builder = DeltaTable.createIfNotExists(self._session).location(self.uri)
         builder = builder.addColumns(from_arrow_schema(schema))
-        for key, value in CDF_ENABLED.items():
+        for key, value in {**CDF_ENABLED, **NO_LOG_CLEANUP_ON_COMMIT}.items():
             builder = builder.property(key, value)
         self._run(f"create {self.uri}", builder.execute)
 
@@ -165,8 +230,10 @@ class DeltaSparkTable:
         """Delete every row, committed with the batch's application transaction."""
         if self.schema() is None:
             return
-        with self._lock, self._transaction(app_id, batch_id):
-            self._run(f"truncate {self.uri}", lambda: DeltaTable.forPath(self._session, self.uri).delete())
+        with self._lock:
+            self._keep_log_on_commit()
+            with self._transaction(app_id, batch_id):
+                self._run(f"truncate {self.uri}", lambda: DeltaTable.forPath(self._session, self.uri).delete())
 
     def merge(
         self, changes: pa.Table, primary_key: tuple[str, ...], app_id: str, batch_id: int, truncate: bool = False
@@ -177,7 +244,9 @@ class DeltaSparkTable:
         if existing is None:
             raise DeltaSchemaError(f"table {self.uri} does not exist; create it first")
         plan = plan_merge(changes.schema, primary_key, existing)
+        _refuse_unstorable(self.uri, [*existing.names, *(f.name for f in plan.new_columns)])
         with self._lock:
+            self._keep_log_on_commit()
             if plan.new_columns:
                 self._add_columns(plan.new_columns)
             with self._transaction(app_id, batch_id):
@@ -213,6 +282,81 @@ class DeltaSparkTable:
         writer = empty.write.format("delta").mode("append").option("mergeSchema", "true")
         self._run(f"add columns {[f.name for f in fields]} to {self.uri}", lambda: writer.save(self.uri))
 
+    def _keep_log_on_commit(self) -> None:
+        """Turn off Delta's log cleanup after commits once per opened table (a table another engine
+        created may lack the setting); only maintenance deletes log entries."""
+        if not self._log_kept:
+            self._set_properties(NO_LOG_CLEANUP_ON_COMMIT)
+            self._log_kept = True
+
+    # --- maintenance (service/maintenance.py decides when, and checks the exports first) ---
+
+    def compact(self, z_order_by: tuple[str, ...] = (), target_size: int | None = None) -> tuple[int, int]:
+        """Delta's OPTIMIZE (ZORDER BY `z_order_by` when given) in one commit without data change;
+        returns (files removed, files added)."""
+        if target_size is not None:
+            self._session.conf.set(_OPTIMIZE_MAX_FILE_SIZE, str(target_size))
+        optimize = DeltaTable.forPath(self._session, self.uri).optimize()
+        with self._lock:
+            result = self._run(
+                f"OPTIMIZE of {self.uri}",
+                lambda: (optimize.executeZOrderBy(*z_order_by) if z_order_by else optimize.executeCompaction()).collect(),
+            )
+        metrics = result[0]["metrics"]
+        return int(metrics["numFilesRemoved"]), int(metrics["numFilesAdded"])
+
+    def checkpoint(self) -> int:
+        """A log checkpoint at the current version. Delta deletes expired log entries after every
+        checkpoint unless the table says not to, so that is said first."""
+        with self._lock:
+            self._keep_log_on_commit()
+            log, snapshot = self._delta_log()
+            self._run(f"checkpoint of {self.uri}", lambda: log.checkpoint(snapshot, self._none()))
+            return int(snapshot.version())
+
+    def cleanup_logs(self) -> None:
+        """Delete log entries older than the table's `delta.logRetentionDuration` before the last
+        checkpoint (Delta's own cleanup, which it otherwise runs after a checkpoint)."""
+        with self._lock:
+            log, snapshot = self._delta_log()
+            granularity = getattr(log, "cleanUpExpiredLogs$default$4")()  # Delta's default: by day
+            self._run(f"log cleanup of {self.uri}",
+                      lambda: log.cleanUpExpiredLogs(snapshot, self._none(), self._none(), granularity))
+
+    def vacuum(self, retention_hours: int) -> int:
+        """Delta's VACUUM with `retention_hours` (no floor of its own); returns how many files it deleted
+        (from its VACUUM END commit)."""
+        for key, value in _VACUUM_CONF.items():
+            self._session.conf.set(key, value)
+        table = DeltaTable.forPath(self._session, self.uri)
+        with self._lock:
+            self._run(f"VACUUM of {self.uri}", lambda: table.vacuum(float(retention_hours)))
+        ends = [commit for commit in self._log.history(3) if commit.get("operation") == "VACUUM END"]
+        return int((ends[0].get("operationMetrics") or {}).get("numDeletedFiles", 0)) if ends else 0
+
+    def _delta_log(self) -> tuple[JavaObject, JavaObject]:
+        """Delta's log of the table (JVM) and its snapshot at the latest version."""
+        log = self._jvm().org.apache.spark.sql.delta.DeltaLog.forTable(self._session._jsparkSession, self.uri)
+        return log, log.update(False, self._none(), self._none())
+
+    def _none(self) -> JavaObject:
+        return self._jvm().scala.Option.empty()
+
+    def _jvm(self) -> JVMView:
+        jvm = self._session._jvm
+        assert jvm is not None, "checked when the table was opened (missing_delta_reason)"
+        return jvm
+
+    def _set_properties(self, properties: dict[str, str]) -> None:
+        """Table properties set in one commit, unless the table already has them."""
+        configuration = self._log.configuration()
+        if all(configuration.get(key) == value for key, value in properties.items()):
+            return
+        pairs = ", ".join(f"'{key}' = '{value}'" for key, value in properties.items())
+        location = self.uri.replace("`", "``")
+        self._run(f"set {sorted(properties)} on {self.uri}",
+                  lambda: self._session.sql(f"ALTER TABLE delta.`{location}` SET TBLPROPERTIES ({pairs})"))
+
     @contextmanager
     def _transaction(self, app_id: str, batch_id: int) -> Iterator[None]:
         # Set only around one write: any other write in this session would carry the txn too.
@@ -231,4 +375,6 @@ class DeltaSparkTable:
         except AnalysisException as error:
             raise DeltaSchemaError(f"{what} failed: {_reason(error)}") from None
         except (PySparkException, Py4JJavaError) as error:
+            if _is_conflict(error):
+                raise DeltaCommitConflict(f"{what} conflicted with another commit: {_reason(error)}") from None
             raise DeltaWriteError(f"{what} failed: {_reason(error)}") from None

@@ -52,10 +52,34 @@ class DeltaEngineTable(Protocol):
         deleted in the same commit (a source TRUNCATE followed by the batch's changes)."""
 
 
+class MaintainedTable(Protocol):
+    """What table maintenance (service/maintenance.py) needs from one Delta table; both engines
+    satisfy it. A commit conflict raises `DeltaCommitConflict`."""
+
+    uri: str
+
+    def compact(self, z_order_by: tuple[str, ...] = (), target_size: int | None = None) -> tuple[int, int]:
+        """Rewrite small files (z-ordered by `z_order_by` when given) in one commit without data
+        change; returns (files removed, files added)."""
+
+    def checkpoint(self) -> int:
+        """Write a log checkpoint at the current version (deleting no log entry); returns that version."""
+
+    def cleanup_logs(self) -> None:
+        """Delete log entries older than the table's `delta.logRetentionDuration` before the last checkpoint."""
+
+    def vacuum(self, retention_hours: int) -> int:
+        """Delete data files removed more than `retention_hours` ago (no floor of its own); returns how many."""
+
+
+class EngineTable(DeltaEngineTable, MaintainedTable, Protocol):
+    """A table of either engine: written by the MERGE sink, maintained between its batches."""
+
+
 if TYPE_CHECKING:
     # Every engine satisfies the whole protocol: mypy fails here when one misses a member
     # or a parameter (the sink calls each of them).
-    _ENGINES_CONFORM: tuple[type[DeltaEngineTable], ...] = (DeltaRsTable, DeltaSparkTable)
+    _ENGINES_CONFORM: tuple[type[EngineTable], ...] = (DeltaRsTable, DeltaSparkTable)
 
 
 def open_table(
@@ -63,7 +87,7 @@ def open_table(
     uri: str,
     storage_options: dict[str, str] | None = None,
     spark: "SparkSession | None" = None,
-) -> DeltaEngineTable:
+) -> EngineTable:
     """The table at `uri` written by `engine`; delta-spark needs the running `spark` session."""
     if engine == "delta-rs":
         from connectors.delta.delta_rs import DeltaRsTable

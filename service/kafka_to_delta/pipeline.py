@@ -88,7 +88,7 @@ class IngestPipeline(BatchPipeline):
         lakehouse = settings.lakehouse
         self.table = open_table(lakehouse.engine, lakehouse.table_uri(pipeline.table), lakehouse.storage_options, spark)
         self.sink = MergeSink(self.table, pipeline.primary_key)
-        self.maintenance = TableMaintenance(settings, pipeline)
+        self.maintenance = TableMaintenance(settings, pipeline, spark=spark)
         self.committed_batches = 0
         self.last_outcome: MergeOutcome | None = None
         self.failure: BaseException | None = None

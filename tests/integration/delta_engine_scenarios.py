@@ -1,21 +1,10 @@
 """Engine conformance scenarios: the same actions through any `DeltaEngineTable`, observed
 the same way (tables read back with delta-rs), so two engines can be compared.
-
-Run as a program it opens its own Spark session with the Delta jars on the classpath and
-runs every scenario through `DeltaSparkTable` (a session created earlier in the same
-process, such as the test run's shared one, cannot gain jars):
-
-    python -m tests.integration.delta_engine_scenarios ROOT OUT.json [JAR,JAR]
-
-With no jars the session resolves the Delta package from Maven. OUT.json holds
-{"unavailable": reason} or {"scenarios": {name: {"observed": ...} | {"error": traceback}}}.
 """
 
 from __future__ import annotations
 
 import json
-import sys
-import traceback
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,28 +18,28 @@ from service.kafka_to_delta.merge_sink import MergeSink
 
 OpenEngine = Callable[[str], DeltaEngineTable]
 APP = "cdc-lakehouse/test/engine"
-KEY = ("te`nant", "id")
+KEY = ("te-nant", "id")
 UNAVAILABLE = "__debezium_unavailable_value"
-DATA = pa.schema([("te`nant", pa.string()), ("id", pa.int64()), ("name", pa.string()), ("odd col.x", pa.string())])
+DATA = pa.schema([("te-nant", pa.string()), ("id", pa.int64()), ("name", pa.string()), ("odd-col.x", pa.string())])
 
 
 def batch(rows: list[dict], deletes: list[bool], kept: list[bool] | None = None, email: list | None = None) -> pa.Table:
-    """Net changes with the control columns: delete flag and a keep flag for `odd col.x`."""
+    """Net changes with the control columns: delete flag and a keep flag for `odd-col.x`."""
     columns = {f.name: pa.array([r.get(f.name) for r in rows], f.type) for f in DATA}
     if email is not None:
         columns["email"] = pa.array(email, pa.string())
     columns[DELETE_FLAG] = pa.array(deletes, pa.bool_())
-    columns[keep_flag("odd col.x")] = pa.array(kept or [False] * len(rows), pa.bool_())
+    columns[keep_flag("odd-col.x")] = pa.array(kept or [False] * len(rows), pa.bool_())
     return pa.table(columns)
 
 
 def _row(i: int, name: str, odd: str | None = None) -> dict:
-    return {"te`nant": "t", "id": i, "name": name, "odd col.x": odd}
+    return {"te-nant": "t", "id": i, "name": name, "odd-col.x": odd}
 
 
 FIRST = batch([_row(1, "a", "o1"), _row(2, "b", "o2")], deletes=[False, False])
 SECOND = batch(
-    [_row(1, "a2", UNAVAILABLE), {"te`nant": "t", "id": 2}, _row(3, "c", UNAVAILABLE)],  # unchanged TOAST: keep
+    [_row(1, "a2", UNAVAILABLE), {"te-nant": "t", "id": 2}, _row(3, "c", UNAVAILABLE)],  # unchanged TOAST: keep
     deletes=[False, True, False], kept=[True, False, True], email=["a@x", None, None],
 )
 
@@ -80,7 +69,7 @@ def merge_with_truncate(open_engine: OpenEngine, root: Path) -> dict[str, Any]:
     table = open_engine(str(root / "t"))
     table.create(DATA)
     table.merge(FIRST, KEY, APP, 0)
-    after_truncate = batch([_row(1, "a3", "o3"), {"te`nant": "t", "id": 4}, _row(5, "e")], [False, True, False])
+    after_truncate = batch([_row(1, "a3", "o3"), {"te-nant": "t", "id": 4}, _row(5, "e")], [False, True, False])
     version = table.version()
     table.merge(after_truncate, KEY, APP, 1, truncate=True)
     one_commit = table.version() == (version or 0) + 1
@@ -139,54 +128,3 @@ def change_feed(uri: str) -> list[list]:
     """(change type, id, name) of every change-feed row of the table, read by delta-rs."""
     feed = pa.table(DeltaTable(uri).load_cdf(starting_version=0))
     return sorted([r["_change_type"], r["id"], r["name"]] for r in feed.to_pylist())
-
-
-def _spark_change_feed(session: Any, root: Path) -> dict[str, Any]:
-    """delta-spark's own change-feed reader over the table `merge_evolve` wrote."""
-    from connectors.delta.delta_spark import DeltaSparkTable
-
-    feed = DeltaSparkTable(session, str(root / "merge_evolve" / "t")).load_cdf(0)
-    changes = sorted([r["_change_type"], r["id"], r["name"]] for r in feed.to_pylist())
-    return {"changes": changes, "timestamp": str(feed.schema.field("_commit_timestamp").type)}
-
-
-def _spark_replay_skipped(session: Any, root: Path) -> dict[str, Any]:
-    """delta-spark itself skips a MERGE whose (app id, batch id) the table already holds."""
-    from connectors.delta.delta_spark import DeltaSparkTable
-
-    table = DeltaSparkTable(session, str(root / "replay" / "t"))
-    table.create(DATA)
-    table.merge(FIRST, KEY, APP, 0)
-    version = table.version()
-    table.merge(batch([{"te`nant": "t", "id": 1}], deletes=[True]), KEY, APP, 0)
-    return {"version_unchanged": table.version() == version, "ids": [r["id"] for r in rows(table.uri)]}
-
-
-def _run_on_delta_spark(root: Path, jars: list[str]) -> dict[str, Any]:
-    from connectors.delta.delta_spark import DeltaSparkTable, delta_spark_conf, missing_delta_reason
-    from service.settings import SparkSettings
-    from service.spark import build_spark
-
-    session = build_spark(SparkSettings(master="local[2]", shuffle_partitions=2, conf=delta_spark_conf(jars)))
-    reason = missing_delta_reason(session)
-    if reason is not None:
-        return {"unavailable": reason}
-    results: dict[str, Any] = {}
-    extras = {"spark_change_feed": _spark_change_feed, "spark_replay_skipped": _spark_replay_skipped}
-    for name in [*SCENARIOS, *extras]:
-        try:
-            if name in extras:
-                observed = extras[name](session, root)
-            else:
-                observed = observe(name, lambda uri: DeltaSparkTable(session, uri), root / name)
-            results[name] = {"observed": observed}
-        except Exception:  # noqa: BLE001 - reported to the test, which fails on it
-            results[name] = {"error": traceback.format_exc()}
-    session.stop()
-    return {"scenarios": results}
-
-
-if __name__ == "__main__":
-    out_root, out_file = Path(sys.argv[1]), Path(sys.argv[2])
-    jar_list = [j for j in (sys.argv[3] if len(sys.argv) > 3 else "").split(",") if j]
-    out_file.write_text(json.dumps(_run_on_delta_spark(out_root, jar_list)))

@@ -1,4 +1,6 @@
-"""Table maintenance on real Delta tables (delta-rs), alone and next to a running export."""
+"""Table maintenance on real Delta tables, alone and next to a running export, with both engines:
+delta-rs, and delta-spark in the test run's Spark session (Delta's own OPTIMIZE, checkpoint, log
+cleanup and VACUUM). Tables are read back with delta-rs, delta-spark's also with Spark's reader."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from deltalake import DeltaTable, write_deltalake
 from prometheus_client import REGISTRY
 
 from connectors.delta.delta_rs import DELETE_FLAG, DeltaRsTable
+from connectors.delta.engines import EngineTable, open_table
 from connectors.kafka.cluster import ClusterView
 from service.delta_to_kafka.pipeline import DEFAULT_POSITIONS_TOPIC, ExportPipeline
 from service.maintenance import StepResult, TableMaintenance
@@ -26,11 +29,20 @@ SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("batch", pa.int6
 PER_BATCH = 10
 
 
-def _settings(workdir: Path, unique: str, bootstrap: str = "127.0.0.1:9", exports: bool = False) -> Settings:
+ENGINES = ["delta-rs", "delta-spark"]
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def _settings(workdir: Path, unique: str, bootstrap: str = "127.0.0.1:9", exports: bool = False,
+              engine: str = "delta-rs") -> Settings:
     export = {"name": f"exp-{unique}", "table": "orders", "topic": f"out-{unique}", "primary_key": ["id"]}
     return settings_from_mapping({
         "kafka": {"bootstrap_servers": bootstrap},
-        "lakehouse": {"root": str(workdir / "tables")},
+        "lakehouse": {"root": str(workdir / "tables"), "engine": engine},
         "checkpoint_root": str(workdir / "checkpoints"),
         "maintenance": {"every_batches": 3, "every_seconds": None, "vacuum_retention_hours": 0},
         "pipelines": [{"name": f"in-{unique}", "topics": ["orders"], "table": "orders", "primary_key": ["id"]}],
@@ -38,18 +50,32 @@ def _settings(workdir: Path, unique: str, bootstrap: str = "127.0.0.1:9", export
     })
 
 
-def _merge_batch(table: DeltaRsTable, batch: int) -> list[tuple[int, str]]:
+def _table(settings: Settings, spark) -> EngineTable:
+    """The test table, written by the settings' engine (delta-spark in the test run's session)."""
+    lakehouse = settings.lakehouse
+    return open_table(lakehouse.engine, lakehouse.table_uri("orders"), None, spark)
+
+
+def _append(table: EngineTable, rows: pa.Table, spark) -> None:
+    """A plain append by the table's engine (no MERGE)."""
+    if isinstance(table, DeltaRsTable):
+        write_deltalake(table.uri, rows, mode="append")
+    else:
+        spark.createDataFrame(rows).write.format("delta").mode("append").save(table.uri)
+
+
+def _merge_batch(table: EngineTable, batch: int, spark=None) -> list[tuple[int, str]]:
     """Batch `batch`: 10 new keys; every third batch also updates 3 keys of the previous batch and
-    deletes its last key (delta-rs rewrites the files it matches, so the other batches add small
+    deletes its last key (the engine rewrites the files it matches, so the other batches add small
     files). Every third batch is a plain append: its change feed is read from its data file, which
-    compaction removes and VACUUM then deletes (a MERGE's feed is in `_change_data`, which stays).
+    compaction removes and VACUUM then deletes (a MERGE's feed is in `_change_data`).
 
     Returns the change feed rows it must produce: (id, change type)."""
     new = list(range(batch * PER_BATCH, (batch + 1) * PER_BATCH))
     if batch % 3 == 1:
         rows = pa.table({"id": pa.array(new, pa.int64()), "name": [f"n{key}-{batch}" for key in new],
                          "batch": pa.array([batch] * len(new), pa.int64())}, schema=SCHEMA)
-        write_deltalake(table.uri, rows, mode="append")
+        _append(table, rows, spark)
         return [(key, "insert") for key in new]
     previous = list(range((batch - 1) * PER_BATCH, batch * PER_BATCH)) if batch % 3 == 2 else []
     updated, deleted = previous[:3], previous[-1:]
@@ -78,23 +104,28 @@ def _read(uri: str) -> pa.Table:
     return DeltaTable(uri).to_pyarrow_table().sort_by("id")
 
 
-def test_compaction_reduces_files_and_the_table_reads_back_identical(workdir, unique):
-    settings = _settings(workdir, unique)
+def _read_by_spark(spark, uri: str) -> list[dict]:
+    return [row.asDict() for row in spark.read.format("delta").load(uri).orderBy("id").collect()]
+
+
+def test_compaction_reduces_files_and_the_table_reads_back_identical(spark, engine, workdir, unique):
+    settings = _settings(workdir, unique, engine=engine)
     uri = settings.lakehouse.table_uri("orders")
-    table = DeltaRsTable(uri)
+    table = _table(settings, spark)
     table.create(SCHEMA)
-    for batch in range(8):
-        _merge_batch(table, batch)
+    for batch in range(8 if engine == "delta-rs" else 4):  # delta-spark: a few seconds a MERGE
+        _merge_batch(table, batch, spark)
     before, files_before = _read(uri), _files(uri)
+    by_spark = _read_by_spark(spark, uri)
     vacuumed = REGISTRY.get_sample_value("cdc_maintenance_files_removed_total",
                                          {"pipeline": f"in-{unique}", "step": "vacuum"}) or 0
 
-    results = TableMaintenance(settings, settings.pipelines[0]).run()
+    results = TableMaintenance(settings, settings.pipelines[0], spark=spark).run()
 
     assert [r.result for r in results] == ["done"] * 4, results
     assert files_before > 1 and _files(uri) == 1
     assert _step(results, "compact").files_removed == files_before
-    assert _read(uri).equals(before)
+    assert _read(uri).equals(before) and _read_by_spark(spark, uri) == by_spark == before.to_pylist()
     deleted = _step(results, "vacuum").files_removed
     assert deleted >= files_before and len(list(Path(uri).glob("*.parquet"))) == 1
     assert REGISTRY.get_sample_value("cdc_maintenance_files_removed_total",
@@ -102,22 +133,26 @@ def test_compaction_reduces_files_and_the_table_reads_back_identical(workdir, un
     assert list(Path(uri, "_delta_log").glob("*.checkpoint.parquet"))
 
 
-def test_z_order_by_the_primary_key_rewrites_the_files_and_the_table_reads_back_identical(workdir, unique):
-    settings = _settings(workdir, unique)
+def test_z_order_by_the_primary_key_rewrites_the_files_and_the_table_reads_back_identical(
+        spark, engine, workdir, unique):
+    settings = _settings(workdir, unique, engine=engine)
     settings = settings.model_copy(update={"maintenance": settings.maintenance.model_copy(update={"z_order": True})})
     uri = settings.lakehouse.table_uri("orders")
-    table = DeltaRsTable(uri)
+    table = _table(settings, spark)
     table.create(SCHEMA)
-    for batch in range(5):
-        _merge_batch(table, batch)
+    for batch in range(5 if engine == "delta-rs" else 3):
+        _merge_batch(table, batch, spark)
     before, files_before = _read(uri), _files(uri)
 
-    results = TableMaintenance(settings, settings.pipelines[0]).run()
+    results = TableMaintenance(settings, settings.pipelines[0], spark=spark).run()
 
     assert _step(results, "compact").result == "done" and _step(results, "compact").files_removed == files_before
     (optimized,) = [commit for commit in DeltaTable(uri).history() if commit["operation"] == "OPTIMIZE"]
-    assert optimized["operationMetrics"]["plannerStrategy"] == "zOrder"
-    assert _files(uri) == 1 and _read(uri).equals(before)
+    if engine == "delta-rs":
+        assert optimized["operationMetrics"]["plannerStrategy"] == "zOrder"
+    else:
+        assert json.loads(optimized["operationParameters"]["zOrderBy"]) == ["id"]
+    assert _files(uri) == 1 and _read(uri).equals(before) and _read_by_spark(spark, uri) == before.to_pylist()
 
 
 def _read_up_to(settings: Settings) -> int:
@@ -130,7 +165,7 @@ def _read_up_to(settings: Settings) -> int:
     return min(-1 if version is None else version for version in (status.published_version, status.checkpoint_version))
 
 
-def _await_caught_up(settings: Settings, table: DeltaRsTable, query, timeout_s: float = 180.0) -> None:
+def _await_caught_up(settings: Settings, table: EngineTable, query, timeout_s: float = 180.0) -> None:
     """Return once the export has published and checkpointed the table's current version."""
     target = table.version()
     deadline = time.monotonic() + timeout_s
@@ -142,18 +177,18 @@ def _await_caught_up(settings: Settings, table: DeltaRsTable, query, timeout_s: 
 
 @pytest.mark.slow
 def test_an_export_running_concurrently_with_maintenance_and_vacuum_loses_nothing(
-        spark, kafka_bootstrap, workdir, unique):
-    settings = _settings(workdir, unique, kafka_bootstrap, exports=True)
+        spark, engine, kafka_bootstrap, workdir, unique):
+    settings = _settings(workdir, unique, kafka_bootstrap, exports=True, engine=engine)
     export = settings.exports[0]
     uri = settings.lakehouse.table_uri("orders")
     create_topics(kafka_bootstrap, [export.topic], 1)
-    table = DeltaRsTable(uri)
+    table = _table(settings, spark)
     table.create(SCHEMA)
-    maintenance = TableMaintenance(settings, settings.pipelines[0])
+    maintenance = TableMaintenance(settings, settings.pipelines[0], spark=spark)
     expected: list[tuple[int, str, int]] = []
 
     def merge(batch: int) -> None:
-        changes = _merge_batch(table, batch)
+        changes = _merge_batch(table, batch, spark)
         expected.extend((key, kind, table.version()) for key, kind in changes)
 
     for batch in range(3):
@@ -195,17 +230,19 @@ def test_an_export_running_concurrently_with_maintenance_and_vacuum_loses_nothin
     assert published == Counter(expected)  # every change exactly once, none lost
     final = _read(uri)
     assert final.num_rows == 15 * PER_BATCH - 5 and set(final.column("batch").to_pylist()) == set(range(15))
+    assert _read_by_spark(spark, uri) == final.to_pylist()
 
 
 @pytest.mark.slow
-def test_the_ingest_pipeline_maintains_its_table_between_micro_batches(spark, kafka_bootstrap, unique, workdir):
+def test_the_ingest_pipeline_maintains_its_table_between_micro_batches(spark, engine, kafka_bootstrap, unique,
+                                                                       workdir):
     workload = DebeziumWorkload(f"maintained-{unique}", 2, "never", seed=5)
     create_topics(kafka_bootstrap, [workload.topic], 2)
     produce(kafka_bootstrap, workload.generate(900, 150))
     name = f"in-{unique}"
     settings = settings_from_mapping({
         "kafka": {"bootstrap_servers": kafka_bootstrap},
-        "lakehouse": {"root": str(workdir / "tables")},
+        "lakehouse": {"root": str(workdir / "tables"), "engine": engine},
         "checkpoint_root": str(workdir / "checkpoints"),
         "maintenance": {"every_batches": 2, "every_seconds": None, "vacuum_retention_hours": 0},
         "pipelines": [{"name": name, "topics": [workload.topic], "table": "t", "primary_key": ["id"],
@@ -221,3 +258,5 @@ def test_the_ingest_pipeline_maintains_its_table_between_micro_batches(spark, ka
     assert REGISTRY.get_sample_value("cdc_maintenance_files_removed_total", {"pipeline": name, "step": "vacuum"}) > 0
     uri = settings.lakehouse.table_uri("t")
     assert sorted(DeltaTable(uri).to_pyarrow_table().to_pylist(), key=lambda r: r["id"]) == workload.expected_rows()
+    assert [{k: v for k, v in row.items() if k in workload.expected_rows()[0]} for row in _read_by_spark(spark, uri)] \
+        == workload.expected_rows()

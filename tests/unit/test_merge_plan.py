@@ -6,7 +6,6 @@ import re
 from importlib.metadata import version
 
 import pyarrow as pa
-import pyspark
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -22,6 +21,7 @@ from connectors.delta.delta_spark import (
     txn_conf,
 )
 from connectors.delta.engines import open_table
+from connectors.maven_jars import DELTA_VERSION
 from connectors.delta.merge_plan import (
     DELETE_FLAG,
     MergePlanError,
@@ -111,10 +111,10 @@ def test_batches_that_cannot_form_a_merge_are_refused(names, key, message):
         plan_merge(_schema(*names), key)
 
 
-def test_delta_spark_conf_uses_the_matching_maven_package_or_local_jars():
+def test_delta_spark_conf_uses_the_maven_package_of_the_jar_cache_or_local_jars():
     artifact = delta_artifact()
-    major_minor = ".".join(pyspark.__version__.split(".")[:2])
-    assert artifact == f"io.delta:delta-spark_{major_minor}_2.13:{version('delta_spark')}"
+    assert artifact == f"io.delta:delta-spark_2.13:{DELTA_VERSION}"
+    assert version("delta_spark") == DELTA_VERSION  # the Python package matches the jars
     packaged = delta_spark_conf()
     assert packaged == {
         "spark.sql.extensions": DELTA_EXTENSION,

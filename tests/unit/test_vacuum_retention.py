@@ -88,7 +88,9 @@ def test_maintenance_is_due_after_enough_batches_or_processing_time():
     assert maintenance.due()
 
 
-def test_maintenance_is_off_for_the_delta_spark_engine_and_when_disabled():
-    for block in ({"lakehouse": {"engine": "delta-spark"}}, {"maintenance": {"enabled": False}}):
-        settings = settings_from_mapping({**block, "pipelines": [PIPELINE]})
-        assert TableMaintenance(settings, settings.pipelines[0]).after_batch() == []
+def test_maintenance_is_off_when_disabled_and_on_for_both_engines():
+    settings = settings_from_mapping({"maintenance": {"enabled": False}, "pipelines": [PIPELINE]})
+    assert TableMaintenance(settings, settings.pipelines[0]).after_batch() == []
+    for engine in ("delta-rs", "delta-spark"):
+        settings = settings_from_mapping({"lakehouse": {"engine": engine}, "pipelines": [PIPELINE]})
+        assert TableMaintenance(settings, settings.pipelines[0]).active
