@@ -123,3 +123,53 @@ def test_executors_run_the_project_from_a_packed_environment(cluster, packed_env
               if app["starttime"] == max(a["starttime"] for a in cluster.status()["completedapps"])]
     unpacked = sorted(cluster.workdir.glob(f"worker-*/{app}/*/environment/bin/python"))
     assert len(unpacked) == 2, unpacked
+
+
+def executors_per_job(event_log_dir: Path) -> dict[str, set[str]]:
+    """Executor ids of the successful tasks of every job, by the job's description (Delta describes its
+    commands' jobs, e.g. a MERGE's), from the event log."""
+    (log,) = event_log_dir.iterdir()
+    descriptions: dict[int, str] = {}
+    executors: dict[int, set[str]] = {}
+    for line in log.read_text().splitlines():
+        event = json.loads(line)
+        if event["Event"] == "SparkListenerJobStart":
+            description = (event.get("Properties") or {}).get("spark.job.description") or ""
+            for stage in event["Stage IDs"]:
+                descriptions[stage] = description
+        elif event["Event"] == "SparkListenerTaskEnd" and event["Task End Reason"]["Reason"] == "Success":
+            executors.setdefault(event["Stage ID"], set()).add(event["Task Info"]["Executor ID"])
+    jobs: dict[str, set[str]] = {}
+    for stage, ran in executors.items():
+        jobs.setdefault(descriptions.get(stage, ""), set()).update(ran)
+    return jobs
+
+
+@pytest.mark.slow
+def test_delta_spark_merges_on_standalone_executors(cluster, kafka_bootstrap, unique, workdir, spark):
+    """With `engine: delta-spark` the service ships the Delta jars to the executors (spark.jars) and
+    Delta's MERGE runs there: every task of the jobs Delta describes as its MERGE ran on an executor."""
+    workload = DebeziumWorkload(f"cluster-delta-{unique}", 2, "mixed", seed=13)
+    create_topics(kafka_bootstrap, [workload.topic], 2)
+    produce(kafka_bootstrap, workload.generate(600, 100))
+    events = workdir / "events"
+    events.mkdir()
+    config = write_config(
+        workdir / "c.yaml", kafka_bootstrap, workdir,
+        [{"name": "p", "topics": [workload.topic], "table": "t", "primary_key": ["id"],
+          "max_offsets_per_trigger": 300}],
+        engine="delta-spark",
+        spark={"master": cluster.master_url, "shuffle_partitions": 2,
+               "conf": {**cluster.application_conf(), **event_log(events)}})
+
+    result = run_cli(config, "--until-idle", timeout=900)
+
+    assert result.returncode == 0, result.stderr[-3000:] + cluster.logs()
+    uri = workdir / "tables" / "t"
+    assert table_rows(uri) == workload.expected_rows()  # delta-rs's reader
+    by_spark = [row.asDict() for row in spark.read.format("delta").load(str(uri)).orderBy("id").collect()]
+    assert by_spark == workload.expected_rows()  # Delta's own reader
+    jobs = executors_per_job(events)
+    merges = {description: ran for description, ran in jobs.items() if "MERGE operation" in description}
+    assert merges, sorted(jobs)
+    assert set().union(*merges.values()) <= {"0", "1"} and "driver" not in set().union(*jobs.values()), merges
