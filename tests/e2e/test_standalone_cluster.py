@@ -35,27 +35,41 @@ def event_log(directory: Path) -> dict[str, str]:
             "spark.eventLog.rolling.enabled": "false", "spark.eventLog.compress": "false"}
 
 
+def _loaded(bootstrap: str, topic: str, seed: int, events: int, keys: int) -> DebeziumWorkload:
+    """A Debezium workload (schema mixed in) produced to its own topic of two partitions."""
+    workload = DebeziumWorkload(topic, 2, "mixed", seed=seed)
+    create_topics(bootstrap, [workload.topic], 2)
+    produce(bootstrap, workload.generate(events, keys))
+    return workload
+
+
+def _log_events(event_log_dir: Path) -> list[dict]:
+    """The events of the one application event log in `event_log_dir`."""
+    (log,) = event_log_dir.iterdir()
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def _executors_by_stage(events: list[dict]) -> dict[int, set[str]]:
+    """Executor ids of the successful tasks of every stage."""
+    executors: dict[int, set[str]] = {}
+    for event in events:
+        if event["Event"] == "SparkListenerTaskEnd" and event["Task End Reason"]["Reason"] == "Success":
+            executors.setdefault(event["Stage ID"], set()).add(event["Task Info"]["Executor ID"])
+    return executors
+
+
 def executors_per_stage(event_log_dir: Path) -> list[tuple[set[str], set[str]]]:
     """(plan operators, executor ids of its successful tasks) of every stage, from the event log."""
-    (log,) = event_log_dir.iterdir()
-    operators: dict[int, set[str]] = {}
-    executors: dict[int, set[str]] = {}
-    for line in log.read_text().splitlines():
-        event = json.loads(line)
-        if event["Event"] == "SparkListenerStageSubmitted":
-            info = event["Stage Info"]
-            operators[info["Stage ID"]] = {json.loads(rdd["Scope"])["name"] for rdd in info["RDD Info"]
-                                           if rdd.get("Scope")}
-        elif event["Event"] == "SparkListenerTaskEnd" and event["Task End Reason"]["Reason"] == "Success":
-            executors.setdefault(event["Stage ID"], set()).add(event["Task Info"]["Executor ID"])
-    return [(operators[stage], ran) for stage, ran in executors.items()]
+    events = _log_events(event_log_dir)
+    operators = {event["Stage Info"]["Stage ID"]: {json.loads(rdd["Scope"])["name"]
+                                                   for rdd in event["Stage Info"]["RDD Info"] if rdd.get("Scope")}
+                 for event in events if event["Event"] == "SparkListenerStageSubmitted"}
+    return [(operators[stage], ran) for stage, ran in _executors_by_stage(events).items()]
 
 
 @pytest.mark.slow
 def test_ingest_runs_on_standalone_executors(cluster, kafka_bootstrap, unique, workdir):
-    workload = DebeziumWorkload(f"cluster-{unique}", 2, "mixed", seed=11)
-    create_topics(kafka_bootstrap, [workload.topic], 2)
-    produce(kafka_bootstrap, workload.generate(2000, 200))
+    workload = _loaded(kafka_bootstrap, f"cluster-{unique}", 11, 2000, 200)
     events = workdir / "events"
     events.mkdir()
     config = write_config(
@@ -99,9 +113,7 @@ def packed_environment(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow
 def test_executors_run_the_project_from_a_packed_environment(cluster, packed_environment, kafka_bootstrap,
                                                              unique, workdir):
-    workload = DebeziumWorkload(f"packed-{unique}", 2, "mixed", seed=12)
-    create_topics(kafka_bootstrap, [workload.topic], 2)
-    produce(kafka_bootstrap, workload.generate(1000, 100))
+    workload = _loaded(kafka_bootstrap, f"packed-{unique}", 12, 1000, 100)
     config = write_config(
         workdir / "c.yaml", kafka_bootstrap, workdir,
         [{"name": "p", "topics": [workload.topic], "table": "t", "primary_key": ["id"]}],
@@ -127,20 +139,12 @@ def test_executors_run_the_project_from_a_packed_environment(cluster, packed_env
 
 def executors_per_job(event_log_dir: Path) -> dict[str, set[str]]:
     """Executor ids of the successful tasks of every job, by the job's description (Delta describes its
-    commands' jobs, e.g. a MERGE's), from the event log."""
-    (log,) = event_log_dir.iterdir()
-    descriptions: dict[int, str] = {}
-    executors: dict[int, set[str]] = {}
-    for line in log.read_text().splitlines():
-        event = json.loads(line)
-        if event["Event"] == "SparkListenerJobStart":
-            description = (event.get("Properties") or {}).get("spark.job.description") or ""
-            for stage in event["Stage IDs"]:
-                descriptions[stage] = description
-        elif event["Event"] == "SparkListenerTaskEnd" and event["Task End Reason"]["Reason"] == "Success":
-            executors.setdefault(event["Stage ID"], set()).add(event["Task Info"]["Executor ID"])
+    commands' jobs, e.g. "batch = 3 - MERGE operation - scanning files for matches"), from the event log."""
+    events = _log_events(event_log_dir)
+    descriptions = {stage: (event.get("Properties") or {}).get("spark.job.description") or ""
+                    for event in events if event["Event"] == "SparkListenerJobStart" for stage in event["Stage IDs"]}
     jobs: dict[str, set[str]] = {}
-    for stage, ran in executors.items():
+    for stage, ran in _executors_by_stage(events).items():
         jobs.setdefault(descriptions.get(stage, ""), set()).update(ran)
     return jobs
 
@@ -149,9 +153,7 @@ def executors_per_job(event_log_dir: Path) -> dict[str, set[str]]:
 def test_delta_spark_merges_on_standalone_executors(cluster, kafka_bootstrap, unique, workdir, spark):
     """With `engine: delta-spark` the service ships the Delta jars to the executors (spark.jars) and
     Delta's MERGE runs there: every task of the jobs Delta describes as its MERGE ran on an executor."""
-    workload = DebeziumWorkload(f"cluster-delta-{unique}", 2, "mixed", seed=13)
-    create_topics(kafka_bootstrap, [workload.topic], 2)
-    produce(kafka_bootstrap, workload.generate(600, 100))
+    workload = _loaded(kafka_bootstrap, f"cluster-delta-{unique}", 13, 600, 100)
     events = workdir / "events"
     events.mkdir()
     config = write_config(
