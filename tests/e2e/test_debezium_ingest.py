@@ -66,15 +66,16 @@ def test_until_idle_matches_replay_and_reruns_change_nothing(kafka_bootstrap, un
     assert {w.topic: table_version(workdir / "tables" / f"t_{w.schema_mode}") for w in workloads} == versions
 
 
-@pytest.mark.parametrize("materialize", [False, True], ids=["plain", "materializer"])
-def test_sigkill_mid_run_then_restart_ends_exactly_equal(kafka_bootstrap, unique, workdir, materialize):
+@pytest.mark.parametrize(("materialize", "engine"), [(False, "delta-rs"), (True, "delta-rs"), (False, "delta-spark")],
+                         ids=["plain", "materializer", "plain-delta-spark"])
+def test_sigkill_mid_run_then_restart_ends_exactly_equal(kafka_bootstrap, unique, workdir, materialize, engine):
     # The materializer's state is recovered from RocksDB's changelog files and snapshots of the checkpoint.
     workloads = _workloads(unique, 0, 0)[:1]
     _load(kafka_bootstrap, workloads, 8_000, 1_000)
     pipelines = _pipelines(workloads, 700)
     if materialize:
         pipelines[0]["upsert_materialize"] = "force"
-    config = write_config(workdir / "config.yaml", kafka_bootstrap, workdir, pipelines)
+    config = write_config(workdir / "config.yaml", kafka_bootstrap, workdir, pipelines, engine)
     uri = workdir / "tables" / f"t_{workloads[0].schema_mode}"
     process = start_cli(config, log=workdir / "killed.log")
     wait_for_table(uri, lambda: table_version(uri) >= 3, process, workdir / "killed.log")

@@ -110,7 +110,7 @@ def replay_flat(records: dict[int, list[tuple]]) -> dict[int, dict]:
     return state
 
 
-def _config(workdir, bootstrap: str, source: str, unique: str):
+def _config(workdir, bootstrap: str, source: str, unique: str, engine: str):
     pipeline = {"name": f"ingest-{unique}", "topics": [source], "table": TABLE, "primary_key": ["id"],
                 "max_offsets_per_trigger": 1_500}
     exports = [
@@ -119,15 +119,16 @@ def _config(workdir, bootstrap: str, source: str, unique: str):
         {"name": f"flat-{unique}", "table": TABLE, "topic": f"out.flat.{unique}", "primary_key": ["id"],
          "preset": "flat", "max_versions_per_trigger": 1},
     ]
-    return write_config(workdir / "config.yaml", bootstrap, workdir, [pipeline], exports=exports), exports
+    return write_config(workdir / "config.yaml", bootstrap, workdir, [pipeline], engine, exports=exports), exports
 
 
-def test_one_process_ingests_and_exports_exactly_once(kafka_bootstrap, unique, workdir):
+@pytest.mark.parametrize("engine", ["delta-rs", "delta-spark"])
+def test_one_process_ingests_and_exports_exactly_once(kafka_bootstrap, unique, workdir, engine):
     workload = DebeziumWorkload(f"db.customers.{unique}", 4, "always", seed=21, with_timestamp=True)
     create_topics(kafka_bootstrap, [workload.topic], 4)
     produced = produce(kafka_bootstrap, workload.generate(EVENTS, KEYS))
     assert produced >= EVENTS
-    config, exports = _config(workdir, kafka_bootstrap, workload.topic, unique)
+    config, exports = _config(workdir, kafka_bootstrap, workload.topic, unique, engine)
     dbz_topic, flat_topic = (e["topic"] for e in exports)
     create_topics(kafka_bootstrap, [dbz_topic, flat_topic], OUTPUT_PARTITIONS)
 

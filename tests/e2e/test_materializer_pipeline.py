@@ -364,11 +364,13 @@ def test_fan_in_error_stops_naming_the_key_and_both_topics(kafka_bootstrap, uniq
         assert all(topic in message for topic in pipeline["topics"]), message[-2000:]
 
 
+@pytest.mark.parametrize("engine", ["delta-rs", "delta-spark"])
 def test_sequence_by_a_late_older_upsert_does_not_resurrect_inside_tombstone_retention(
-    kafka_bootstrap, unique, workdir
+    kafka_bootstrap, unique, workdir, engine
 ):
     """Retention counts in data time (the records' event time), so the outcome does not depend on how
-    fast the service runs, and a replay decides the same. One record per micro-batch."""
+    fast the service runs, and a replay decides the same. One record per micro-batch, written by
+    either Delta engine."""
     retention_s = 30
     topic = f"seq.{unique}"
     create_topics(kafka_bootstrap, [topic], 1)
@@ -376,7 +378,7 @@ def test_sequence_by_a_late_older_upsert_does_not_resurrect_inside_tombstone_ret
                 "sequence_by": ["version"], "upsert_materialize": "force", "max_offsets_per_trigger": 1,
                 "compaction": "batch",  # each record a barrier of its own (a flat source defaults to watermark)
                 "tombstone_retention_seconds": retention_s}
-    config = write_config(workdir / "config.yaml", kafka_bootstrap, workdir, [pipeline])
+    config = write_config(workdir / "config.yaml", kafka_bootstrap, workdir, [pipeline], engine)
     uri = workdir / "tables" / "seq"
     produce(kafka_bootstrap, [
         flat(topic, "INSERT", {"id": 1, "version": 1, "v": "first"}, T0),

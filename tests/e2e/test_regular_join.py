@@ -90,9 +90,10 @@ def join_config(name: str, kind: str, orders: Source, customers: Source, **extra
             **extra}
 
 
-def run_until_idle(bootstrap: str, workdir: Path, joins: list[dict], plan: Path | None = None) -> Runner:
+def run_until_idle(bootstrap: str, workdir: Path, joins: list[dict], plan: Path | None = None,
+                   engine: str = "delta-rs") -> Runner:
     settings = settings_from_mapping({
-        "kafka": {"bootstrap_servers": bootstrap}, "lakehouse": {"root": str(workdir / "tables")},
+        "kafka": {"bootstrap_servers": bootstrap}, "lakehouse": {"root": str(workdir / "tables"), "engine": engine},
         "checkpoint_root": str(workdir / "checkpoints"), "joins": joins,
         "recovery": {"initial_backoff_seconds": 0.2},
     })
@@ -156,7 +157,10 @@ def fail_first_state_commit(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return failed
 
 
-def test_inner_and_left_join_equal_the_join_of_the_final_tables(kafka_bootstrap, unique, workdir, monkeypatch):
+@pytest.mark.timeout(1200)  # delta-spark: a few seconds a MERGE on a loaded machine
+@pytest.mark.parametrize("engine", ["delta-rs", "delta-spark"])
+def test_inner_and_left_join_equal_the_join_of_the_final_tables(spark, kafka_bootstrap, unique, workdir, monkeypatch,
+                                                                 engine):
     rng = random.Random(11)
     orders, customers = Source(f"orders.{unique}", "order_id", 3), Source(f"customers.{unique}", "customer_id", 2)
     create_topics(kafka_bootstrap, [orders.topic], 3)
@@ -165,7 +169,7 @@ def test_inner_and_left_join_equal_the_join_of_the_final_tables(kafka_bootstrap,
              join_config("orders_left", "left", orders, customers)]
     ts = change_sources(orders, customers, rng, 110, T0)
     produce_interleaved(kafka_bootstrap, [orders, customers], rng)
-    first = run_until_idle(kafka_bootstrap, workdir, joins)
+    first = run_until_idle(kafka_bootstrap, workdir, joins, engine=engine)
     assert all(p.committed_batches >= 2 for p in first.pipelines)  # several micro-batches
     assert output(workdir, "orders_inner") == expected(orders, customers, outer=False)
     assert output(workdir, "orders_left") == expected(orders, customers, outer=True)
@@ -173,14 +177,14 @@ def test_inner_and_left_join_equal_the_join_of_the_final_tables(kafka_bootstrap,
     change_sources(orders, customers, rng, 60, ts)
     produce_interleaved(kafka_bootstrap, [orders, customers], rng)
     failed = fail_first_state_commit(monkeypatch)  # the pipeline restarts from its checkpoint and replays
-    run_until_idle(kafka_bootstrap, workdir, joins)
+    run_until_idle(kafka_bootstrap, workdir, joins, engine=engine)
     assert failed
     inner, left = expected(orders, customers, outer=False), expected(orders, customers, outer=True)
     assert output(workdir, "orders_inner") == inner and len(inner) > 5
     assert output(workdir, "orders_left") == left and any(row[-1] is None for row in left)
 
     versions = {name: DeltaTable(str(workdir / "tables" / name)).version() for name in ("orders_inner", "orders_left")}
-    run_until_idle(kafka_bootstrap, workdir, joins)  # a restart with nothing new changes nothing
+    run_until_idle(kafka_bootstrap, workdir, joins, engine=engine)  # a restart with nothing new changes nothing
     assert {name: DeltaTable(str(workdir / "tables" / name)).version() for name in versions} == versions
 
 

@@ -73,10 +73,11 @@ SPEC_EXAMPLE = [  # spec 4.5.2, input and expected output alike
 ]
 
 
-def _settings(bootstrap: str, workdir: Path, pipelines: Sequence[dict] = (), exports: Sequence[dict] = ()) -> Settings:
+def _settings(bootstrap: str, workdir: Path, pipelines: Sequence[dict] = (), exports: Sequence[dict] = (),
+              engine: str = "delta-rs") -> Settings:
     return settings_from_mapping({
         "kafka": {"bootstrap_servers": bootstrap},
-        "lakehouse": {"root": str(workdir / "tables")},
+        "lakehouse": {"root": str(workdir / "tables"), "engine": engine},
         "checkpoint_root": str(workdir / "checkpoints"),
         "pipelines": list(pipelines),
         "exports": list(exports),
@@ -259,7 +260,8 @@ def _sorted(records: list[dict]) -> list[dict]:
     return sorted(records, key=lambda r: (r["id"], r["op"]))
 
 
-def test_to_changelog_of_from_changelog_reproduces_the_stream(spark, kafka_bootstrap, unique, workdir):
+@pytest.mark.parametrize("engine", ["delta-rs", "delta-spark"])
+def test_to_changelog_of_from_changelog_reproduces_the_stream(spark, kafka_bootstrap, unique, workdir, engine):
     rounds = changelog_rounds(seed=8)
     stream = [record for records in rounds for record in records]
     source, out = f"s.{unique}", {"a": f"s.out.a.{unique}", "b": f"s.out.b.{unique}"}
@@ -270,11 +272,11 @@ def test_to_changelog_of_from_changelog_reproduces_the_stream(spark, kafka_boots
         {**ingest, "name": f"s-a-{unique}", "table": "s_a", "max_offsets_per_trigger": PER_ROUND},
         {**ingest, "name": f"s-b-{unique}", "table": "s_b", "max_offsets_per_trigger": 2 * PER_ROUND},
     ]
-    run_until_idle(_settings(kafka_bootstrap, workdir, pipelines=pipelines))
+    run_until_idle(_settings(kafka_bootstrap, workdir, pipelines=pipelines, engine=engine))
     export = {"primary_key": "id", "preset": "flat", "compaction": "none", "produces_full_deletes": True}
     exports = [{**export, "name": f"s-out-{part}-{unique}", "table": f"s_{part}", "topic": topic}
                for part, topic in out.items()]
-    run_until_idle(_settings(kafka_bootstrap, workdir, exports=exports))
+    run_until_idle(_settings(kafka_bootstrap, workdir, exports=exports, engine=engine))
 
     one_round_each = versions_of(kafka_bootstrap, out["a"])
     assert [_sorted(records) for records in one_round_each] == [_sorted(records) for records in rounds]
