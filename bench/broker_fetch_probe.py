@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from connectors.kafka.local_broker import LocalBroker  # noqa: E402
-from service.workload import DebeziumWorkload, create_topics, produce  # noqa: E402
+from service.operations.workload import DebeziumWorkload, create_topics, produce  # noqa: E402
 
 RANGE = 25_000
 _CHILD = """

@@ -29,10 +29,13 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from service.kafka_to_delta import materializer_bulk  # noqa: E402
-from service.kafka_to_delta.bucket_document import BucketDocument, StoredState  # noqa: E402
-from service.kafka_to_delta.materializer import Materializer, MaterializerConfig  # noqa: E402
-from service.kafka_to_delta.materializer_bulk import EVENT_TIME, GROUP, compact_many  # noqa: E402
+from service.kafka_to_delta.materialize import bulk as materializer_bulk  # noqa: E402
+from service.kafka_to_delta.materialize.bucket_document import (
+    BucketDocument,
+    StoredState,
+)  # noqa: E402
+from service.kafka_to_delta.materialize.bulk import EVENT_TIME, GROUP, compact_many  # noqa: E402
+from service.kafka_to_delta.materialize.rules import Materializer, MaterializerConfig  # noqa: E402
 
 _ZSTD = pa.Codec("zstd", compression_level=1)
 

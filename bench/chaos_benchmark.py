@@ -43,13 +43,29 @@ from collections import Counter
 from pathlib import Path
 
 import yaml
+from chaos_checks import (
+    Comparison,
+    compare_export,
+    compare_table,
+    read_topic,
+    replay_deduplicate,
+    replay_plain,
+)
+from chaos_service import BATCH, CLI, RESTART, Chaos, ServiceDown, run_chaos
+from chaos_workload import (
+    EXPORT,
+    PARTITIONS,
+    PLAIN,
+    SOURCE_A,
+    SOURCE_B,
+    ChaosWorkload,
+    Feeder,
+    send,
+)
 from deltalake import DeltaTable
 
-from chaos_checks import Comparison, compare_export, compare_table, read_topic, replay_deduplicate, replay_plain
-from chaos_service import BATCH, CLI, RESTART, Chaos, ServiceDown, run_chaos
-from chaos_workload import EXPORT, PARTITIONS, PLAIN, SOURCE_A, SOURCE_B, ChaosWorkload, Feeder, send
 from connectors.kafka.apache_broker import ApacheKafkaBroker
-from service.workload import Event, create_topics
+from service.operations.workload import Event, create_topics
 
 WATERMARK_DELAY_S = 5
 STEP_ESTIMATE_S = 45.0  # launch, start-up and a few batches on two busy cores

@@ -1,6 +1,6 @@
 """The chaos benchmark's input: three Debezium topics, produced while the service runs.
 
-- plain: one table's changes on 4 partitions (`service.workload.DebeziumWorkload`).
+- plain: one table's changes on 4 partitions (`service.operations.workload.DebeziumWorkload`).
 - dedup A and B: two sources of one table (on_conflict deduplicate), 2 partitions each. Each
   has a key range of its own; an overlap range is claimed by both during the run and settled
   before the end (one side deletes, so at most one claim per key is live); a late range is
@@ -26,8 +26,8 @@ from typing import Iterator
 
 from confluent_kafka import Producer
 
-from service.changes import DebeziumOp
-from service.workload import DebeziumWorkload, Event
+from service.operations.workload import DebeziumWorkload, Event
+from vocabulary.changes import DebeziumOp
 
 PLAIN, SOURCE_A, SOURCE_B, EXPORT = "chaos.plain", "chaos.dedup.a", "chaos.dedup.b", "chaos.export"
 PARTITIONS = {PLAIN: 4, SOURCE_A: 2, SOURCE_B: 2, EXPORT: 2}

@@ -24,8 +24,9 @@ from ingest_benchmark import PIPELINE, TABLE, broker, delete_topic, run_pipeline
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `tests` helpers
 
-from service.workload import DebeziumWorkload, create_topics, produce  # noqa: E402
+from service.operations.workload import DebeziumWorkload, create_topics, produce  # noqa: E402
 from tests.spark_cluster import StandaloneCluster  # noqa: E402
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command line flags."""

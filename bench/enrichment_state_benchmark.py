@@ -21,8 +21,8 @@ import time
 
 import pyarrow as pa
 
-from service.joins.enrichment_rows import BUILD_CHANGES_SCHEMA
-from service.joins.enrichment_state import BuildState
+from service.kafka_to_delta.joins.enrichment_rows import BUILD_CHANGES_SCHEMA
+from service.kafka_to_delta.joins.enrichment_state import BuildState
 
 
 def _changes(keys: list[int], version: int) -> pa.Table:

@@ -38,11 +38,11 @@ from confluent_kafka.admin import AdminClient
 from deltalake import DeltaTable, write_deltalake
 
 from connectors.kafka.local_broker import LocalBroker
-from service.delta_to_kafka.export_settings import DEFAULT_MAX_ROWS_PER_TRIGGER
+from service.config.exports import DEFAULT_MAX_ROWS_PER_TRIGGER
+from service.config.settings import SparkSettings, settings_from_mapping
 from service.delta_to_kafka.exports import export_pipeline
-from service.settings import SparkSettings, settings_from_mapping
-from service.spark import build_spark
-from service.workload import create_topics
+from service.operations.workload import create_topics
+from service.runtime.spark_session import build_spark
 
 TABLE = "bench_export"
 BROKER_COMMAND = "noida-db"

@@ -5,7 +5,7 @@ subprocess, checks the Delta table holds exactly the live keys, times a plain co
 reading the same topic, prints the figures, then deletes the topic.
 
 "Excluding startup" is measured from the CLI's own log line timestamps (no extra run):
-from `service.runner`'s `kafka: ...` line, logged just after the SparkSession is built,
+from `service.supervisor.runner`'s `kafka: ...` line, logged just after the SparkSession is built,
 to the last `batch N -> ...` line, logged after that batch's Delta commit. It leaves out
 JVM/Spark startup before and query/JVM shutdown after.
 
@@ -32,7 +32,7 @@ from confluent_kafka.admin import AdminClient
 from deltalake import DeltaTable
 
 from connectors.kafka.local_broker import LocalBroker
-from service.workload import DebeziumWorkload, create_topics, produce
+from service.operations.workload import DebeziumWorkload, create_topics, produce
 
 TABLE = "bench_customers"
 PIPELINE = "bench"

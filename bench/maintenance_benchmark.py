@@ -28,8 +28,8 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from connectors.delta.delta_rs import DELETE_FLAG, DeltaRsTable
-from service.maintenance import TableMaintenance
-from service.settings import settings_from_mapping
+from service.config.settings import settings_from_mapping
+from service.operations.maintenance import TableMaintenance
 
 TABLE = "orders"
 APP_ID = "maintenance-benchmark"

@@ -1,10 +1,10 @@
 """Materializer benchmark: state bytes per live key, and events/s with the materializer on versus off.
 
-1. State bytes per live key, from the pure rules (`service.kafka_to_delta.materializer`): the
+1. State bytes per live key, from the pure rules (`service.kafka_to_delta.materialize.rules`): the
    state text the Spark stage stores per primary key (RocksDB adds its own key and framing),
    for `error`, `nothing`, `deduplicate` and `error` with sequence_by, on rows shaped like the
    synthetic Debezium workload's (id, name, email, balance, active).
-2. End to end: one synthetic Debezium workload (`service.workload`) produced once, then
+2. End to end: one synthetic Debezium workload (`service.operations.workload`) produced once, then
    `cdc-lakehouse run --until-idle` per variant on that same topic, each with its own table and
    checkpoint: `upsert_materialize: none` (per-batch reduction) against `force` (the keyed-state
    materializer, batch compaction) and `force` with sequence_by. Each table is checked to hold
@@ -27,9 +27,9 @@ import orjson
 import yaml
 from ingest_benchmark import PIPELINE, broker, delete_topic, run_pipeline, verify_table
 
-from service.changes import ChangeKind
-from service.kafka_to_delta.materializer import Change, Materializer, MaterializerConfig
-from service.workload import DebeziumWorkload, create_topics, produce
+from service.kafka_to_delta.materialize.rules import Change, Materializer, MaterializerConfig
+from service.operations.workload import DebeziumWorkload, create_topics, produce
+from vocabulary.changes import ChangeKind
 
 VARIANTS = {
     "materializer off (none)": {"upsert_materialize": "none"},
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     """Run the benchmark once."""
     args = parse_args(argv)
     # `nothing` logs every retraction of a claim it dropped; that is expected here.
-    logging.getLogger("service.kafka_to_delta.materializer").setLevel(logging.ERROR)
+    logging.getLogger("service.kafka_to_delta.materialize.rules").setLevel(logging.ERROR)
     states = state_figures(args.state_keys)
     runs: list[tuple[str, dict]] = []
     if not args.state_only:

@@ -1,6 +1,6 @@
 """Materializer state designs, measured on the same changelog input inside Spark on this machine.
 
-Every design applies the same pure rules (`service.kafka_to_delta.materializer`, batch compaction,
+Every design applies the same pure rules (`service.kafka_to_delta.materialize.rules`, batch compaction,
 on_conflict error) to the same micro-batches of changelog rows (CHANGELOG_SCHEMA, streamed from
 Parquet files, one file per micro-batch, as tests/integration/test_materializer_stage.py does),
 and every design's net changes are applied to a dict that must equal the replay of the input:
@@ -45,13 +45,12 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.state import GroupState
 
-from service.kafka_to_delta.bucket_document import decode_bucket, encode_bucket
-from service.kafka_to_delta.decode_stage import CHANGELOG_SCHEMA, CHANGELOG_SPARK_SCHEMA
-from service.kafka_to_delta.materializer import Materializer, MaterializerConfig
-from service.kafka_to_delta.materializer_buckets import BUCKET, GROUP_COLUMN, bucketed
-from service.kafka_to_delta.materializer_bulk import GROUP, arrival, compact_many
-from service.kafka_to_delta.materializer_stage import StageConfig, _grouped, materialize
-from service.kafka_to_delta.net_changes import (
+from service.config.settings import SparkSettings
+from service.kafka_to_delta.materialize.bucket_document import decode_bucket, encode_bucket
+from service.kafka_to_delta.materialize.bucket_stage import BUCKET, GROUP_COLUMN, bucketed
+from service.kafka_to_delta.materialize.bulk import GROUP, arrival, compact_many
+from service.kafka_to_delta.materialize.key_stage import StageConfig, _grouped, materialize
+from service.kafka_to_delta.materialize.net_changes import (
     NET_ARROW_SCHEMA,
     PACKED_COLUMN,
     PACKED_NET_SPARK_SCHEMA,
@@ -59,8 +58,9 @@ from service.kafka_to_delta.net_changes import (
     pack_net,
     unpack_net,
 )
-from service.settings import SparkSettings
-from service.spark import build_spark
+from service.kafka_to_delta.materialize.rules import Materializer, MaterializerConfig
+from service.kafka_to_delta.source.decode_stage import CHANGELOG_SCHEMA, CHANGELOG_SPARK_SCHEMA
+from service.runtime.spark_session import build_spark
 
 CONFIG = StageConfig(rules=MaterializerConfig(table="bench", primary_key=("id",), on_conflict="error"), key_buckets=0)
 _CARRIED = [GROUP, "kind", "upsert_key", "row", "types", "unchanged", "sequence", "event_time", "topic", "partition",

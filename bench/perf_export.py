@@ -29,7 +29,7 @@ from export_benchmark import (
     run_export,
 )
 
-from service.workload import create_topics
+from service.operations.workload import create_topics
 
 
 def measure(bootstrap: str, changes: int, preset: str = "debezium") -> dict[str, float]:

@@ -26,7 +26,7 @@ from confluent_kafka import Producer
 from deltalake import DeltaTable
 from ingest_benchmark import _BATCH_LINE, _log_time, _tree_rss_mib
 
-from service.workload import Event, produce
+from service.operations.workload import Event, produce
 
 _CLOCK = re.compile(r"\.(\d+)@")
 _TICK_S = 0.05

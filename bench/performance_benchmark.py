@@ -1,7 +1,7 @@
 """Performance benchmark: everything the service does against plain yardsticks, one run, one table.
 
 On one embedded broker (each topic deleted after its sections: the broker holds everything in
-memory), with a synthetic Debezium workload (`service.workload`, half of the envelopes with the
+memory), with a synthetic Debezium workload (`service.operations.workload`, half of the envelopes with the
 Connect schema block):
 
 - consumer:     a plain confluent-kafka consumer reads the topic (records/s).
@@ -51,8 +51,8 @@ from perf_freshness import Service, UpsertStream, phase, wait_drained, warm_up
 from perf_naive import SCHEMA, run_naive
 
 from connectors.kafka.local_broker import LocalBroker
-from service.settings import DEFAULT_MAX_OFFSETS_PER_TRIGGER
-from service.workload import DebeziumWorkload, create_topics, produce
+from service.config.settings import DEFAULT_MAX_OFFSETS_PER_TRIGGER
+from service.operations.workload import DebeziumWorkload, create_topics, produce
 
 SECTIONS = ("consumer", "naive", "service", "materializer", "whole", "export", "freshness", "maxrate")
 DEFAULT_SECTIONS = SECTIONS[:-1]

@@ -19,10 +19,16 @@ import time
 
 import pyarrow as pa
 
-from service.joins.join_state import JoinStateStore, state_uri
-from service.joins.regular_join_rules import JoinRules, JoinState, SideRules, join_step, side_changes
-from service.kafka_to_delta.changelog_batch import CHANGELOG_SCHEMA, Column
-from service.kafka_to_delta.materializer import MaterializerConfig
+from service.kafka_to_delta.changelog.changelog_batch import CHANGELOG_SCHEMA, Column
+from service.kafka_to_delta.joins.join_state import JoinStateStore, state_uri
+from service.kafka_to_delta.joins.regular_join_rules import (
+    JoinRules,
+    JoinState,
+    SideRules,
+    join_step,
+    side_changes,
+)
+from service.kafka_to_delta.materialize.rules import MaterializerConfig
 
 RULES = JoinRules(SideRules(("order_id",), ("customer_id",)), SideRules(("customer_id",), ("customer_id",)),
                   outer=True, output=MaterializerConfig("orders_enriched", ("order_id",), "error"))

@@ -1,12 +1,15 @@
 """Cost of the per-partition watermark candidates next to decoding, per 20,000-record Kafka batch."""
-import time, sys
+import sys
+import time
+
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
 import pyarrow as pa
+
 from connectors.kafka.range_reader import SOURCE_SCHEMA
-from service.kafka_to_delta.decode_stage import batch_decoder
-from service.kafka_to_delta.event_time_progress import PartitionWatermark
-from service.settings import PipelineSettings
-from service.workload import DebeziumWorkload
+from service.config.settings import PipelineSettings
+from service.kafka_to_delta.source.decode_stage import batch_decoder
+from service.kafka_to_delta.source.event_time_progress import PartitionWatermark
+from service.operations.workload import DebeziumWorkload
 
 w = DebeziumWorkload("t", 1, "always", seed=1, with_timestamp=True)
 events = w.generate(20_000, 5_000)[:20_000]

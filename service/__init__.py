@@ -13,7 +13,7 @@ import os
 os.environ.setdefault("_RJEM_MALLOC_CONF", "dirty_decay_ms:1000,muzzy_decay_ms:0")
 
 # Arrow's own allocator (jemalloc) keeps what a micro-batch freed; the C library's gives it back at
-# `malloc_trim` (`service.memory_release`). The local Spark processes inherit the setting. 300,000
+# `malloc_trim` (`service.runtime.memory_release`). The local Spark processes inherit the setting. 300,000
 # envelopes, `run --until-idle`: peak RSS of the process tree 1,594-1,606 -> 1,459-1,484 MiB (each decode
 # worker 277 -> 211 MiB at the peak), steady batch of 100,000 unchanged (0.56-0.67 s). The cost is on a
 # large first batch: 1,000,000 envelopes (a first batch of 200,000 records) reached their first commit

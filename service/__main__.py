@@ -14,9 +14,9 @@ from typing import NoReturn
 
 import typer
 
-from service.errors import CdcLakehouseError, TransientError
-from service.log_format import configure_logging
-from service.settings import load_settings
+from service.config.settings import load_settings
+from service.observability.log_format import configure_logging
+from vocabulary.errors import CdcLakehouseError, TransientError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 EXIT_TERMINAL = 1
@@ -43,8 +43,8 @@ def run(
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run the configured pipelines until SIGTERM/SIGINT (or until idle)."""
-    from service.compiled_plan import apply_plan, read_plan
-    from service.runner import run as run_service
+    from service.kafka_to_delta.plan.compiled_plan import apply_plan, read_plan
+    from service.supervisor.runner import run as run_service
 
     try:
         settings = load_settings(config)
@@ -78,7 +78,7 @@ def plan_command(
     """Every stateful operator of every pipeline: its key, its state TTLs (plan JSON), and a summary."""
     import json
 
-    from service.compiled_plan import compile_plan, summary
+    from service.kafka_to_delta.plan.compiled_plan import compile_plan, summary
 
     try:
         settings = load_settings(config)
@@ -101,7 +101,7 @@ def rebuild_state_command(
 ) -> None:
     """With the service stopped: a new checkpoint whose materializer state is seeded from the Delta table
     (the old checkpoint is moved aside); the pipeline then goes on from where the table's content ends."""
-    from service.state_rebuild import rebuild_state, spark_state_reader
+    from service.kafka_to_delta.plan.state_rebuild import rebuild_state, spark_state_reader
 
     try:
         settings = load_settings(config)
@@ -120,8 +120,8 @@ def status(
     """Where each pipeline and export stands: checkpoint, lag, Delta version; for exports the published version."""
     import json
 
-    from service.status import ExportStatus, PipelineStatus
-    from service.status import status as read_status
+    from service.operations.status import ExportStatus, PipelineStatus
+    from service.operations.status import status as read_status
 
     try:
         found = read_status(load_settings(config))
@@ -155,7 +155,7 @@ def demo(
     keys: int = typer.Option(200, min=1),
 ) -> None:
     """Local broker + synthetic Debezium workload + pipeline, end to end."""
-    from service.demo import demo as run_demo
+    from service.operations.demo import demo as run_demo
 
     _setup_logging(False)
     try:
@@ -168,7 +168,7 @@ def demo(
 @app.command()
 def prepare() -> None:
     """Write the local Spark JVM's class archive (about 3 s off every later start; scripts/install.sh runs it)."""
-    from service.jvm_class_archive import prepare as prepare_archive
+    from service.runtime.jvm_class_archive import prepare as prepare_archive
 
     _setup_logging(False)
     path = prepare_archive()

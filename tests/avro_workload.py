@@ -1,4 +1,4 @@
-"""The events of a `service.workload.DebeziumWorkload`, re-encoded as Confluent Avro.
+"""The events of a `service.operations.workload.DebeziumWorkload`, re-encoded as Confluent Avro.
 
 The same workload can then be fed once as JSON and once as Avro, and the two resulting Delta
 tables compared. Each JSON event becomes one Avro event with the same topic, partition and
@@ -23,10 +23,14 @@ from typing import Iterable, Literal
 from connectors.delta.arrow_types import TypeName
 from connectors.delta.connect_types import connect_schema_to_types
 from connectors.schema_registry.avro_codec import ConfluentAvroEncoder
-from connectors.schema_registry.avro_types import avro_name, avro_schema_for, debezium_envelope_schema
+from connectors.schema_registry.avro_types import (
+    avro_name,
+    avro_schema_for,
+    debezium_envelope_schema,
+)
 from connectors.schema_registry.client import SchemaRegistryClient
-from service.changes import Envelope
-from service.workload import DebeziumWorkload, Event
+from service.operations.workload import DebeziumWorkload, Event
+from vocabulary.changes import Envelope
 
 KeyFormat = Literal["json", "avro"]
 KEY_COLUMN = "id"

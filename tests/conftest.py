@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.registry.apicurio import apicurio_registry_url  # noqa: F401  (session fixture)
-
 from connectors.maven_jars import KAFKA_VERSION
+from tests.registry.apicurio import apicurio_registry_url  # noqa: F401  (session fixture)
 
 KAFKA_IMAGE = f"apache/kafka:{KAFKA_VERSION}"
 
@@ -54,8 +53,8 @@ def spark():
     cache (connectors/maven_jars.py) with Delta's SQL extension and catalog. Without the jars in the
     cache every test that needs Spark fails, naming the command that resolves them."""
     from connectors.maven_jars import JarsUnavailable, lib_jars
-    from service.settings import SparkSettings
-    from service.spark import build_spark
+    from service.config.settings import SparkSettings
+    from service.runtime.spark_session import build_spark
 
     try:
         lib_jars("delta")

@@ -66,9 +66,9 @@ def consume(bootstrap: str, topic: str, isolation: str = "read_committed") -> li
 
 def main(path: str) -> int:
     """Export until idle; returns the exit code."""
+    from service.config.settings import SparkSettings
     from service.delta_to_kafka.pipeline import ExportPipeline
-    from service.settings import SparkSettings
-    from service.spark import build_spark
+    from service.runtime.spark_session import build_spark
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
     config = json.loads(Path(path).read_text())

@@ -23,10 +23,18 @@ import fastavro
 import pyarrow as pa
 
 from connectors.schema_registry.wire_format import HEADER_SIZE, MAGIC_BYTE
-from service.kafka_to_delta.changelog_batch import CHANGELOG_SCHEMA, error_coordinates
-from service.kafka_to_delta.from_changelog import TRUNCATE_FAILS
+from service.kafka_to_delta.changelog.changelog_batch import CHANGELOG_SCHEMA, error_coordinates
+from service.kafka_to_delta.changelog.from_changelog import TRUNCATE_FAILS
 from tests.fuzz_mutations import NONE
-from tests.fuzz_records import FORMATS, FuzzFormat, FuzzInput, FuzzRecord, decoders, header_rows, raw_batch
+from tests.fuzz_records import (
+    FORMATS,
+    FuzzFormat,
+    FuzzInput,
+    FuzzRecord,
+    decoders,
+    header_rows,
+    raw_batch,
+)
 
 OUTCOMES = ("applied", "no-op", "FAIL", "LOG", "SKIP", "DEAD_LETTER")
 KINDS = ("+I", "-U", "+U", "-D", "TRUNCATE")

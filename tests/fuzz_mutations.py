@@ -13,8 +13,15 @@ from typing import Callable
 
 from connectors.schema_registry.errors import AvroEncodeError
 from connectors.schema_registry.wire_format import HEADER_SIZE, frame, split_frame
-from service.workload import Event
-from tests.fuzz_documents import DEEP, DOCUMENT_MUTATIONS, UNKNOWN_OPS, Draft, MutationContext, dumps
+from service.operations.workload import Event
+from tests.fuzz_documents import (
+    DEEP,
+    DOCUMENT_MUTATIONS,
+    UNKNOWN_OPS,
+    Draft,
+    MutationContext,
+    dumps,
+)
 
 NONE = "none"
 UNKNOWN_SCHEMA_IDS = (987_654, 2**32 - 1, 77)

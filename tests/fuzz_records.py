@@ -3,7 +3,7 @@
 `generate(seed, count)` spreads `count` records over four input formats (`FORMATS`), each topic
 with `PARTITIONS` partitions: Debezium JSON envelopes inside the Kafka Connect wrapper (schema
 block), bare Debezium JSON envelopes, flat op-coded JSON records and Confluent-framed Avro
-envelopes. Each starts as a valid record of the synthetic workload (`service.workload`), then one
+envelopes. Each starts as a valid record of the synthetic workload (`service.operations.workload`), then one
 mutation from `MUTATIONS` is applied to it (`"none"` keeps it intact): truncated values, invalid
 UTF-8, flipped bits, wrong magic bytes, unknown or unusable schema ids, wrong field types, missing
 fields, unknown op codes, huge strings and numbers, non-finite numbers, deep nesting, lone UTF-16
@@ -26,9 +26,9 @@ from connectors.kafka.range_reader import RAW_SCHEMA
 from connectors.schema_registry import ConfluentAvroDecoder
 from connectors.schema_registry.client import RegisteredSchema, schema_text
 from connectors.schema_registry.errors import UnknownSchemaIdError
-from service.kafka_to_delta.changelog_batch import ChangelogBatchDecoder
-from service.kafka_to_delta.from_changelog_settings import FromChangelogSettings, RecordHandling
-from service.workload import DebeziumWorkload, Event
+from service.config.from_changelog import FromChangelogSettings, RecordHandling
+from service.kafka_to_delta.changelog.changelog_batch import ChangelogBatchDecoder
+from service.operations.workload import DebeziumWorkload, Event
 from tests.avro_workload import AvroWorkloadEncoder
 from tests.fuzz_documents import MutationContext, dumps
 from tests.fuzz_mutations import mutate

@@ -51,7 +51,12 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import StructType
 
 from connectors.delta.delta_rs import DeltaRsTable
@@ -64,7 +69,7 @@ from connectors.delta.feed_chunks import (
     chunk_of_version,
     number_rows,
 )
-from service.errors import ConfigError, TerminalError, TransientError
+from vocabulary.errors import ConfigError, TerminalError, TransientError
 
 FORMAT_NAME = "delta_cdf"
 CHANGE_TYPE = "_change_type"

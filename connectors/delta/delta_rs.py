@@ -13,7 +13,7 @@ from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Tr
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from connectors.delta.merge_plan import DELETE_FLAG, plan_merge
-from service.errors import TerminalError, TransientError
+from vocabulary.errors import TerminalError, TransientError
 
 __all__ = ["DELETE_FLAG", "DeltaCommitConflict", "DeltaRsTable", "DeltaSchemaError", "DeltaWriteError"]
 CDF_ENABLED = {"delta.enableChangeDataFeed": "true"}
@@ -122,7 +122,7 @@ class DeltaRsTable:
         except DeltaError as error:
             raise DeltaWriteError(f"MERGE into {self.uri} failed: {error}") from None
 
-    # --- maintenance (service/maintenance.py decides when, and checks the exports first) ---
+    # --- maintenance (service/operations/maintenance.py decides when, and checks the exports first) ---
 
     def compact(self, z_order_by: tuple[str, ...] = (), target_size: int | None = None) -> tuple[int, int]:
         """Rewrite small files into large ones (z-ordered by `z_order_by` when given) in one commit

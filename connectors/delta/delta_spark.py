@@ -22,7 +22,7 @@ of), and quotes a name holding a backtick wrongly in the change feed a MERGE wri
 delta-rs stores all of them. So this engine refuses such names with `DeltaSchemaError` naming
 them, before it writes anything. Log entries are never deleted as a side effect of a
 commit (`delta.enableExpiredLogCleanup` false; Delta otherwise cleans up after every
-checkpoint): only table maintenance does, after checking the exports (service/maintenance.py).
+checkpoint): only table maintenance does, after checking the exports (service/operations/maintenance.py).
 
 The Delta jars must be on the JVM classpath (`session_conf()`: the jars resolved into the cache
 by connectors/maven_jars.py, else the Maven package); without them the table refuses to open
@@ -43,10 +43,16 @@ from pyspark.errors import AnalysisException, PySparkException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from connectors.delta.delta_rs import CDF_ENABLED, DeltaCommitConflict, DeltaRsTable, DeltaSchemaError, DeltaWriteError
+from connectors.delta.delta_rs import (
+    CDF_ENABLED,
+    DeltaCommitConflict,
+    DeltaRsTable,
+    DeltaSchemaError,
+    DeltaWriteError,
+)
 from connectors.delta.merge_plan import MergePlan, plan_merge
 from connectors.maven_jars import COMPONENTS, JarsUnavailable, is_resolved, lib_jars
-from service.errors import TerminalError
+from vocabulary.errors import TerminalError
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
@@ -55,7 +61,7 @@ DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 DELTA_TABLE_CLASS = "io.delta.tables.DeltaTable"
 _MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
 _OPTIMIZE_MAX_FILE_SIZE = "spark.databricks.delta.optimize.maxFileSize"
-# The retention is checked against the table's readers by the caller (service/vacuum_retention.py),
+# The retention is checked against the table's readers by the caller (service/operations/vacuum_retention.py),
 # in place of Delta's fixed floor of 7 days; VACUUM writes its START / END commits (files deleted).
 _VACUUM_CONF = {"spark.databricks.delta.retentionDurationCheck.enabled": "false",
                 "spark.databricks.delta.vacuum.logging.enabled": "true"}
@@ -150,7 +156,7 @@ def missing_delta_reason(spark: SparkSession) -> str | None:
         return (
             f"the Delta Lake jars are not on the Spark classpath (class {DELTA_TABLE_CLASS} not found); "
             f"start Spark with the jars in spark.jars or with spark.jars.packages={delta_artifact()} "
-            f"(service/spark.py build_spark does either for lakehouse.engine delta-spark); {_cache_fix()}"
+            f"(service/runtime/spark_session.py build_spark does either for lakehouse.engine delta-spark); {_cache_fix()}"
         )
     extensions = spark.conf.get("spark.sql.extensions", "") or ""
     if DELTA_EXTENSION not in extensions:
@@ -289,7 +295,7 @@ class DeltaSparkTable:
             self._set_properties(NO_LOG_CLEANUP_ON_COMMIT)
             self._log_kept = True
 
-    # --- maintenance (service/maintenance.py decides when, and checks the exports first) ---
+    # --- maintenance (service/operations/maintenance.py decides when, and checks the exports first) ---
 
     def compact(self, z_order_by: tuple[str, ...] = (), target_size: int | None = None) -> tuple[int, int]:
         """Delta's OPTIMIZE (ZORDER BY `z_order_by` when given) in one commit without data change;

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, get_args
 
 import pyarrow as pa
 
-from service.errors import ConfigError
+from vocabulary.errors import ConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -53,7 +53,7 @@ class DeltaEngineTable(Protocol):
 
 
 class MaintainedTable(Protocol):
-    """What table maintenance (service/maintenance.py) needs from one Delta table; both engines
+    """What table maintenance (service/operations/maintenance.py) needs from one Delta table; both engines
     satisfy it. A commit conflict raises `DeltaCommitConflict`."""
 
     uri: str

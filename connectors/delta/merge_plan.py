@@ -28,7 +28,7 @@ from typing import Literal, Sequence
 
 import pyarrow as pa
 
-from service.errors import TerminalError
+from vocabulary.errors import TerminalError
 
 DELETE_FLAG = "_cdc_delete"
 KEEP_FLAG_PREFIX = "_cdc_keep__"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.errors import TerminalError, TransientError
+from vocabulary.errors import TerminalError, TransientError
 
 
 class KafkaUnavailable(TransientError):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from connectors.kafka.errors import KafkaUnavailable
 from connectors.subprocesses import stop_group
-from service.errors import ConfigError
+from vocabulary.errors import ConfigError
 
 _READY_TIMEOUT_S = 30.0
 _STOP_TIMEOUT_S = 30.0

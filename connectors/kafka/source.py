@@ -34,13 +34,18 @@ import time
 from typing import Iterator
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 
 from connectors.kafka import offsets as om
 from connectors.kafka import watermarks as wm
 from connectors.kafka.cluster import ClusterView
 from connectors.kafka.errors import DataLoss
-from service.errors import ConfigError
+from vocabulary.errors import ConfigError
 
 FORMAT_NAME = "cdc_kafka"
 _KAFKA_PREFIX = "kafka."
@@ -74,7 +79,9 @@ class KafkaSource(DataSource):
         return FORMAT_NAME
 
     def schema(self) -> str:
-        from connectors.kafka.range_reader import RAW_SPARK_SCHEMA  # Arrow is loaded where records are read
+        from connectors.kafka.range_reader import (
+            RAW_SPARK_SCHEMA,  # Arrow is loaded where records are read
+        )
 
         return RAW_SPARK_SCHEMA
 

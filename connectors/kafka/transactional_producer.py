@@ -28,12 +28,19 @@ import time
 from dataclasses import dataclass
 from typing import Iterable
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from connectors.kafka.cluster import ClusterView, client_config
 from connectors.kafka.errors import KafkaUnavailable
-from service.errors import TerminalError, TransientError
+from vocabulary.errors import TerminalError, TransientError
 
 KafkaRecord = tuple[bytes | None, bytes | None, list[tuple[str, bytes]] | None]
 StateRecord = tuple[bytes, bytes | None]  # (key, value); a None value deletes the key

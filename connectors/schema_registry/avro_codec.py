@@ -23,7 +23,12 @@ import fastavro
 from connectors.schema_registry import avro_values as values
 from connectors.schema_registry.avro_types import LOGICAL_TYPE, base_type, record_types, row_image
 from connectors.schema_registry.client import RegisteredSchema, SchemaRegistryClient, schema_text
-from connectors.schema_registry.errors import AvroBodyError, AvroEncodeError, AvroSchemaError, UnusableSchemaError
+from connectors.schema_registry.errors import (
+    AvroBodyError,
+    AvroEncodeError,
+    AvroSchemaError,
+    UnusableSchemaError,
+)
 from connectors.schema_registry.wire_format import frame, split_frame
 
 Document = dict[str, Any]

@@ -19,7 +19,12 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from connectors.delta.arrow_types import DECIMAL_PATTERN, DEFAULT_DECIMAL_PRECISION, TypeName, decimal_type_name
+from connectors.delta.arrow_types import (
+    DECIMAL_PATTERN,
+    DEFAULT_DECIMAL_PRECISION,
+    TypeName,
+    decimal_type_name,
+)
 from connectors.delta.connect_types import (
     CONNECT_DECIMAL,
     CONNECT_LOGICAL,
@@ -28,7 +33,7 @@ from connectors.delta.connect_types import (
     ROW_IMAGE_FIELDS,
 )
 from connectors.schema_registry.errors import AvroSchemaError
-from service.changes import Envelope
+from vocabulary.changes import Envelope
 
 TimeUnit = Literal["ms", "us", "ns"]
 

@@ -18,7 +18,13 @@ from datetime import date, datetime, timezone
 from decimal import Decimal
 from typing import Any, Callable
 
-from connectors.delta.arrow_types import CONVERTERS, DECIMAL_PATTERN, EPOCH_DATE, TypeName, arrow_type
+from connectors.delta.arrow_types import (
+    CONVERTERS,
+    DECIMAL_PATTERN,
+    EPOCH_DATE,
+    TypeName,
+    arrow_type,
+)
 from connectors.schema_registry.avro_types import (
     AVRO_NULL,
     BINARY_TYPES,

@@ -24,7 +24,9 @@ from typing import Any
 import fastavro
 from confluent_kafka.schema_registry import Schema, SchemaReference
 from confluent_kafka.schema_registry import SchemaRegistryClient as ConfluentClient
-from confluent_kafka.schema_registry.common._httpx_compat import httpx  # httpx or httpx2, as installed
+from confluent_kafka.schema_registry.common._httpx_compat import (
+    httpx,  # httpx or httpx2, as installed
+)
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from connectors.schema_registry.connection import RegistryConnection

@@ -1,6 +1,6 @@
 """Errors of the Schema Registry adapter: wire format, registry lookups, Avro bodies and schemas.
 
-Decode errors (a record that cannot be read) subclass `service.errors.DecodeError`, so a caller
+Decode errors (a record that cannot be read) subclass `vocabulary.errors.DecodeError`, so a caller
 locates them with `.at(where)` and keeps the subclass. A registry that cannot be reached, or
 answers with a server error, is transient: the same lookup may succeed later. No message
 quotes record contents, only lengths, ids, found magic bytes and URLs (without credentials).
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from service.errors import DecodeError, SourceCoordinates, TerminalError, TransientError
+from vocabulary.errors import DecodeError, SourceCoordinates, TerminalError, TransientError
 
 
 def redacted_url(url: str) -> str:

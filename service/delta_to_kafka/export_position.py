@@ -43,9 +43,14 @@ from typing import Mapping, Protocol
 
 from pyspark.sql import SparkSession
 
-from connectors.kafka.transactional_producer import KafkaRecord, PositionRecord, StateRecord, TransactionalProducer
-from service.delta_to_kafka.changelog_state import StateRestoreError
-from service.errors import TerminalError
+from connectors.kafka.transactional_producer import (
+    KafkaRecord,
+    PositionRecord,
+    StateRecord,
+    TransactionalProducer,
+)
+from service.delta_to_kafka.changelog.changelog_state import StateRestoreError
+from vocabulary.errors import TerminalError
 
 _OFFSET_LOG_VERSION = "v1"
 _SOURCE_LINE = 2  # after the format version and the batch metadata

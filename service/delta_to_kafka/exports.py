@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pyspark.sql import SparkSession
 
-from service.delta_to_kafka.export_settings import ExportSettings
-from service.delta_to_kafka.output_formats import ExportEncoder
+from service.config.exports import ExportSettings
+from service.config.settings import Settings
+from service.delta_to_kafka.formats.output_formats import ExportEncoder
 from service.delta_to_kafka.pipeline import ExportPipeline
-from service.settings import Settings
 
 
 def export_pipeline(spark: SparkSession, settings: Settings, export: ExportSettings) -> ExportPipeline:
@@ -16,7 +16,7 @@ def export_pipeline(spark: SparkSession, settings: Settings, export: ExportSetti
     storage = dict(settings.lakehouse.storage_options)
     serializers: tuple = (None, None)
     if export.format == "avro-confluent":  # imported here: a JSON-only service never loads the registry client
-        from service.delta_to_kafka.avro_serializers import avro_serializers
+        from service.delta_to_kafka.formats.avro_serializers import avro_serializers
 
         serializers = avro_serializers(export, uri, storage)
     encoder = ExportEncoder(export, *serializers)

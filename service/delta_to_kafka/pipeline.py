@@ -42,9 +42,6 @@ from pyspark.sql.streaming import StreamingQuery
 from connectors.delta.change_feed import COMMIT_VERSION, FORMAT_NAME, DeltaChangeFeedSource
 from connectors.delta.feed_chunks import COMMIT_ROW, Offset
 from connectors.kafka.transactional_producer import KafkaRecord, TransactionalProducer
-from service import metrics
-from service.batch_pipeline import BatchPipeline, with_trigger
-from service.checkpoints import remove_abandoned_writes
 from service.delta_to_kafka.export_position import (
     EncoderState,
     ExportPosition,
@@ -53,7 +50,10 @@ from service.delta_to_kafka.export_position import (
     batch_end_offset,
     restore_encoder_state,
 )
-from service.memory_release import release_memory
+from service.observability import metrics
+from service.runtime.checkpoints import remove_abandoned_writes
+from service.runtime.memory_release import release_memory
+from service.supervisor.batch_pipeline import BatchPipeline, with_trigger
 
 log = logging.getLogger(__name__)
 

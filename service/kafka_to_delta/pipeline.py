@@ -27,31 +27,34 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from connectors.delta.engines import open_table
-from service import metrics, redaction, test_hooks
-from service.batch_pipeline import BatchPipeline, commit_app_id, with_trigger
-from service.checkpoints import remove_abandoned_writes
-from service.kafka_to_delta.bad_records import (
-    DeadLetterStore,
-    handle_bad_records,
+from service.config.settings import PipelineSettings, Settings
+from service.kafka_to_delta.changelog.stage import needs_state, stateful_changelog
+from service.kafka_to_delta.materialize.bucket_packing import PACKED_SPARK_SCHEMA, PackedBuckets
+from service.kafka_to_delta.materialize.bulk import DEFAULT_KEY_BUCKETS, StageConfig
+from service.kafka_to_delta.materialize.net_changes import net_changes
+from service.kafka_to_delta.materialize.rules import MaterializerConfig
+from service.kafka_to_delta.plan.rebuilt_seed import Seed, load_seed
+from service.kafka_to_delta.plan.upgrades import stored_key_buckets
+from service.kafka_to_delta.sink.bad_records import DeadLetterStore, handle_bad_records
+from service.kafka_to_delta.sink.dead_letters import DeadLetterSink
+from service.kafka_to_delta.sink.merge_sink import MergeOutcome, MergeSink
+from service.kafka_to_delta.source.batch_changes import BatchChanges, batch_changes
+from service.kafka_to_delta.source.changes_source import changes_source, changes_source_name
+from service.kafka_to_delta.source.decode_stage import (
+    STREAM_SPARK_SCHEMA,
+    DecodedRanges,
+    batch_decoder,
 )
-from service.kafka_to_delta.batch_changes import BatchChanges, batch_changes
-from service.kafka_to_delta.bucket_packing import PACKED_SPARK_SCHEMA, PackedBuckets
-from service.kafka_to_delta.changes_source import changes_source, changes_source_name
-from service.kafka_to_delta.dead_letters import DeadLetterSink
-from service.kafka_to_delta.decode_stage import STREAM_SPARK_SCHEMA, DecodedRanges, batch_decoder
-from service.kafka_to_delta.event_time_progress import EventTimeMaxima
-from service.kafka_to_delta.from_changelog_stage import needs_state, stateful_changelog
-from service.kafka_to_delta.materializer import MaterializerConfig
-from service.kafka_to_delta.materializer_bulk import DEFAULT_KEY_BUCKETS, StageConfig
-from service.kafka_to_delta.merge_sink import MergeOutcome, MergeSink
-from service.kafka_to_delta.net_changes import net_changes
-from service.kafka_to_delta.partition_changes import COUNTERS, NetPayload, PartitionReducer
-from service.kafka_to_delta.payload_schema import PAYLOAD_COLUMN, PAYLOAD_SPARK_SCHEMA
-from service.maintenance import TableMaintenance
-from service.memory_release import release_memory
-from service.plan_upgrade import stored_key_buckets
-from service.rebuilt_seed import Seed, load_seed
-from service.settings import PipelineSettings, Settings
+from service.kafka_to_delta.source.event_time_progress import EventTimeMaxima
+from service.kafka_to_delta.source.partition_changes import COUNTERS, NetPayload, PartitionReducer
+from service.kafka_to_delta.source.payload_schema import PAYLOAD_COLUMN, PAYLOAD_SPARK_SCHEMA
+from service.observability import metrics
+from service.operations.maintenance import TableMaintenance
+from service.runtime import test_hooks
+from service.runtime.checkpoints import remove_abandoned_writes
+from service.runtime.memory_release import release_memory
+from service.supervisor.batch_pipeline import BatchPipeline, commit_app_id, with_trigger
+from vocabulary import redaction
 
 log = logging.getLogger(__name__)
 _QUERY_ID_TIMEOUT_S = 60.0
@@ -246,7 +249,7 @@ class IngestPipeline(BatchPipeline):
             stream = self._decoded_source(config)
         if config is not None:
             # Imported here: the materializer needs pandas (50 MiB) that the plain path does not.
-            from service.kafka_to_delta.materializer_stage import materialize
+            from service.kafka_to_delta.materialize.key_stage import materialize
 
             stream = materialize(
                 stream, config, self.pipeline.effective_watermark_delay_seconds,

@@ -14,7 +14,7 @@ import pytest
 from deltalake import DeltaTable
 
 from connectors.schema_registry.client import SchemaRegistryClient
-from service.workload import DebeziumWorkload, create_topics, produce
+from service.operations.workload import DebeziumWorkload, create_topics, produce
 from tests.avro_workload import to_avro
 from tests.pipeline_harness import run_cli, write_config
 

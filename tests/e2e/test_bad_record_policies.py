@@ -21,13 +21,13 @@ import pytest
 from confluent_kafka import Producer
 from deltalake import DeltaTable
 
-from service.errors import DecodeError
-from service.kafka_to_delta.dead_letters import DlqHeader
-from service.redaction import fingerprint
-from service.runner import Runner
-from service.settings import settings_from_mapping
-from service.workload import create_topics
+from service.config.settings import settings_from_mapping
+from service.kafka_to_delta.sink.dead_letters import DlqHeader
+from service.operations.workload import create_topics
+from service.supervisor.runner import Runner
 from tests.pipeline_harness import read_committed, run_cli, table_rows, table_version, write_config
+from vocabulary.errors import DecodeError
+from vocabulary.redaction import fingerprint
 
 pytestmark = pytest.mark.slow
 PII = "pii-secret-4711"

@@ -7,9 +7,16 @@ import subprocess
 
 import pytest
 
-from service.test_hooks import ARM_SUFFIX, BATCH_MARKER_ENV
-from service.workload import DebeziumWorkload, create_topics, produce
-from tests.pipeline_harness import CLI, start_cli, table_rows, table_version, wait_for_table, write_config
+from service.operations.workload import DebeziumWorkload, create_topics, produce
+from service.runtime.test_hooks import ARM_SUFFIX, BATCH_MARKER_ENV
+from tests.pipeline_harness import (
+    CLI,
+    start_cli,
+    table_rows,
+    table_version,
+    wait_for_table,
+    write_config,
+)
 
 PIPELINE = {"name": "p", "topics": ["t"], "table": "t", "primary_key": ["id"]}
 

@@ -32,15 +32,29 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from service.workload import create_topics
+from service.operations.workload import create_topics
 from tests.capture.checks import (  # noqa: F401 - the shared tests, run against this module's `captured`
-    Capture, ingest, phase, records, run_sql, test_capture_holds_every_case_of_the_workload,
-    test_delta_column_types_follow_postgres, test_delta_table_equals_select_star,
-    test_the_truncate_deletes_rows_stored_by_earlier_batches)
+    Capture,
+    ingest,
+    phase,
+    records,
+    run_sql,
+    test_capture_holds_every_case_of_the_workload,
+    test_delta_column_types_follow_postgres,
+    test_delta_table_equals_select_star,
+    test_the_truncate_deletes_rows_stored_by_earlier_batches,
+)
 from tests.capture.connect_worker import ConnectWorker
 from tests.capture.debezium_engine import DEPLOYED_CONNECTOR
 from tests.capture.postgres import PostgresCluster, postgres  # noqa: F401 - the session fixture
-from tests.capture.workload import MARKER_RECORDS, MARKER_TABLE, SCHEMA, SNAPSHOT_ROWS, TABLES, Workload
+from tests.capture.workload import (
+    MARKER_RECORDS,
+    MARKER_TABLE,
+    SCHEMA,
+    SNAPSHOT_ROWS,
+    TABLES,
+    Workload,
+)
 
 pytestmark = pytest.mark.slow
 JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"

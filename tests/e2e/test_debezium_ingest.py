@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.workload import DebeziumWorkload, create_topics, produce
+from service.operations.workload import DebeziumWorkload, create_topics, produce
 from tests.pipeline_harness import (
     kill_group,
     run_cli,

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from service.runner import Runner
-from service.settings import settings_from_mapping
-from service.workload import DebeziumWorkload, create_topics, produce
+from service.config.settings import settings_from_mapping
+from service.operations.workload import DebeziumWorkload, create_topics, produce
+from service.supervisor.runner import Runner
 from tests.pipeline_harness import table_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]

@@ -21,13 +21,12 @@ from deltalake import DeltaTable
 
 from connectors.kafka.offsets import to_map
 from connectors.kafka.range_reader import RAW_SCHEMA
-
-from service.joins.enrichment_join import MISSING_STAGE, EnrichmentJoinPipeline
-from service.joins.enrichment_state import GateLog, HeldProbes
-from service.kafka_to_delta.dead_letters import DEFAULT_POSITIONS_TOPIC, DlqHeader
-from service.runner import Runner
-from service.settings import settings_from_mapping
-from service.workload import Event, create_topics, produce
+from service.config.settings import settings_from_mapping
+from service.kafka_to_delta.joins.enrichment_join import MISSING_STAGE, EnrichmentJoinPipeline
+from service.kafka_to_delta.joins.enrichment_state import GateLog, HeldProbes
+from service.kafka_to_delta.sink.dead_letters import DEFAULT_POSITIONS_TOPIC, DlqHeader
+from service.operations.workload import Event, create_topics, produce
+from service.supervisor.runner import Runner
 from tests.export_driver import consume
 
 pytestmark = pytest.mark.slow

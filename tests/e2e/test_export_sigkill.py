@@ -23,7 +23,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from deltalake import DeltaTable
 
-from service.workload import create_topics
+from service.operations.workload import create_topics
 from tests.export_driver import consume
 from tests.pipeline_harness import kill_group
 

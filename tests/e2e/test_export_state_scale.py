@@ -17,11 +17,11 @@ from deltalake import DeltaTable, write_deltalake
 
 from connectors.delta.change_feed import feed_schema, read_versions
 from connectors.kafka.transactional_producer import TransactionalProducer
+from service.config.exports import ExportSettings
 from service.delta_to_kafka.export_position import PositionStore, restore_encoder_state
-from service.delta_to_kafka.export_settings import ExportSettings
-from service.delta_to_kafka.output_formats import ExportEncoder, Header
+from service.delta_to_kafka.formats.output_formats import ExportEncoder, Header
 from service.delta_to_kafka.pipeline import ExportPipeline
-from service.workload import create_topics
+from service.operations.workload import create_topics
 from tests.export_driver import consume
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]

@@ -25,10 +25,10 @@ from confluent_kafka import Producer
 from deltalake import DeltaTable
 
 from connectors.schema_registry.client import SchemaRegistryClient
-from service.kafka_to_delta.dead_letters import DlqHeader
-from service.settings import load_settings
-from service.status import status
-from service.workload import create_topics
+from service.config.settings import load_settings
+from service.kafka_to_delta.sink.dead_letters import DlqHeader
+from service.operations.status import status
+from service.operations.workload import create_topics
 from tests.fuzz_accounting import decode
 from tests.fuzz_records import FORMATS, PARTITIONS, FuzzFormat, FuzzInput, generate
 from tests.pipeline_harness import read_committed, run_cli, write_config

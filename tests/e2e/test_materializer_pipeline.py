@@ -19,9 +19,9 @@ import pytest
 from confluent_kafka import Producer
 from deltalake import DeltaTable
 
-from service.redaction import fingerprint
-from service.workload import create_topics
+from service.operations.workload import create_topics
 from tests.pipeline_harness import run_cli, table_rows, write_config
+from vocabulary.redaction import fingerprint
 
 pytestmark = pytest.mark.slow
 

@@ -16,11 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from service.workload import create_topics
+from service.operations.workload import create_topics
 from tests.capture.checks import (  # noqa: F401 - the shared tests, run against this module's `captured`
-    Capture, ingest, phase, run_sql, test_capture_holds_every_case_of_the_workload,
-    test_delta_column_types_follow_postgres, test_delta_table_equals_select_star,
-    test_the_truncate_deletes_rows_stored_by_earlier_batches)
+    Capture,
+    ingest,
+    phase,
+    run_sql,
+    test_capture_holds_every_case_of_the_workload,
+    test_delta_column_types_follow_postgres,
+    test_delta_table_equals_select_star,
+    test_the_truncate_deletes_rows_stored_by_earlier_batches,
+)
 from tests.capture.debezium_engine import EngineProcess, debezium_properties
 from tests.capture.postgres import PostgresCluster, postgres  # noqa: F401 - the session fixture
 from tests.capture.workload import MARKER_RECORDS, MARKER_TABLE, SCHEMA, TABLES, Workload

@@ -24,13 +24,13 @@ import pytest
 from typer.testing import CliRunner
 
 from service.__main__ import app
-from service.checkpoint_state import read_old_state
-from service.errors import ConfigError
-from service.rebuilt_seed import SEED_DIR, SEED_ROWS
-from service.runner import Runner
-from service.settings import load_settings
-from service.workload import DebeziumWorkload, create_topics, produce
+from service.config.settings import load_settings
+from service.kafka_to_delta.plan.checkpoint_state import read_old_state
+from service.kafka_to_delta.plan.rebuilt_seed import SEED_DIR, SEED_ROWS
+from service.operations.workload import DebeziumWorkload, create_topics, produce
+from service.supervisor.runner import Runner
 from tests.pipeline_harness import table_rows, write_config
+from vocabulary.errors import ConfigError
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -9,7 +9,7 @@ import signal
 import pytest
 
 from connectors.kafka.apache_broker import ApacheKafkaBroker
-from service.workload import DebeziumWorkload, create_topics, produce
+from service.operations.workload import DebeziumWorkload, create_topics, produce
 from tests.pipeline_harness import start_cli, table_rows, wait_for_table, write_config
 
 pytestmark = pytest.mark.slow

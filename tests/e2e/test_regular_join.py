@@ -23,11 +23,11 @@ from confluent_kafka import Producer
 from deltalake import DeltaTable
 
 from connectors.delta.delta_rs import DeltaWriteError
-from service.compiled_plan import apply_plan, compile_plan, read_plan
-from service.joins.join_state import JoinStateStore
-from service.runner import Runner
-from service.settings import settings_from_mapping
-from service.workload import create_topics
+from service.config.settings import settings_from_mapping
+from service.kafka_to_delta.joins.join_state import JoinStateStore
+from service.kafka_to_delta.plan.compiled_plan import apply_plan, compile_plan, read_plan
+from service.operations.workload import create_topics
+from service.supervisor.runner import Runner
 from tests.join_reference import normalized, reference_join
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

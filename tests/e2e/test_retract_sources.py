@@ -18,7 +18,7 @@ import time
 import pytest
 from confluent_kafka import Producer
 
-from service.workload import create_topics
+from service.operations.workload import create_topics
 from tests.pipeline_harness import CLI, run_cli, table_rows, write_config
 
 T0 = (int(time.time()) // 60 - 10) * 60_000  # recent: the broker's retention goes by record timestamps

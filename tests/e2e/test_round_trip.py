@@ -47,15 +47,15 @@ from confluent_kafka import Producer
 from deltalake import DeltaTable, write_deltalake
 
 from connectors.schema_registry import ConfluentAvroDecoder, SchemaRegistryClient
-from service.changes import Envelope
-from service.delta_to_kafka.avro_serializers import avro_serializers
-from service.delta_to_kafka.export_settings import ExportSettings
-from service.delta_to_kafka.output_formats import ExportEncoder, Header
-from service.runner import Runner
-from service.settings import Settings, settings_from_mapping
-from service.workload import create_topics
+from service.config.exports import ExportSettings
+from service.config.settings import Settings, settings_from_mapping
+from service.delta_to_kafka.formats.avro_serializers import avro_serializers
+from service.delta_to_kafka.formats.output_formats import ExportEncoder, Header
+from service.operations.workload import create_topics
+from service.supervisor.runner import Runner
 from tests.export_driver import consume
 from tests.pipeline_harness import table_rows
+from vocabulary.changes import Envelope
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from service.workload import DebeziumWorkload, create_topics, produce
+from service.operations.workload import DebeziumWorkload, create_topics, produce
 from tests.pipeline_harness import CLI, run_cli, table_rows, write_config
 from tests.spark_cluster import StandaloneCluster
 

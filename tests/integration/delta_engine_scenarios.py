@@ -13,8 +13,8 @@ from deltalake import DeltaTable
 
 from connectors.delta.engines import DeltaEngineTable
 from connectors.delta.merge_plan import DELETE_FLAG, keep_flag
-from service.changes import ChangeKind
-from service.kafka_to_delta.merge_sink import MergeSink
+from service.kafka_to_delta.sink.merge_sink import MergeSink
+from vocabulary.changes import ChangeKind
 
 OpenEngine = Callable[[str], DeltaEngineTable]
 APP = "cdc-lakehouse/test/engine"

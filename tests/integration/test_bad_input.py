@@ -18,11 +18,11 @@ from connectors.schema_registry.avro_codec import ConfluentAvroEncoder
 from connectors.schema_registry.avro_types import avro_name, debezium_envelope_schema
 from connectors.schema_registry.client import SchemaRegistryClient
 from connectors.schema_registry.wire_format import frame
-from service.errors import DecodeError
-from service.runner import Runner
-from service.settings import settings_from_mapping
-from service.workload import create_topics
+from service.config.settings import settings_from_mapping
+from service.operations.workload import create_topics
+from service.supervisor.runner import Runner
 from tests.pipeline_harness import table_rows, table_version
+from vocabulary.errors import DecodeError
 
 BAD_VALUES = {
     "not-json": (b"{not json pii-secret", "not valid JSON"),
@@ -119,7 +119,7 @@ def test_broken_avro_frames_fail_or_are_logged_each_with_its_reason_and_coordina
     assert not DeltaTable.is_deltatable(str(workdir / "fail" / "tables" / "t"))
 
     logged = {**avro, "from_changelog": {"preset": "debezium", "decode_error_handling": "LOG"}}
-    with caplog.at_level(logging.WARNING, logger="service.kafka_to_delta.bad_records"):
+    with caplog.at_level(logging.WARNING, logger="service.kafka_to_delta.sink.bad_records"):
         _run(spark, kafka_bootstrap, topic, workdir / "log", **logged)
     assert table_rows(workdir / "log" / "tables" / "t") == sorted(good, key=lambda row: row["id"])
     warnings = [r.getMessage() for r in caplog.records if "dropped a bad record" in r.getMessage()]

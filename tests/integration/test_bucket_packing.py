@@ -13,13 +13,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import functions as F
 
-from service.kafka_to_delta.bucket_packing import PACKED_SPARK_SCHEMA, packed_buckets, spark_bucket
-from service.kafka_to_delta.decode_stage import CHANGELOG_SCHEMA, CHANGELOG_SPARK_SCHEMA
-from service.kafka_to_delta.event_time_progress import WATERMARK_COLUMN
-from service.kafka_to_delta.materializer import MaterializerConfig
-from service.kafka_to_delta.materializer_bulk import DEFAULT_KEY_BUCKETS, LEGACY_KEY_BUCKETS, StageConfig
-from service.kafka_to_delta.materializer_stage import materialize
-from service.kafka_to_delta.net_changes import NET_ARROW_SCHEMA, unpack_net
+from service.kafka_to_delta.materialize.bucket_packing import (
+    PACKED_SPARK_SCHEMA,
+    packed_buckets,
+    spark_bucket,
+)
+from service.kafka_to_delta.materialize.bulk import (
+    DEFAULT_KEY_BUCKETS,
+    LEGACY_KEY_BUCKETS,
+    StageConfig,
+)
+from service.kafka_to_delta.materialize.key_stage import materialize
+from service.kafka_to_delta.materialize.net_changes import NET_ARROW_SCHEMA, unpack_net
+from service.kafka_to_delta.materialize.rules import MaterializerConfig
+from service.kafka_to_delta.source.decode_stage import CHANGELOG_SCHEMA, CHANGELOG_SPARK_SCHEMA
+from service.kafka_to_delta.source.event_time_progress import WATERMARK_COLUMN
 from tests.integration.test_materializer_stage import change
 
 SEEDS = [3]

@@ -12,8 +12,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from deltalake import DeltaTable
 from pydantic import ValidationError
 
-from service.errors import ConfigError
-from service.kafka_to_delta.dead_letters import (
+from service.kafka_to_delta.sink.dead_letters import (
     HEADERS_TYPE,
     DeadLetterError,
     DeadLetterSettings,
@@ -22,6 +21,7 @@ from service.kafka_to_delta.dead_letters import (
     Stage,
 )
 from tests.pipeline_harness import read_committed
+from vocabulary.errors import ConfigError
 
 PIPELINE = "orders"
 SECRET = b"SECRET-PAYLOAD"

@@ -1,7 +1,7 @@
 """`lakehouse.engine: delta-spark` gives the service's Spark session the Delta jars by itself, and
 says how to get them when it cannot.
 
-The session's settings come from `service.spark.build_spark`: the jars of the cache when resolved,
+The session's settings come from `service.runtime.spark_session.build_spark`: the jars of the cache when resolved,
 else Spark resolves the Maven package at start. The test run's own session is built the same way
 (tests/conftest.py); here the CLI runs where neither the cache nor Maven can serve the jars.
 """
@@ -13,8 +13,8 @@ import subprocess
 
 from connectors.delta.delta_spark import DELTA_CATALOG, DELTA_EXTENSION, delta_artifact
 from connectors.maven_jars import lib_jars
-from service.settings import SparkSettings
-from service.spark import _with_engine_conf
+from service.config.settings import SparkSettings
+from service.runtime.spark_session import _with_engine_conf
 from tests.pipeline_harness import CLI, write_config
 
 PIPELINE = {"name": "p", "topics": ["t"], "table": "t", "primary_key": ["id"]}

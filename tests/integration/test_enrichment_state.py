@@ -1,4 +1,4 @@
-"""The enrichment join's state tables (service/joins/enrichment_state.py) with delta-rs, no Spark:
+"""The enrichment join's state tables (service/kafka_to_delta/joins/enrichment_state.py) with delta-rs, no Spark:
 each write is made once per batch id, so a replayed batch changes nothing."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from connectors.kafka.range_reader import RAW_SCHEMA
-from service.joins.enrichment_rows import BUILD_CHANGES_SCHEMA
-from service.joins.enrichment_state import BuildState, GateLog, HeldProbes
-from service.joins.snapshot_gate import GateState
+from service.kafka_to_delta.joins.enrichment_rows import BUILD_CHANGES_SCHEMA
+from service.kafka_to_delta.joins.enrichment_state import BuildState, GateLog, HeldProbes
+from service.kafka_to_delta.joins.snapshot_gate import GateState
 
 
 def _changes(*rows: tuple[str, str, bool]) -> pa.Table:

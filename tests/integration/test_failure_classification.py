@@ -13,7 +13,7 @@ import pytest
 from pyspark.sql import DataFrame
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from service.failures import diagnose
+from service.supervisor.failures import diagnose
 
 QUERY_TIMEOUT_S = 120
 

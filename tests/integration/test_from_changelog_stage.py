@@ -18,17 +18,17 @@ from pyspark.sql import Row
 from pyspark.sql.streaming.tws_tester import TwsTester
 
 from connectors.kafka.range_reader import RAW_SCHEMA
-from service.kafka_to_delta.changelog_batch import CHANGELOG_SCHEMA, ChangelogBatchDecoder
-from service.kafka_to_delta.decode_stage import CHANGELOG_SPARK_SCHEMA
-from service.kafka_to_delta.from_changelog_settings import FromChangelogSettings
-from service.kafka_to_delta.from_changelog_stage import (
+from service.config.from_changelog import FromChangelogSettings
+from service.config.settings import PipelineSettings
+from service.kafka_to_delta.changelog.changelog_batch import CHANGELOG_SCHEMA, ChangelogBatchDecoder
+from service.kafka_to_delta.changelog.stage import (
     GROUP,
     PASSTHROUGH_PREFIX,
     OrderAndUnzipConfig,
     OrderAndUnzipProcessor,
     stateful_changelog,
 )
-from service.settings import PipelineSettings
+from service.kafka_to_delta.source.decode_stage import CHANGELOG_SPARK_SCHEMA
 
 TOPIC = "cdc"
 NAMES = CHANGELOG_SCHEMA.names

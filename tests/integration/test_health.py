@@ -18,9 +18,9 @@ import pytest
 
 from connectors.kafka.apache_broker import ApacheKafkaBroker
 from connectors.kafka.local_broker import free_port
-from service.runner import Runner
-from service.settings import settings_from_mapping
-from service.workload import DebeziumWorkload, create_topics, produce
+from service.config.settings import settings_from_mapping
+from service.operations.workload import DebeziumWorkload, create_topics, produce
+from service.supervisor.runner import Runner
 
 pytestmark = pytest.mark.slow  # a broker outage: about a minute
 EVENTS, PER_BATCH = 150, 50

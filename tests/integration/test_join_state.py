@@ -7,9 +7,9 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from connectors.delta.delta_rs import DeltaRsTable
-from service.joins.join_state import JoinStateStore, state_uri
-from service.joins.regular_join_rules import JoinState, join_step, side_changes
-from service.kafka_to_delta.merge_sink import MergeSink
+from service.kafka_to_delta.joins.join_state import JoinStateStore, state_uri
+from service.kafka_to_delta.joins.regular_join_rules import JoinState, join_step, side_changes
+from service.kafka_to_delta.sink.merge_sink import MergeSink
 from tests.join_reference import normalized
 from tests.unit.test_regular_join_rules import _SCHEMA, COLUMNS, Run, customer, order, rules
 

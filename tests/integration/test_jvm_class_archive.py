@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from service import jvm_class_archive as archive
+from service.runtime import jvm_class_archive as archive
 
 # A session with the archive's options, optionally demanding that the JVM maps it (-Xshare:on
 # makes the JVM refuse to start when it cannot).
 _SESSION = """
 import sys
-import service.jvm_class_archive as archive
+import service.runtime.jvm_class_archive as archive
 if sys.argv[1] == "demand":
     archive._QUIET = "-Xshare:on"
-from service.spark import build_spark
+from service.runtime.spark_session import build_spark
 print("rows", build_spark(quick_jit=True).range(7).count())
 """
 

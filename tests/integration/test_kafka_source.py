@@ -10,7 +10,7 @@ from confluent_kafka.admin import AdminClient, NewPartitions
 
 from connectors.kafka.range_reader import ValueChunk, read_range, read_values
 from connectors.kafka.source import FORMAT_NAME, KafkaSource
-from service.workload import create_topics
+from service.operations.workload import create_topics
 
 
 def _produce(bootstrap: str, topic: str, partitions: int, count: int, start: int = 0) -> None:

@@ -10,12 +10,12 @@ from deltalake import DeltaTable
 
 from connectors.delta.delta_rs import DeltaRsTable, DeltaSchemaError
 from connectors.kafka.range_reader import SOURCE_SCHEMA
-from service.changes import ChangeKind
-from service.kafka_to_delta.batch_changes import batch_changes
-from service.kafka_to_delta.decode_stage import batch_decoder
-from service.kafka_to_delta.merge_sink import MergeSink
-from service.kafka_to_delta.partition_changes import PartitionReducer
-from service.settings import PipelineSettings
+from service.config.settings import PipelineSettings
+from service.kafka_to_delta.sink.merge_sink import MergeSink
+from service.kafka_to_delta.source.batch_changes import batch_changes
+from service.kafka_to_delta.source.decode_stage import batch_decoder
+from service.kafka_to_delta.source.partition_changes import PartitionReducer
+from vocabulary.changes import ChangeKind
 
 APP = "cdc-lakehouse/test"
 

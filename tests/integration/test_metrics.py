@@ -6,9 +6,9 @@ import json
 import urllib.request
 
 from connectors.kafka.local_broker import free_port
-from service.runner import Runner
-from service.settings import settings_from_mapping
-from service.workload import DebeziumWorkload, create_topics, produce
+from service.config.settings import settings_from_mapping
+from service.operations.workload import DebeziumWorkload, create_topics, produce
+from service.supervisor.runner import Runner
 
 
 def _sample(text: str, name: str, pipeline: str, extra: str = "") -> float:

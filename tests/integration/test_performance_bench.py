@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from perf_freshness import Sent, latencies, percentile  # noqa: E402
 from perf_naive import run_naive  # noqa: E402
 
-from service.workload import DebeziumWorkload, create_topics, produce  # noqa: E402
+from service.operations.workload import DebeziumWorkload, create_topics, produce  # noqa: E402
 
 
 def test_naive_pipeline_table_equals_the_replay(kafka_bootstrap: str, unique: str, workdir: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from service.planner_workers import PLANNER_MODULES, stop_idle_planner_workers
+from service.runtime.planner_workers import PLANNER_MODULES, stop_idle_planner_workers
 
 
 class _Numbers(DataSource):

@@ -32,11 +32,11 @@ from connectors.schema_registry.errors import (
     UnknownSchemaIdError,
 )
 from connectors.schema_registry.wire_format import frame
-from service.changes import Envelope
-from service.errors import DecodeError, SourceCoordinates, TransientError
-from service.workload import DebeziumWorkload
+from service.operations.workload import DebeziumWorkload
 from tests.avro_workload import to_avro, workload_column_types
 from tests.schema_registry_double import GET_SCHEMA, REGISTER, SchemaRegistryDouble
+from vocabulary.changes import Envelope
+from vocabulary.errors import DecodeError, SourceCoordinates, TransientError
 
 COLUMNS = {"id": "int64", "email": "string", "price": "decimal(10,2)", "born": "date32", "at": "timestamp_us_utc"}
 WHERE = SourceCoordinates("users", 0, 17, '{"id":1}')

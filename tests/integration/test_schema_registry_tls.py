@@ -35,16 +35,16 @@ from connectors.schema_registry.errors import (
     SchemaRegistryUnavailable,
 )
 from connectors.schema_registry.wire_format import frame
-from service.changes import Envelope
-from service.delta_to_kafka.avro_serializers import avro_serializers
-from service.delta_to_kafka.export_settings import ExportSettings
-from service.kafka_to_delta.changelog_batch import Column
-from service.kafka_to_delta.decode_stage import batch_decoder
-from service.registry_settings import SchemaRegistrySettings
-from service.errors import ConfigError
-from service.settings import PipelineSettings, Settings, settings_from_mapping
+from service.config.exports import ExportSettings
+from service.config.registry import SchemaRegistrySettings
+from service.config.settings import PipelineSettings, Settings, settings_from_mapping
+from service.delta_to_kafka.formats.avro_serializers import avro_serializers
+from service.kafka_to_delta.changelog.changelog_batch import Column
+from service.kafka_to_delta.source.decode_stage import batch_decoder
 from tests.registry_tls import CertificateFiles, make_certificates
 from tests.schema_registry_double import GET_SCHEMA, SchemaRegistryDouble
+from vocabulary.changes import Envelope
+from vocabulary.errors import ConfigError
 
 USER, PASSWORD = "svc", "pa55-w0rd"
 CDF_ON = {"delta.enableChangeDataFeed": "true"}

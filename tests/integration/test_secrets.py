@@ -10,8 +10,8 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 from connectors.kafka.source import FORMAT_NAME, KafkaSource
-from service.settings import _SECRET_HINTS, settings_from_mapping
-from service.spark import _REDACTION
+from service.config.settings import _SECRET_HINTS, settings_from_mapping
+from service.runtime.spark_session import _REDACTION
 
 CLI = str(Path(sys.executable).with_name("cdc-lakehouse"))
 SECRETS = {

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 
-from service.runner import Runner
-from service.settings import load_settings
-from service.workload import DebeziumWorkload, create_topics, produce
+from service.config.settings import load_settings
+from service.operations.workload import DebeziumWorkload, create_topics, produce
+from service.supervisor.runner import Runner
 from tests.pipeline_harness import CLI, write_config
 
 

@@ -17,12 +17,12 @@ from prometheus_client import REGISTRY
 from connectors.delta.delta_rs import DELETE_FLAG, DeltaRsTable
 from connectors.delta.engines import EngineTable, open_table
 from connectors.kafka.cluster import ClusterView
+from service.config.settings import Settings, settings_from_mapping
 from service.delta_to_kafka.pipeline import DEFAULT_POSITIONS_TOPIC, ExportPipeline
-from service.maintenance import StepResult, TableMaintenance
-from service.runner import Runner
-from service.settings import Settings, settings_from_mapping
-from service.status import export_status
-from service.workload import DebeziumWorkload, create_topics, produce
+from service.operations.maintenance import StepResult, TableMaintenance
+from service.operations.status import export_status
+from service.operations.workload import DebeziumWorkload, create_topics, produce
+from service.supervisor.runner import Runner
 from tests.export_driver import consume, json_records
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("batch", pa.int64())])

@@ -19,9 +19,14 @@ from connectors.kafka.transactional_producer import (
     TransactionalProducer,
     TransactionFatal,
 )
-from service.delta_to_kafka.export_position import ExportPosition, PositionError, PositionStore, restore_encoder_state
+from service.delta_to_kafka.export_position import (
+    ExportPosition,
+    PositionError,
+    PositionStore,
+    restore_encoder_state,
+)
 from service.delta_to_kafka.pipeline import ExportPipeline
-from service.workload import create_topics
+from service.operations.workload import create_topics
 from tests.export_driver import consume, json_records
 
 

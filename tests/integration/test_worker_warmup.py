@@ -8,7 +8,7 @@ import threading
 import pytest
 from pyspark.sql import SparkSession
 
-from service.worker_warmup import READER_MODULES, warm, warm_workers
+from service.runtime.worker_warmup import READER_MODULES, warm, warm_workers
 
 
 def test_warmed_workers_import_the_readers_and_stay(spark: SparkSession) -> None:

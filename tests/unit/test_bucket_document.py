@@ -15,7 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.kafka_to_delta.bucket_document import BucketDocument, decode_bucket, encode_bucket
+from service.kafka_to_delta.materialize.bucket_document import (
+    BucketDocument,
+    decode_bucket,
+    encode_bucket,
+)
 
 SEEDS = [0, 1, 2, 3, 17, 2024]
 TTL_MS = 1_000

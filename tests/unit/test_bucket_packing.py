@@ -9,7 +9,9 @@ import random
 
 import pyarrow as pa
 
-from service.kafka_to_delta.bucket_packing import (
+from service.config.settings import PipelineSettings
+from service.kafka_to_delta.changelog.changelog_batch import Column
+from service.kafka_to_delta.materialize.bucket_packing import (
     BUCKET,
     PACKED_CHANGES,
     STAGE_FIELDS,
@@ -18,11 +20,9 @@ from service.kafka_to_delta.bucket_packing import (
     spark_bucket,
     unpack_changes,
 )
-from service.kafka_to_delta.changelog_batch import Column
-from service.kafka_to_delta.decode_stage import DecodedRanges
-from service.kafka_to_delta.event_time_progress import WATERMARK_COLUMN
-from service.kafka_to_delta.materializer_bulk import ERROR_PREFIX, EVENT_TIME, GROUP
-from service.settings import PipelineSettings
+from service.kafka_to_delta.materialize.bulk import ERROR_PREFIX, EVENT_TIME, GROUP
+from service.kafka_to_delta.source.decode_stage import DecodedRanges
+from service.kafka_to_delta.source.event_time_progress import WATERMARK_COLUMN
 from tests.unit.test_decoded_ranges import _records
 
 SEEDS = [1, 2, 3, 5, 8, 13]

@@ -9,7 +9,11 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from service.delta_to_kafka.changelog_state import ChangelogState, StateRestoreError, key_bytes
+from service.delta_to_kafka.changelog.changelog_state import (
+    ChangelogState,
+    StateRestoreError,
+    key_bytes,
+)
 
 PK = ("id",)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.checkpoints import remove_abandoned_writes
+from service.runtime.checkpoints import remove_abandoned_writes
 
 LEFTOVER = ".0.cdccc0b8-6707-4491-8a59-21e238611936.tmp"  # as a SIGKILL left it in a chaos run
 

@@ -11,10 +11,15 @@ import yaml
 from typer.testing import CliRunner
 
 from service.__main__ import app
-from service.compiled_plan import apply_plan, compile_plan, pipeline_operators, read_plan
-from service.errors import ConfigError
-from service.plan_upgrade import check_and_store
-from service.settings import settings_from_mapping
+from service.config.settings import settings_from_mapping
+from service.kafka_to_delta.plan.compiled_plan import (
+    apply_plan,
+    compile_plan,
+    pipeline_operators,
+    read_plan,
+)
+from service.kafka_to_delta.plan.upgrades import check_and_store
+from vocabulary.errors import ConfigError
 
 CONFIG = {
     "pipelines": [

@@ -22,8 +22,12 @@ from compose_spec import PyCompose
 
 from connectors.maven_jars import APICURIO_VERSION, DEBEZIUM_VERSION, KAFKA_VERSION
 from service.__main__ import EXIT_TERMINAL, EXIT_TRANSIENT
-from service.settings import load_settings
-from tests.capture.debezium_engine import DEPLOYED_CONNECTOR, debezium_properties, deployed_connector_config
+from service.config.settings import load_settings
+from tests.capture.debezium_engine import (
+    DEPLOYED_CONNECTOR,
+    debezium_properties,
+    deployed_connector_config,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"

@@ -7,7 +7,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.kafka_to_delta.connect_wrapper import KnownSchemas
+from service.kafka_to_delta.formats.connect_wrapper import KnownSchemas
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.text(max_size=20),

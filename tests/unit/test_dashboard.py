@@ -1,7 +1,7 @@
 """The Grafana dashboard in deploy/grafana is valid and plots only metrics the service exports.
 
 Every PromQL expression is tokenised; each metric name it selects must be a sample name of
-service/metrics.py's registry (a counter `x` exposes `x_total`, a histogram `x_bucket`,
+service/observability/metrics.py's registry (a counter `x` exposes `x_total`, a histogram `x_bucket`,
 `x_sum`, `x_count`), and every label it matches, groups by or shows in a legend must be a
 label of those metrics.
 """
@@ -17,7 +17,7 @@ import yaml
 from prometheus_client import REGISTRY
 from prometheus_client.metrics import MetricWrapperBase
 
-from service import metrics
+from service.observability import metrics
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "grafana" / "dashboards" / "cdc-lakehouse.json"
@@ -57,7 +57,7 @@ def exposed_names() -> dict[str, str]:
 
 
 def labels_of(family: str) -> set[str]:
-    """Label names of one of service/metrics.py's metrics (empty for other collectors)."""
+    """Label names of one of service/observability/metrics.py's metrics (empty for other collectors)."""
     for value in vars(metrics).values():
         if isinstance(value, MetricWrapperBase) and value._name == family:
             return set(value._labelnames)
@@ -123,7 +123,7 @@ def test_every_plotted_metric_exists_in_the_registry(dashboard):
         selected, grouped = parse(expression)
         assert selected, f"{where}: no metric in {expression!r}"
         unknown = sorted(set(selected) - set(exposed))
-        assert not unknown, f"{where}: {unknown} not in service/metrics.py's registry ({expression!r})"
+        assert not unknown, f"{where}: {unknown} not in service/observability/metrics.py's registry ({expression!r})"
         labels = {"le"} if any(name.endswith("_bucket") for name in selected) else set()
         for name, matched in selected.items():
             own = labels_of(exposed[name])

@@ -17,10 +17,15 @@ import pyarrow as pa
 import pytest
 
 from connectors.kafka.range_reader import SOURCE_SCHEMA
-from service.kafka_to_delta.batch_changes import batch_changes
-from service.kafka_to_delta.decode_stage import batch_decoder
-from service.kafka_to_delta.partition_changes import PAYLOAD_SCHEMA, PartitionReducer, TypeEvidence, payload_table
-from service.settings import PipelineSettings
+from service.config.settings import PipelineSettings
+from service.kafka_to_delta.source.batch_changes import batch_changes
+from service.kafka_to_delta.source.decode_stage import batch_decoder
+from service.kafka_to_delta.source.partition_changes import (
+    PAYLOAD_SCHEMA,
+    PartitionReducer,
+    TypeEvidence,
+    payload_table,
+)
 
 FIXED_SEEDS = tuple(range(40))
 RANDOM_SEED = random.SystemRandom().randrange(1_000_000)

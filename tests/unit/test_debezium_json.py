@@ -14,17 +14,26 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from connectors.kafka.range_reader import RAW_SCHEMA
-from service.changes import ChangeKind
-from service.errors import DecodeError
-from service.kafka_to_delta.changelog_batch import CHANGELOG_SCHEMA, ChangelogBatchDecoder, connect_layout
-from service.kafka_to_delta.debezium_json import (
+from service.config.from_changelog import FromChangelogSettings
+from service.kafka_to_delta.changelog.changelog_batch import (
+    CHANGELOG_SCHEMA,
+    ChangelogBatchDecoder,
+    connect_layout,
+)
+from service.kafka_to_delta.changelog.from_changelog import (
+    ChangelogRow,
+    FromChangelog,
+    Marker,
+    RecordRejected,
+)
+from service.kafka_to_delta.formats.debezium_json import (
     UNAVAILABLE_VALUE,
     JsonDocuments,
     canonical_json,
     canonical_key,
 )
-from service.kafka_to_delta.from_changelog import ChangelogRow, FromChangelog, Marker, RecordRejected
-from service.kafka_to_delta.from_changelog_settings import FromChangelogSettings
+from vocabulary.changes import ChangeKind
+from vocabulary.errors import DecodeError
 
 PK = ("id",)
 SECRET = "s3cr3t-personal-data"

@@ -8,10 +8,14 @@ import json
 import pyarrow as pa
 
 from connectors.kafka.range_reader import SOURCE_SCHEMA
-from service.kafka_to_delta.changelog_batch import Column
-from service.kafka_to_delta.decode_stage import STREAM_SPARK_SCHEMA, DecodedRanges, batch_decoder
-from service.kafka_to_delta.event_time_progress import WATERMARK_COLUMN
-from service.settings import PipelineSettings
+from service.config.settings import PipelineSettings
+from service.kafka_to_delta.changelog.changelog_batch import Column
+from service.kafka_to_delta.source.decode_stage import (
+    STREAM_SPARK_SCHEMA,
+    DecodedRanges,
+    batch_decoder,
+)
+from service.kafka_to_delta.source.event_time_progress import WATERMARK_COLUMN
 
 _US = 1_000
 

@@ -1,4 +1,4 @@
-"""Row logic of the enrichment join (service/joins/enrichment_rows.py) on decoded changelog rows."""
+"""Row logic of the enrichment join (service/kafka_to_delta/joins/enrichment_rows.py) on decoded changelog rows."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from datetime import datetime, timezone
 import pyarrow as pa
 
 from connectors.kafka.range_reader import RAW_SCHEMA
-from service.joins.enrichment_rows import build_changes, enrich, probe_keys
-from service.joins.join_inputs import decode_records, input_decoder
-from service.join_settings import JoinInput
+from service.config.joins import JoinInput
+from service.kafka_to_delta.joins.enrichment_rows import build_changes, enrich, probe_keys
+from service.kafka_to_delta.joins.join_inputs import decode_records, input_decoder
 
 BUILD = JoinInput(topics=["customers"], format="json", primary_key=["id"], join_key=["id"])
 PROBE = JoinInput(topics=["orders"], format="json", from_changelog={"preset": "upsert-kafka"},

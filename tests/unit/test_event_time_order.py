@@ -8,7 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.kafka_to_delta.event_time_order import EventTimeBuffer, EventTimeOrder, Watermark, compact
+from service.kafka_to_delta.changelog.event_time_order import (
+    EventTimeBuffer,
+    EventTimeOrder,
+    Watermark,
+    compact,
+)
 
 
 def row(kind: str, ident: int, v: str, at: int, offset: int = 0, intent: str | None = None) -> dict:

@@ -16,9 +16,9 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from connectors.kafka.errors import DataLoss, KafkaUnavailable
-from service.errors import DecodeError, SourceCoordinates
-from service.failures import PipelineFailed, PipelineInterrupted, classify, diagnose
-from service.settings import RecoverySettings
+from service.config.settings import RecoverySettings
+from service.supervisor.failures import PipelineFailed, PipelineInterrupted, classify, diagnose
+from vocabulary.errors import DecodeError, SourceCoordinates
 
 CAPTURED = json.loads((Path(__file__).with_name("spark_failure_texts.json")).read_text())
 TRACE = """Traceback (most recent call last):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from service.kafka_to_delta.fill_unchanged import fill_unchanged
+from service.kafka_to_delta.materialize.fill_unchanged import fill_unchanged
 
 
 def test_unchanged_column_is_taken_from_the_latest_earlier_image_holding_it():

@@ -10,12 +10,12 @@ import pyarrow as pa
 import pytest
 
 from connectors.kafka.range_reader import RAW_SCHEMA
-from service.errors import ConfigError
-from service.kafka_to_delta.changelog_batch import ChangelogBatchDecoder
-from service.kafka_to_delta.event_time_order import EventTimeOrder
-from service.kafka_to_delta.from_changelog import FromChangelog, event_time_ms
-from service.kafka_to_delta.from_changelog_settings import FromChangelogSettings
-from service.kafka_to_delta.upsert_unzip import UpsertUnzip
+from service.config.from_changelog import FromChangelogSettings
+from service.kafka_to_delta.changelog.changelog_batch import ChangelogBatchDecoder
+from service.kafka_to_delta.changelog.event_time_order import EventTimeOrder
+from service.kafka_to_delta.changelog.from_changelog import FromChangelog, event_time_ms
+from service.kafka_to_delta.changelog.upsert_unzip import UpsertUnzip
+from vocabulary.errors import ConfigError
 
 DEBEZIUM_UPSERT = {"c, r": "INSERT", "d": "DELETE", "u": "UPDATE_AFTER"}
 DEBEZIUM_RETRACT = {"c, r": "INSERT", "d": "DELETE", "u": "UPDATE_BEFORE, UPDATE_AFTER"}

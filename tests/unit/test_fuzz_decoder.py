@@ -25,12 +25,12 @@ import pytest
 from deltalake import DeltaTable
 from prometheus_client import REGISTRY
 
-from service.errors import DecodeError
-from service.kafka_to_delta.bad_records import failed_rows, handle_bad_records
-from service.kafka_to_delta.changelog_batch import error_coordinates
-from service.kafka_to_delta.dead_letters import DeadLetterSettings, DeadLetterSink
+from service.kafka_to_delta.changelog.changelog_batch import error_coordinates
+from service.kafka_to_delta.sink.bad_records import failed_rows, handle_bad_records
+from service.kafka_to_delta.sink.dead_letters import DeadLetterSettings, DeadLetterSink
 from tests.fuzz_accounting import PAYLOAD_MARKERS, Accounting, run
 from tests.fuzz_records import POLICIES, FuzzInput, generate, header_rows
+from vocabulary.errors import DecodeError
 
 RECORDS = 10_000
 FIXED_SEEDS = (0, 994)
@@ -110,7 +110,7 @@ def _assert_counted_logged_and_stored(fuzz: FuzzInput, pipeline: str, rest: pa.T
     counts = Counter((row["handling"], row["stage"]) for row in rows)
     before = {key: _bad_records_count(pipeline, *key) for key in counts}
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="service.kafka_to_delta.bad_records"):
+    with caplog.at_level(logging.WARNING, logger="service.kafka_to_delta.sink.bad_records"):
         handle_bad_records(pipeline, rest, 3, store)
     assert {key: _bad_records_count(pipeline, *key) - before[key] for key in counts} == dict(counts)
     logged = sorted(str(error_coordinates(row)) for row in rows if row["handling"] == "LOG")

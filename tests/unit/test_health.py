@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 import pytest
 
 from connectors.kafka.local_broker import free_port
-from service import health, metrics
-from service.errors import SourceCoordinates
-from service.http_endpoints import serve_endpoints
-from service.log_format import JsonLinesFormatter, message_fields
+from service.observability import health, metrics
+from service.observability.http_endpoints import serve_endpoints
+from service.observability.log_format import JsonLinesFormatter, message_fields
+from vocabulary.errors import SourceCoordinates
 
 # Sources of real progress reports (pyspark 4.2, our Kafka source and change-feed source).
 INGEST_SOURCE = {

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from service import jvm_class_archive as archive
+from service.runtime import jvm_class_archive as archive
 
 
 def test_the_directory_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from service.runner import Runner
-from service.settings import settings_from_mapping
+from service.config.settings import settings_from_mapping
+from service.supervisor.runner import Runner
 
 PLAIN = {"name": "plain", "topics": ["p"], "table": "plain", "primary_key": ["id"]}
 MATERIALIZED = {"name": "orders", "topics": ["a", "b"], "table": "orders", "primary_key": ["id"], "on_conflict": "nothing"}

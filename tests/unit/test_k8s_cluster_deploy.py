@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from service.settings import load_settings
+from service.config.settings import load_settings
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"

@@ -8,9 +8,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from service.changes import ChangeKind
-from service.errors import TerminalError
-from service.kafka_to_delta.materializer import (
+from service.kafka_to_delta.materialize.key_state import (
+    LiveRow,
+    PkState,
+    Tombstone,
+    decode_state,
+    encode_state,
+)
+from service.kafka_to_delta.materialize.rules import (
     Change,
     ConflictError,
     Counters,
@@ -20,8 +25,9 @@ from service.kafka_to_delta.materializer import (
     NetChange,
     OnConflict,
 )
-from service.kafka_to_delta.materializer_state import LiveRow, PkState, Tombstone, decode_state, encode_state
-from service.redaction import fingerprint
+from vocabulary.changes import ChangeKind
+from vocabulary.errors import TerminalError
+from vocabulary.redaction import fingerprint
 
 INS, UB, UA, DEL = ChangeKind.INSERT, ChangeKind.UPDATE_BEFORE, ChangeKind.UPDATE_AFTER, ChangeKind.DELETE
 STRATEGIES: tuple[OnConflict, ...] = ("error", "nothing", "deduplicate")
@@ -337,7 +343,7 @@ def test_incomparable_sequences_are_a_clear_error() -> None:
 @pytest.mark.parametrize("on_conflict", STRATEGIES)
 def test_retraction_without_state_is_counted_and_logged(on_conflict: OnConflict, caplog) -> None:
     h = harness(on_conflict)
-    with caplog.at_level(logging.WARNING, logger="service.kafka_to_delta.materializer"):
+    with caplog.at_level(logging.WARNING, logger="service.kafka_to_delta.materialize.rules"):
         assert h.apply("[7]", [Change(DEL, "[7]", SECRET_A, ("users", 2, 40))]) is None
     assert h.totals.cleared_state_warnings == 1 and h.states == {} and h.table == {}
     text = caplog.text

@@ -13,15 +13,20 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.streaming.tws_tester import TwsTester
 
-from service.kafka_to_delta.decode_stage import CHANGELOG_SCHEMA
-from service.kafka_to_delta.materializer import MaterializerConfig
-from service.kafka_to_delta.materializer_buckets import GROUP_COLUMN, BucketProcessor
-from service.kafka_to_delta.bucket_document import decode_bucket
-from service.kafka_to_delta.materializer_bulk import StageConfig
-from service.kafka_to_delta.materializer_stage import time_mode
-from service.kafka_to_delta.batch_changes import batch_changes
-from service.kafka_to_delta.net_changes import NET_ARROW_SCHEMA, NET_SCHEMA, error_group_key, unpack_net
-from service.kafka_to_delta.partition_changes import NetPayload
+from service.kafka_to_delta.materialize.bucket_document import decode_bucket
+from service.kafka_to_delta.materialize.bucket_stage import GROUP_COLUMN, BucketProcessor
+from service.kafka_to_delta.materialize.bulk import StageConfig
+from service.kafka_to_delta.materialize.key_stage import time_mode
+from service.kafka_to_delta.materialize.net_changes import (
+    NET_ARROW_SCHEMA,
+    NET_SCHEMA,
+    error_group_key,
+    unpack_net,
+)
+from service.kafka_to_delta.materialize.rules import MaterializerConfig
+from service.kafka_to_delta.source.batch_changes import batch_changes
+from service.kafka_to_delta.source.decode_stage import CHANGELOG_SCHEMA
+from service.kafka_to_delta.source.partition_changes import NetPayload
 
 BUCKET = 7
 NEVER_LATE = 2**62  # the stage does not drop late rows; TwsTester would, unless told they are never late

@@ -15,9 +15,9 @@ import random
 import orjson
 import pytest
 
-from service.kafka_to_delta.materializer import Materializer, MaterializerConfig
-from service.kafka_to_delta.materializer_bulk import EVENT_TIME, change_of
-from service.kafka_to_delta.materializer_fast import simple_outcome
+from service.kafka_to_delta.materialize.bulk import EVENT_TIME, change_of
+from service.kafka_to_delta.materialize.rules import Materializer, MaterializerConfig
+from service.kafka_to_delta.materialize.rules_fast import simple_outcome
 
 SEEDS = [0, 1, 2, 5, 11, 99, 2024]
 STRATEGIES = ["error", "nothing", "deduplicate"]

@@ -15,10 +15,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.changes import ChangeKind
-from service.kafka_to_delta.materializer import Change, Materializer, MaterializerConfig, OnConflict
-from service.kafka_to_delta.materializer_state import KeyMode
+from service.kafka_to_delta.materialize.key_state import KeyMode
+from service.kafka_to_delta.materialize.rules import (
+    Change,
+    Materializer,
+    MaterializerConfig,
+    OnConflict,
+)
 from tests.unit.test_materializer import Harness, canon
+from vocabulary.changes import ChangeKind
 
 settings.register_profile("materializer", max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 PROFILE = settings.get_profile("materializer")

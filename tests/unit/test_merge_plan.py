@@ -21,7 +21,6 @@ from connectors.delta.delta_spark import (
     txn_conf,
 )
 from connectors.delta.engines import open_table
-from connectors.maven_jars import DELTA_VERSION
 from connectors.delta.merge_plan import (
     DELETE_FLAG,
     MergePlanError,
@@ -29,7 +28,8 @@ from connectors.delta.merge_plan import (
     plan_merge,
     quote,
 )
-from service.errors import ConfigError
+from connectors.maven_jars import DELTA_VERSION
+from vocabulary.errors import ConfigError
 
 
 def _schema(*names: str, types: dict[str, pa.DataType] | None = None) -> pa.Schema:

@@ -6,14 +6,19 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from service.errors import ConfigError
-from service.kafka_to_delta.from_changelog_settings import (
+from service.config.from_changelog import (
     DEBEZIUM_OP_MAPPING,
     PRESETS,
     FromChangelogSettings,
     validate_from_changelog,
 )
-from service.kafka_to_delta.op_mapping import DEFAULT_OP_MAPPING, Grouping, op_code_text, parse_op_mapping
+from service.kafka_to_delta.changelog.op_mapping import (
+    DEFAULT_OP_MAPPING,
+    Grouping,
+    op_code_text,
+    parse_op_mapping,
+)
+from vocabulary.errors import ConfigError
 
 
 def test_debezium_mapping_parses_per_code():

@@ -15,10 +15,15 @@ import pyarrow as pa
 import pytest
 
 from connectors.delta.arrow_types import rows_to_table
-from connectors.schema_registry import ConfluentAvroDecoder, ConfluentAvroEncoder, SchemaRegistryClient
+from connectors.schema_registry import (
+    ConfluentAvroDecoder,
+    ConfluentAvroEncoder,
+    SchemaRegistryClient,
+)
 from connectors.schema_registry.avro_types import avro_schema_for, debezium_envelope_schema
-from service.delta_to_kafka.export_settings import ExportSettings
-from service.delta_to_kafka.output_formats import (
+from service.config.exports import ExportSettings
+from service.delta_to_kafka.changelog.to_changelog import OutputRecord, ToChangelog
+from service.delta_to_kafka.formats.output_formats import (
     EncodeError,
     ExportEncoder,
     Header,
@@ -27,9 +32,8 @@ from service.delta_to_kafka.output_formats import (
     json_ready,
     value_document,
 )
-from service.delta_to_kafka.to_changelog import OutputRecord, ToChangelog
-from service.errors import ConfigError
-from service.kafka_to_delta.debezium_json import json_key, loads
+from service.kafka_to_delta.formats.debezium_json import json_key, loads
+from vocabulary.errors import ConfigError
 
 COMMIT_TS = datetime(2024, 5, 1, 12, 0, 0, 250_000, tzinfo=timezone.utc)
 

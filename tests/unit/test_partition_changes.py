@@ -14,13 +14,23 @@ import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from connectors.kafka.range_reader import SOURCE_SCHEMA
-from service.errors import DecodeError
-from service.kafka_to_delta.batch_changes import batch_changes
-from service.kafka_to_delta.decode_stage import batch_decoder
-from service.kafka_to_delta.net_changes import NET_SCHEMA, PACKED_COLUMN, pack_net, unpack_net
-from service.kafka_to_delta.partition_changes import PAYLOAD_SCHEMA, Meta, NetPayload, PartitionReducer
-from service.settings import PipelineSettings
-from service.workload import DebeziumWorkload
+from service.config.settings import PipelineSettings
+from service.kafka_to_delta.materialize.net_changes import (
+    NET_SCHEMA,
+    PACKED_COLUMN,
+    pack_net,
+    unpack_net,
+)
+from service.kafka_to_delta.source.batch_changes import batch_changes
+from service.kafka_to_delta.source.decode_stage import batch_decoder
+from service.kafka_to_delta.source.partition_changes import (
+    PAYLOAD_SCHEMA,
+    Meta,
+    NetPayload,
+    PartitionReducer,
+)
+from service.operations.workload import DebeziumWorkload
+from vocabulary.errors import DecodeError
 
 FIXED_SEEDS = (0, 7, 994)
 RANDOM_SEED = random.SystemRandom().randrange(1_000_000)

@@ -15,11 +15,16 @@ from typing import Any
 
 import pytest
 
-from service.compiled_plan import compile_plan, join_operators
-from service.errors import ConfigError
-from service.kafka_to_delta.materializer_bulk import DEFAULT_KEY_BUCKETS, LEGACY_KEY_BUCKETS
-from service.plan_upgrade import PLAN_FILE, check_and_store, check_and_store_pipeline, stored_key_buckets
-from service.settings import Settings, settings_from_mapping
+from service.config.settings import Settings, settings_from_mapping
+from service.kafka_to_delta.materialize.bulk import DEFAULT_KEY_BUCKETS, LEGACY_KEY_BUCKETS
+from service.kafka_to_delta.plan.compiled_plan import compile_plan, join_operators
+from service.kafka_to_delta.plan.upgrades import (
+    PLAN_FILE,
+    check_and_store,
+    check_and_store_pipeline,
+    stored_key_buckets,
+)
+from vocabulary.errors import ConfigError
 
 BASE: dict[str, Any] = {
     "pipelines": [

@@ -8,18 +8,18 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pytest
 
-from service import redaction
-from service.changes import ChangeKind
-from service.errors import DecodeError, SourceCoordinates
-from service.kafka_to_delta.bad_records import handle_bad_records
-from service.kafka_to_delta.materializer import (
+from service.config.settings import settings_from_mapping
+from service.kafka_to_delta.materialize.rules import (
     Change,
     ConflictError,
     Materializer,
     MaterializerConfig,
 )
-from service.redaction import fingerprint, shown
-from service.settings import settings_from_mapping
+from service.kafka_to_delta.sink.bad_records import handle_bad_records
+from vocabulary import redaction
+from vocabulary.changes import ChangeKind
+from vocabulary.errors import DecodeError, SourceCoordinates
+from vocabulary.redaction import fingerprint, shown
 
 EMAIL = "alice@example.com"
 
@@ -79,7 +79,7 @@ def test_state_cleared_warning_hides_the_key_unless_enabled(caplog: pytest.LogCa
     for log_values in (False, True):
         materializer = Materializer(MaterializerConfig("users", ("email",), "nothing", log_values=log_values))
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="service.kafka_to_delta.materializer"):
+        with caplog.at_level(logging.WARNING, logger="service.kafka_to_delta.materialize.rules"):
             materializer.apply(pk, None, [delete], 0)
         assert "offset=40" in caplog.text and (EMAIL in caplog.text) is log_values
 
@@ -95,7 +95,7 @@ def test_log_policy_warning_hides_the_key_unless_enabled(caplog: pytest.LogCaptu
     for log_values in (False, True):
         redaction.configure(log_values)
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="service.kafka_to_delta.bad_records"):
+        with caplog.at_level(logging.WARNING, logger="service.kafka_to_delta.sink.bad_records"):
             handle_bad_records("p", _bad_rows("LOG"), 0, None)
         assert "topic=users partition=1 offset=17" in caplog.text and (EMAIL in caplog.text) is log_values
 

@@ -9,9 +9,15 @@ import random
 import pyarrow as pa
 import pytest
 
-from service.joins.regular_join_rules import JoinRules, JoinState, SideRules, join_step, side_changes
-from service.kafka_to_delta.changelog_batch import Column
-from service.kafka_to_delta.materializer import ConflictError, MaterializerConfig
+from service.kafka_to_delta.changelog.changelog_batch import Column
+from service.kafka_to_delta.joins.regular_join_rules import (
+    JoinRules,
+    JoinState,
+    SideRules,
+    join_step,
+    side_changes,
+)
+from service.kafka_to_delta.materialize.rules import ConflictError, MaterializerConfig
 from tests.join_reference import normalized, reference_join
 
 ORDERS = SideRules(("order_id",), ("customer_id",))

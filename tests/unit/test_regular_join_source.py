@@ -9,10 +9,10 @@ import pyarrow as pa
 import pytest
 
 from connectors.kafka.range_reader import RAW_SCHEMA
-from service.errors import ConfigError
-from service.join_settings import RegularJoinSettings
-from service.joins.join_source import starting_offsets
-from service.joins.regular_join_source import SIDE, SidesDecoder
+from service.config.joins import RegularJoinSettings
+from service.kafka_to_delta.joins.join_source import starting_offsets
+from service.kafka_to_delta.joins.regular_join_source import SIDE, SidesDecoder
+from vocabulary.errors import ConfigError
 
 
 def settings(left_start: object = "earliest", right_start: object = "earliest") -> RegularJoinSettings:

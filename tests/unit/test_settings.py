@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from service.errors import ConfigError
-from service.settings import load_settings, settings_from_mapping
+from service.config.settings import load_settings, settings_from_mapping
+from vocabulary.errors import ConfigError
 
 PIPELINE = {"name": "customers", "topics": ["db.customers"], "table": "customers", "primary_key": ["id"]}
 

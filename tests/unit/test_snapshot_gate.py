@@ -1,10 +1,15 @@
-"""The snapshot gate rule of the enrichment join (service/joins/snapshot_gate.py): no Spark, no Kafka."""
+"""The snapshot gate rule of the enrichment join (service/kafka_to_delta/joins/snapshot_gate.py): no Spark, no Kafka."""
 
 from __future__ import annotations
 
 import pytest
 
-from service.joins.snapshot_gate import BuildObservations, GateState, is_snapshot, is_snapshot_end
+from service.kafka_to_delta.joins.snapshot_gate import (
+    BuildObservations,
+    GateState,
+    is_snapshot,
+    is_snapshot_end,
+)
 
 T, U = "customers", "addresses"
 

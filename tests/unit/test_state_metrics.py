@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service import metrics
+from service.observability import metrics
 
 
 def test_state_rows_and_bytes_are_summed_over_stateful_operators():

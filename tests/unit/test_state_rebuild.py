@@ -16,18 +16,17 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 from typer.testing import CliRunner
 
 from service.__main__ import app
-from service.changes import ChangeKind
-from service.errors import ConfigError
-from service.kafka_to_delta.materializer import Change, Materializer, MaterializerConfig
+from service.config.settings import settings_from_mapping
+from service.kafka_to_delta.materialize.key_state import LiveRow, Tombstone, decode_state
+from service.kafka_to_delta.materialize.rules import Change, Materializer, MaterializerConfig
 from service.kafka_to_delta.pipeline import app_id
-from service.plan_upgrade import PLAN_FILE
-from service.rebuilt_seed import SEED_DIR, SEED_INFO, SEED_ROWS
-from service.settings import settings_from_mapping
-from service.checkpoint_state import OldState
-from service.compiled_plan import pipeline_operators
-from service.kafka_to_delta.materializer_state import LiveRow, Tombstone, decode_state
-from service.plan_upgrade import check_and_store
-from service.state_rebuild import rebuild_state, seed_states
+from service.kafka_to_delta.plan.checkpoint_state import OldState
+from service.kafka_to_delta.plan.compiled_plan import pipeline_operators
+from service.kafka_to_delta.plan.rebuilt_seed import SEED_DIR, SEED_INFO, SEED_ROWS
+from service.kafka_to_delta.plan.state_rebuild import rebuild_state, seed_states
+from service.kafka_to_delta.plan.upgrades import PLAN_FILE, check_and_store
+from vocabulary.changes import ChangeKind
+from vocabulary.errors import ConfigError
 
 QUERY_ID = "2f1d6c3e-0000-4000-8000-000000000001"
 PIPELINE = {"name": "people", "topics": ["people"], "table": "people", "primary_key": ["email"],

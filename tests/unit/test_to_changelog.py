@@ -22,14 +22,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from service.changes import ChangeKind
-from service.delta_to_kafka.changelog_state import key_bytes
-from service.delta_to_kafka.export_settings import PRESETS, ExportSettings, parse_op_mapping
-from service.delta_to_kafka.output_formats import KafkaRecordEncoder
-from service.delta_to_kafka.to_changelog import ChangeFeedError, OutputRecord, ToChangelog
-from service.kafka_to_delta.debezium_json import loads
-from service.kafka_to_delta.from_changelog import ChangelogRow, FromChangelog
-from service.kafka_to_delta.from_changelog_settings import FromChangelogSettings
+from service.config.exports import PRESETS, ExportSettings, parse_op_mapping
+from service.config.from_changelog import FromChangelogSettings
+from service.delta_to_kafka.changelog.changelog_state import key_bytes
+from service.delta_to_kafka.changelog.to_changelog import ChangeFeedError, OutputRecord, ToChangelog
+from service.delta_to_kafka.formats.output_formats import KafkaRecordEncoder
+from service.kafka_to_delta.changelog.from_changelog import ChangelogRow, FromChangelog
+from service.kafka_to_delta.formats.debezium_json import loads
+from vocabulary.changes import ChangeKind
 
 INS, UB, UA, D = "insert", "update_preimage", "update_postimage", "delete"
 T0 = datetime(2024, 5, 1, 12, 0, 0)

@@ -7,7 +7,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.kafka_to_delta.upsert_unzip import UpsertUnzip
+from service.kafka_to_delta.changelog.upsert_unzip import UpsertUnzip
 
 
 class Clock:

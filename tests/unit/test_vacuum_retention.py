@@ -6,10 +6,15 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from service.errors import ConfigError
-from service.maintenance import TableMaintenance
-from service.settings import settings_from_mapping
-from service.vacuum_retention import RetentionRefused, UnreadFeed, check_retention, first_unread
+from service.config.settings import settings_from_mapping
+from service.operations.maintenance import TableMaintenance
+from service.operations.vacuum_retention import (
+    RetentionRefused,
+    UnreadFeed,
+    check_retention,
+    first_unread,
+)
+from vocabulary.errors import ConfigError
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=timezone.utc)
 PIPELINE = {"name": "orders-in", "topics": ["orders"], "table": "orders", "primary_key": ["id"]}

@@ -6,6 +6,7 @@ import pyarrow as pa
 from hypothesis import given
 from hypothesis import strategies as st
 
+from connectors.kafka.offsets import from_map
 from connectors.kafka.range_reader import FLOOR_COLUMN
 from connectors.kafka.watermarks import (
     NO_WATERMARK,
@@ -16,8 +17,7 @@ from connectors.kafka.watermarks import (
     aligned_shares,
     planned_floors,
 )
-from connectors.kafka.offsets import from_map
-from service.kafka_to_delta.event_time_progress import PartitionWatermark
+from service.kafka_to_delta.source.event_time_progress import PartitionWatermark
 
 P0, P1, P2 = ("t", 0), ("t", 1), ("t", 2)
 IDLE_MS = 30_000

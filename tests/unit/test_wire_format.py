@@ -17,8 +17,8 @@ from connectors.schema_registry.errors import (
     redacted_url,
 )
 from connectors.schema_registry.wire_format import HEADER_SIZE, MAX_SCHEMA_ID, frame, split_frame
-from service.errors import DecodeError, SourceCoordinates, TerminalError, TransientError
-from service.redaction import fingerprint
+from vocabulary.errors import DecodeError, SourceCoordinates, TerminalError, TransientError
+from vocabulary.redaction import fingerprint
 
 WHERE = SourceCoordinates("orders", 3, 1234, "k-1")
 SECRET = b"s3cr3t-personal-data"

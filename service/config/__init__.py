@@ -1,0 +1,1 @@
+"""Configuration: every settings model (typed, frozen); `settings` alone reads files and the environment."""

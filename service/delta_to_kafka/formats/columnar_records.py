@@ -1,0 +1,230 @@
+"""The JSON record layouts of `output_formats`, built column by column from a flush's `FeedChanges`.
+
+Every value and key is assembled from JSON fragments of whole feed columns (`json_columns`),
+so no Python dict is built per row; the bytes equal what `ToChangelog` + `KafkaRecordEncoder`
+write for the same flush (tests/unit/test_columnar_export.py compares them over many
+settings). The records of one change keep the row path's order: -U before +U, -D before its
+tombstone; changes come in `FeedChanges` order.
+"""
+
+from __future__ import annotations
+
+import gc
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Iterator, cast
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from service.config.exports import ChangeFeedColumn, ExportSettings
+from service.delta_to_kafka.changelog.feed_changes import NO_ROW, FeedChanges
+from service.delta_to_kafka.formats.json_columns import (
+    NULL,
+    Text,
+    as_array,
+    dump,
+    join,
+    json_fragments,
+    json_object,
+    key_text,
+)
+from service.delta_to_kafka.formats.output_formats import (
+    CONNECTOR,
+    Header,
+    KafkaRecord,
+    SourceField,
+)
+from vocabulary.changes import ChangeKind, Envelope
+
+_US_PER_MS = 1000
+FULL, KEY = "full", "key"  # an image as it is, or its primary-key columns only (a partial delete)
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One record of each change of a kind: its code and where its images come from."""
+
+    code: str | None  # None: the kind is not mapped (no record)
+    before: str | None  # "before" / "after" / None: which image of the change
+    after: str | None
+    source: str  # the image the passthrough columns come from
+    before_shape: str = FULL
+    tombstone: bool = False
+
+
+class _Rows:
+    """Per-feed-row JSON texts of one flush: column fragments and image member runs."""
+
+    def __init__(self, feed: pa.Table, settings: ExportSettings, passthrough: tuple[str, ...]) -> None:
+        self._columns = [c for c in feed.column_names if c not in ChangeFeedColumn.ALL]
+        self._passthrough = passthrough
+        self.fragments = {c: json_fragments(feed.column(c)) for c in self._columns}
+        self.key = self._members(list(settings.primary_key))
+
+    @cached_property
+    def full(self) -> Text:
+        """Every column's member (flat records, full images)."""
+        return self._members(self._columns)
+
+    @cached_property
+    def payload(self) -> Text:
+        """The members of an image field: the columns not passed through at the top level."""
+        columns = [c for c in self._columns if c not in self._passthrough]
+        return self.full if columns == self._columns else self._members(columns)
+
+    def _members(self, columns: list[str]) -> Text:
+        pieces: list[Text] = []
+        for column in columns:
+            pieces += [("," if pieces else "") + key_text(column), self.fragments[column]]
+        return join(pieces)
+
+
+def _take(texts: Text, rows: np.ndarray) -> Text:
+    """Texts at feed rows; null where the row is NO_ROW."""
+    if isinstance(texts, str):
+        return texts
+    return texts.take(pa.array(rows, mask=rows == NO_ROW))
+
+
+def _braced(inner: Text, rows: np.ndarray) -> Text:
+    """`{members}` at feed rows, "null" where there is no image."""
+    taken = json_object([(None, _take(inner, rows))])
+    return taken if isinstance(taken, str) else pc.fill_null(taken, NULL)
+
+
+class ColumnarRecords:
+    """Kafka records of JSON exports from paired changes, one column operation per field."""
+
+    def __init__(self, settings: ExportSettings) -> None:
+        self.settings = settings
+        self._codes = settings.op_codes
+        self._images = settings.image_fields
+        self._meta = tuple(c for c in settings.passthrough if c in ChangeFeedColumn.PASSABLE)
+        self._columns = tuple(c for c in settings.passthrough if c not in ChangeFeedColumn.PASSABLE)
+        self._table_header = (Header.TABLE, settings.table.encode("utf-8"))
+        self._parts = {"insert": self._insert_parts(), "update": self._update_parts(), "delete": self._delete_parts()}
+
+    def _insert_parts(self) -> list[_Part]:
+        return [_Part(self._codes.code(ChangeKind.INSERT), None, "after", "after")]
+
+    def _update_parts(self) -> list[_Part]:
+        before_code, after_code = self._codes.code(ChangeKind.UPDATE_BEFORE), self._codes.code(ChangeKind.UPDATE_AFTER)
+        distinct = self._images is not None and self._images[0] != self._images[1]
+        if self._codes.combines_updates or (before_code is None and distinct):
+            return [_Part(after_code, "before", "after", "after")]
+        parts = []
+        if before_code is not None and self._images is not None:
+            parts.append(_Part(before_code, "before", None, "before"))
+        return parts + [_Part(after_code, None, "after", "after")]
+
+    def _delete_parts(self) -> list[_Part]:
+        shape = FULL if self.settings.produces_full_deletes else KEY
+        parts = [_Part(self._codes.code(ChangeKind.DELETE), "before", None, "last_before", shape)]
+        return parts + ([_Part(None, None, None, "last_before", tombstone=True)] if self.settings.tombstones else [])
+
+    def encode(self, feed: pa.Table, changes: FeedChanges, processed_at_ms: int) -> list[KafkaRecord]:
+        """The flush's records in order; TypeError when a value has no JSON form (the row path names it)."""
+        if len(changes) == 0:
+            return []
+        rows = _Rows(feed, self.settings, self._columns)
+        kinds = {"insert": changes.before == NO_ROW, "delete": changes.after == NO_ROW}
+        kinds["update"] = ~(kinds["insert"] | kinds["delete"])
+        ordinals, slots, values, lasts = [], [], [], []
+        for kind, parts in self._parts.items():
+            picked = np.flatnonzero(kinds[kind])
+            if picked.size == 0:
+                continue
+            images = {"before": changes.before[picked], "after": changes.after[picked],
+                      "last_before": changes.last_before[picked]}
+            last = changes.last[picked]
+            for slot, part in enumerate(parts):
+                if part.code is None and not part.tombstone:
+                    continue
+                value = None if part.tombstone else self._value(feed, rows, part, images, last, processed_at_ms)
+                ordinals.append(picked)
+                slots.append(np.full(picked.size, slot))
+                values.append(pa.nulls(picked.size, pa.string()) if value is None else as_array(value, picked.size))
+                lasts.append(last)
+        if not ordinals:
+            return []
+        order = np.lexsort((np.concatenate(slots), np.concatenate(ordinals)))
+        last = np.concatenate(lasts)[order]
+        texts = pa.concat_arrays(values).take(pa.array(order))
+        return self._records(feed, rows, texts, last)
+
+    def _records(self, feed: pa.Table, rows: _Rows, texts: pa.Array, last: np.ndarray) -> list[KafkaRecord]:
+        keys = pc.cast(_braced(rows.key, last), pa.binary()).to_pylist()
+        values = pc.cast(texts, pa.binary()).to_pylist()
+        versions = feed.column(ChangeFeedColumn.COMMIT_VERSION).take(pa.array(last)).to_pylist()
+        version_headers = {v: (Header.COMMIT_VERSION, str(v).encode("ascii")) for v in set(versions)}
+        table = self._table_header
+        with _collector_paused():
+            return [KafkaRecord(key, value, [table, version_headers[version]])
+                    for key, value, version in zip(keys, values, versions)]
+
+    def _image(self, rows: _Rows, part: _Part, which: str | None, images: dict[str, np.ndarray],
+               payload: bool) -> Text:
+        if which is None:
+            return NULL
+        shape = part.before_shape if which == "before" else FULL
+        inner = rows.key if shape == KEY else (rows.payload if payload else rows.full)
+        return _braced(inner, images[which])
+
+    def _meta_fields(self, feed: pa.Table, last: np.ndarray) -> list[tuple[str | None, Text]]:
+        taken = pa.array(last)
+        fields: list[tuple[str | None, Text]] = []
+        for column in self._meta:
+            values = feed.column(column).take(taken)
+            if column == ChangeFeedColumn.COMMIT_TIMESTAMP and values.type.tz is None:
+                values = values.cast(pa.timestamp(values.type.unit, tz="UTC"))  # delta-rs gives UTC, unzoned
+            fields.append((column, json_fragments(values)))
+        return fields
+
+    def _value(self, feed: pa.Table, rows: _Rows, part: _Part, images: dict[str, np.ndarray], last: np.ndarray,
+               processed_at_ms: int) -> Text:
+        op = [(self.settings.op, dump(part.code))]
+        meta = self._meta_fields(feed, last)
+        if self._images is None:
+            which = cast(str, part.after or part.before)  # a part has at least one image
+            shape = part.before_shape if which == "before" else FULL
+            image = rows.key if shape == KEY else rows.full
+            return json_object([*op, *meta, (None, _take(image, images[which]))])
+        columns = [(c, _take(rows.fragments[c], images[part.source])) for c in self._columns]
+        before_field, after_field = self._images
+        if before_field == after_field:
+            image_fields = [(after_field, self._image(rows, part, part.after or part.before, images, True))]
+        else:
+            image_fields = [(before_field, self._image(rows, part, part.before, images, True)),
+                            (after_field, self._image(rows, part, part.after, images, True))]
+        if not self.settings.debezium_envelope:
+            return json_object([*op, *meta, *columns, *image_fields])
+        source = self._source_block(feed, last)
+        return json_object([*image_fields, (Envelope.SOURCE, source), *op, (Envelope.TS_MS, str(processed_at_ms)),
+                            *meta, *columns])
+
+    def _source_block(self, feed: pa.Table, last: np.ndarray) -> Text:
+        taken = pa.array(last)
+        version = pc.cast(feed.column(ChangeFeedColumn.COMMIT_VERSION).take(taken), pa.string())
+        stamps = feed.column(ChangeFeedColumn.COMMIT_TIMESTAMP).take(taken)
+        micros = pc.cast(stamps.cast(pa.timestamp("us", tz=stamps.type.tz)), pa.int64()).to_numpy()
+        millis = pa.array(np.floor_divide(micros, _US_PER_MS)).cast(pa.string())
+        return json_object([
+            (SourceField.CONNECTOR, dump(CONNECTOR)), (SourceField.NAME, dump(self.settings.name)),
+            (SourceField.TABLE, dump(self.settings.table)), (SourceField.VERSION, version),
+            (SourceField.TS_MS, millis),
+        ])
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a burst of acyclic records is built (it rescans them all)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

@@ -1,0 +1,115 @@
+"""Exact JSON text of whole Arrow columns: one fragment per value, no Python object per row.
+
+A fragment is byte for byte what `output_formats.JsonSerializer` writes for the value
+(`orjson` of `json_ready(value)`), so records assembled from fragments equal records built
+from Python dicts. Vectorized with Arrow compute: integers, booleans, float64 values that
+orjson writes in plain notation (0, and 1e-5 <= |v| < 1e15), strings without control
+characters, nulls. Every other value (other types, floats in exponent notation or not
+finite, strings with control characters) is converted one value at a time through
+`json_ready`; a column of such a type costs what the row path costs, only for that column.
+
+`join` and `json_object` put fragments together into objects, again column by column.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence, Union
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from service.delta_to_kafka.formats.output_formats import json_ready
+
+NULL = "null"
+Text = Union[pa.Array, str]
+"""A column of JSON texts, or one text for every row."""
+
+_PLAIN_FLOAT_MIN = 1e-5  # orjson writes smaller magnitudes in exponent notation
+_PLAIN_FLOAT_LIMIT = 1e15  # ... and these and larger ones
+_CONTROL = "[\\x00-\\x1f]"  # orjson escapes these; Arrow replacements below do not
+
+
+def dump(value: Any) -> str:
+    """The exact JSON text of one Python value (raises TypeError when it has none)."""
+    ready = json_ready(value)
+    try:
+        return orjson.dumps(ready).decode("utf-8")
+    except orjson.JSONEncodeError:  # integers beyond 64 bits, as JsonSerializer does
+        return json.dumps(ready, separators=(",", ":"), ensure_ascii=False)
+
+
+def _one_by_one(column: pa.Array) -> pa.Array:
+    return pa.array([NULL if value is None else dump(value) for value in column.to_pylist()], pa.string())
+
+
+def _floats(column: pa.Array) -> tuple[pa.Array, pa.Array]:
+    text = pc.cast(column, pa.string())
+    magnitude = pc.abs(column)
+    plain = pc.or_(pc.equal(column, 0.0),
+                   pc.and_(pc.greater_equal(magnitude, _PLAIN_FLOAT_MIN), pc.less(magnitude, _PLAIN_FLOAT_LIMIT)))
+    odd = pc.or_(pc.invert(plain), pc.match_substring(text, "e"))
+    whole = pc.invert(pc.match_substring(text, "."))
+    return pc.if_else(whole, pc.binary_join_element_wise(text, ".0", ""), text), odd
+
+
+def _strings(column: pa.Array) -> tuple[pa.Array, pa.Array]:
+    escaped = pc.replace_substring(pc.replace_substring(column, "\\", "\\\\"), '"', '\\"')
+    return pc.binary_join_element_wise('"', escaped, '"', ""), pc.match_substring_regex(column, _CONTROL)
+
+
+def json_fragments(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """The JSON text of every value of `column` ("null" for nulls); TypeError if a value has none."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    kind = column.type
+    odd = None
+    if pa.types.is_integer(kind):
+        text = pc.cast(column, pa.string())
+    elif pa.types.is_boolean(kind):
+        text = pc.if_else(column, "true", "false")
+    elif pa.types.is_float64(kind):
+        text, odd = _floats(column)
+    elif pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind):
+        text, odd = _strings(pc.cast(column, pa.string()))
+    else:
+        return _one_by_one(column)
+    text = pc.fill_null(text, NULL)
+    if odd is None:
+        return text
+    mask = pc.fill_null(odd, False)
+    picked = np.flatnonzero(mask.to_numpy(zero_copy_only=False))
+    if picked.size == 0:
+        return text
+    return pc.replace_with_mask(text, mask, _one_by_one(column.take(pa.array(picked))))
+
+
+def key_text(name: str) -> str:
+    """The JSON text of a field name followed by the colon."""
+    return dump(str(name)) + ":"
+
+
+def join(pieces: Sequence[Text]) -> pa.Array | str:
+    """The row-wise concatenation of texts (a null in any piece gives null)."""
+    if all(isinstance(piece, str) for piece in pieces):
+        return "".join(pieces)  # type: ignore[arg-type]
+    return pc.binary_join_element_wise(*pieces, "")
+
+
+def json_object(fields: Sequence[tuple[str | None, Text]]) -> pa.Array | str:
+    """`{"name":value,...}` row by row; a field named None is a run of members inserted as it is."""
+    pieces: list[Text] = ["{"]
+    for index, (name, value) in enumerate(fields):
+        pieces.append(("," if index else "") + ("" if name is None else key_text(name)))
+        pieces.append(value)
+    pieces.append("}")
+    return join(pieces)
+
+
+def as_array(text: pa.Array | pa.ChunkedArray | str, length: int) -> pa.Array:
+    """A column of `length` texts from a column or one text."""
+    if isinstance(text, pa.ChunkedArray):
+        return text.combine_chunks()
+    return text if isinstance(text, pa.Array) else pa.array([text] * length, pa.string())

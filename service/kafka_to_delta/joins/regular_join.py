@@ -1,0 +1,152 @@
+"""A regular changelog join (inner or left outer) as a Spark streaming query into a Delta table.
+
+Data flow: both inputs' topics in one Kafka source -> decoded on the executors by each input's
+decoder (`regular_join_source`) -> per micro-batch on the driver, in Arrow: bad records under their
+policy, each side reduced to its last change per key, the join rules (`regular_join_rules`) applied
+to the state (`join_state`, a Delta table inside the checkpoint) -> the output's net changes MERGEd
+into the Delta table with the batch id as application transaction (`MergeSink`), then the state
+committed with the same batch id. Why the join runs on the driver and not in Spark's state store:
+docs/design/joins.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from connectors.delta.engines import open_table
+from service.config.joins import RegularJoinSettings
+from service.config.settings import Settings
+from service.kafka_to_delta.changelog.changelog_batch import Column
+from service.kafka_to_delta.joins.join_state import TIDY_EVERY_BATCHES, JoinStateStore, state_uri
+from service.kafka_to_delta.joins.regular_join_rules import (
+    JoinRules,
+    JoinState,
+    SideRules,
+    Step,
+    join_step,
+    side_changes,
+)
+from service.kafka_to_delta.joins.regular_join_source import SIDE, sides_stream
+from service.kafka_to_delta.materialize.rules import MaterializerConfig
+from service.kafka_to_delta.sink.bad_records import handle_bad_records
+from service.kafka_to_delta.sink.merge_sink import MergeOutcome, MergeSink
+from service.kafka_to_delta.source.partition_changes import FAILED_COLUMNS
+from service.observability import metrics
+from service.runtime import test_hooks
+from service.runtime.checkpoints import remove_abandoned_writes
+from service.supervisor.batch_pipeline import BatchPipeline, commit_app_id, with_trigger
+from vocabulary import redaction
+from vocabulary.changes import ChangeKind
+
+log = logging.getLogger(__name__)
+_QUERY_ID_TIMEOUT_S = 60.0
+_CHANGE_KINDS = pa.array([kind.value for kind in ChangeKind])
+
+
+def join_rules(join: RegularJoinSettings) -> JoinRules:
+    """The rules' configuration of one join (TTLs as a plan or the config set them)."""
+    return JoinRules(
+        left=SideRules(join.left.primary_key, join.left.join_key, int(join.left_ttl_seconds * 1000)),
+        right=SideRules(join.right.primary_key, join.right.join_key, int(join.right_ttl_seconds * 1000)),
+        outer=join.type == "left",
+        output=MaterializerConfig(table=join.table, primary_key=join.primary_key, on_conflict=join.on_conflict,
+                                  log_values=redaction.log_values()),
+        output_ttl_ms=int(join.state_ttl_seconds * 1000),
+    )
+
+
+class RegularJoinPipeline(BatchPipeline):
+    """Runs one `RegularJoinSettings` as a streaming query into its Delta table."""
+
+    def __init__(self, spark: SparkSession, settings: Settings, join: RegularJoinSettings) -> None:
+        self.spark = spark
+        self.settings = settings
+        self.join = join
+        lakehouse = settings.lakehouse
+        self.table = open_table(lakehouse.engine, lakehouse.table_uri(join.table), lakehouse.storage_options, spark)
+        self.sink = MergeSink(self.table, join.primary_key)
+        self.store = JoinStateStore(state_uri(settings.checkpoint_dir(join.name)), lakehouse.storage_options)
+        self.rules = join_rules(join)
+        self.state = JoinState()
+        self.committed_batches = 0
+        self.expired_rows = 0
+        self.last_outcome: MergeOutcome | None = None
+        self.failure: BaseException | None = None
+        self._query_id: str | None = None
+        self._started = threading.Event()
+
+    @property
+    def name(self) -> str:
+        """The join pipeline's name."""
+        return self.join.name
+
+    @property
+    def app_id(self) -> str:
+        """Application id of this join's Delta commits (output and state); the query id ties it to the checkpoint."""
+        return commit_app_id(self.join.name, self.join.table, self._query_id)
+
+    def _process_batch(self, batch: DataFrame, batch_id: int) -> None:
+        test_hooks.hold_batch_if_armed(self.name, batch_id)
+        if not self._started.wait(_QUERY_ID_TIMEOUT_S):
+            raise RuntimeError("streaming query id not known")
+        started = time.monotonic()
+        rows = batch.toArrow()
+        errors = pc.is_valid(rows.column(Column.ERROR))
+        handle_bad_records(self.name, rows.filter(errors).select(list(FAILED_COLUMNS)), batch_id, None)
+        if self.store.committed(self.app_id, batch_id):
+            log.info("join %s: batch %d already in Delta, skipped", self.name, batch_id)
+            metrics.BATCHES.labels(self.name, "replay_skipped").inc()
+            return
+        changes = rows.filter(pc.and_(pc.invert(errors), pc.is_in(rows.column(Column.KIND), _CHANGE_KINDS)))
+        side = changes.column(SIDE)
+        step = join_step(self.state, side_changes(changes.filter(pc.equal(side, "left")), self.rules.left),
+                         side_changes(changes.filter(pc.equal(side, "right")), self.rules.right), self.rules)
+        outcome = self.sink.apply(step.output, self.app_id, batch_id)  # output first, then the state
+        self.store.commit(step, self.app_id, batch_id)
+        self.state = step.state
+        if batch_id % TIDY_EVERY_BATCHES == TIDY_EVERY_BATCHES - 1:
+            self.store.tidy()
+        self._record(outcome, changes.num_rows, step)
+        log.info("join %s: batch %d -> %s: %d changes read, %d upserts, %d deletes, %d expired (%.2fs)",
+                 self.name, batch_id, self.table.uri, changes.num_rows, outcome.upserts, outcome.deletes,
+                 step.expired, time.monotonic() - started)
+
+    def _record(self, outcome: MergeOutcome, changes: int, step: Step) -> None:
+        name = self.name
+        self.committed_batches += 1
+        self.expired_rows += step.expired
+        self.last_outcome = outcome
+        metrics.BATCHES.labels(name, "committed" if outcome.upserts + outcome.deletes else "empty").inc()
+        metrics.CHANGES.labels(name).inc(changes)
+        metrics.UPSERTS.labels(name).inc(outcome.upserts)
+        metrics.DELETES.labels(name).inc(outcome.deletes)
+        metrics.LAST_BATCH.labels(name).set(outcome.batch_id)
+        metrics.CONFLICTS.labels(name, self.join.on_conflict).inc(step.counters.conflicts)
+        metrics.ROLLBACKS.labels(name).inc(step.counters.rollbacks)
+        metrics.CLEARED_STATE.labels(name).inc(step.counters.cleared_state_warnings)
+
+    def start(self, until_idle: bool) -> StreamingQuery:
+        """Start the streaming query; `until_idle` reads what is there now, then ends."""
+        checkpoint = self.settings.checkpoint_dir(self.join.name)
+        remove_abandoned_writes(checkpoint)
+        self.state = self.store.load()  # as committed: a restart after a failure starts from there
+        writer = (sides_stream(self.spark, self.settings, self.join)
+                  .writeStream.queryName(self.join.name)
+                  .foreachBatch(self.process_batch)
+                  .option("checkpointLocation", checkpoint))
+        writer = with_trigger(writer, until_idle, self.settings.trigger_interval_seconds)
+        self._started.clear()
+        query = writer.start()
+        self._query_id = str(query.id)
+        self._started.set()
+        return query
+
+    def close(self) -> None:
+        """Nothing to release (the state is committed with every batch)."""

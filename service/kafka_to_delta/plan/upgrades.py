@@ -1,0 +1,146 @@
+"""Stateful upgrades: a checkpoint remembers the plan it was started with (`compiled_plan`).
+
+On every start of a pipeline, its operators are compared with the plan stored next to its
+checkpoint (`<checkpoint>/plan.json`) before anything runs:
+- compatible: a changed TTL, a changed watermark delay, a topic added to a materialized
+  pipeline, a new pipeline (no checkpoint yet): the start goes ahead, the change is logged;
+- incompatible: a changed key, an operator added to or removed from a pipeline whose
+  checkpoint has started, a changed on_conflict, compaction, primary key, sequence_by, order_by
+  column, state layout (the materializer's key buckets), join type or a join input's key: refused, naming the
+  operator and the change and how to proceed (for an ingest pipeline's materializer: `rebuild-state`).
+Then the current plan is stored. A checkpoint from before plans were stored is taken as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from service.config.settings import PipelineSettings
+from service.kafka_to_delta.materialize.bulk import DEFAULT_KEY_BUCKETS, LEGACY_KEY_BUCKETS
+from service.kafka_to_delta.plan.compiled_plan import (
+    PLAN_FORMAT,
+    Kind,
+    Operator,
+    key_buckets_of,
+    pipeline_operators,
+)
+from service.runtime.checkpoints import local_path
+from vocabulary.errors import ConfigError
+
+log = logging.getLogger(__name__)
+PLAN_FILE = "plan.json"
+INCOMPATIBLE_PROPERTIES = ("on_conflict", "compaction", "primary_key", "sequence_by", "order_by", "state_layout",
+                           "type", "left_key", "right_key", "right_join_key", "probe_key", "build_topics")
+_HOW_TO_PROCEED = (
+    "the state in the checkpoint was built under the stored plan and cannot be carried over. To proceed, move "
+    "the checkpoint directory away and start a new one: with starting_offsets earliest the pipeline replays "
+    "the topics and rebuilds its state (the MERGEs are idempotent), or from a chosen offset when the topics "
+    "no longer hold everything the state needs"
+)
+_REBUILD = (
+    ". For the materializer, without a replay: stop the service and run `cdc-lakehouse rebuild-state CONFIG "
+    "--pipeline {pipeline}`, which moves this checkpoint aside and seeds a new one from the Delta table"
+)
+
+
+def _started(checkpoint: Path) -> bool:
+    offsets = checkpoint / "offsets"
+    return offsets.is_dir() and any(p.name.isdigit() for p in offsets.iterdir())
+
+
+def _changes(stored: dict[str, dict[str, Any]], current: dict[str, dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """(incompatible changes, compatible ones), each as a sentence naming the operator."""
+    refused: list[str] = []
+    allowed: list[str] = []
+    for name in sorted(current.keys() - stored.keys()):
+        refused.append(f"operator {name!r} was added")
+    for name in sorted(stored.keys() - current.keys()):
+        refused.append(f"operator {name!r} was removed")
+    for name in sorted(current.keys() & stored.keys()):
+        old, new = stored[name], current[name]
+        if old.get("key") != new.get("key"):
+            refused.append(f"operator {name!r}: key changed from {old.get('key')} to {new.get('key')}")
+        old_props, new_props = old.get("properties") or {}, new.get("properties") or {}
+        for prop in sorted(old_props.keys() | new_props.keys()):
+            if old_props.get(prop) == new_props.get(prop):
+                continue
+            sentence = f"operator {name!r}: {prop} changed from {old_props.get(prop)!r} to {new_props.get(prop)!r}"
+            (refused if prop in INCOMPATIBLE_PROPERTIES else allowed).append(sentence)
+        old_ttls = {e.get("name"): e.get("ttl") for e in old.get("state") or []}
+        for entry in new.get("state") or []:
+            before = old_ttls.get(entry["name"])
+            if before != entry["ttl"]:
+                allowed.append(f"operator {name!r}: {entry['name']} TTL changed from {before} to {entry['ttl']}")
+    return refused, allowed
+
+
+def _rebuildable(pipeline: str, operators: list[Operator], refused: list[str]) -> bool:
+    """Whether `rebuild-state` answers the refusal: an ingest pipeline keeps a materializer and it changed."""
+    materializer = f"{pipeline}/{Kind.MATERIALIZER}"
+    kinds = {op.kind for op in operators}
+    return Kind.MATERIALIZER in kinds and Kind.JOIN not in kinds and any(materializer in c for c in refused)
+
+
+def stored_key_buckets(pipeline: str, checkpoint_dir: str) -> int:
+    """The materializer's key bucket count for a pipeline's checkpoint (part of its state's layout).
+
+    DEFAULT_KEY_BUCKETS for a checkpoint that holds no state yet; for a started one, the count its
+    stored plan names, or LEGACY_KEY_BUCKETS without a stored plan; LEGACY_KEY_BUCKETS for one that is
+    not local (no plan is stored there).
+    """
+    checkpoint = local_path(checkpoint_dir)
+    if checkpoint is None:
+        return LEGACY_KEY_BUCKETS
+    if not _started(checkpoint):
+        return DEFAULT_KEY_BUCKETS
+    path = checkpoint / PLAN_FILE
+    if not path.exists():
+        return LEGACY_KEY_BUCKETS
+    try:
+        nodes = json.loads(path.read_text())["nodes"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ConfigError(f"pipeline {pipeline}: the stored plan {path} cannot be read ({error})") from None
+    materializer = f"{pipeline}/{Kind.MATERIALIZER}"
+    for node in nodes:
+        if isinstance(node, dict) and node.get("id") == materializer:
+            count = key_buckets_of((node.get("properties") or {}).get("state_layout"))
+            if count is not None:
+                return count
+    return DEFAULT_KEY_BUCKETS
+
+
+def check_and_store_pipeline(pipeline: PipelineSettings, checkpoint_dir: str) -> None:
+    """`check_and_store` for an ingest pipeline, its materializer laid out as its checkpoint's."""
+    buckets = stored_key_buckets(pipeline.name, checkpoint_dir)
+    check_and_store(pipeline.name, checkpoint_dir, pipeline_operators(pipeline, buckets))
+
+
+def check_and_store(pipeline: str, checkpoint_dir: str, operators: list[Operator]) -> None:
+    """Refuse an incompatible upgrade of the checkpoint's plan (`ConfigError`), then store the current one."""
+    checkpoint = local_path(checkpoint_dir)
+    if checkpoint is None:
+        log.warning("pipeline %s: checkpoint %s is not local: its plan is not stored or compared", pipeline,
+                    checkpoint_dir)
+        return
+    path = checkpoint / PLAN_FILE
+    current = {op.id: op.as_json() for op in operators}
+    if path.exists() and _started(checkpoint):
+        try:
+            stored = {node["id"]: node for node in json.loads(path.read_text())["nodes"]}
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise ConfigError(f"pipeline {pipeline}: the stored plan {path} cannot be read ({error})") from None
+        refused, allowed = _changes(stored, current)
+        if refused:
+            rebuild = _REBUILD.format(pipeline=pipeline) if _rebuildable(pipeline, operators, refused) else ""
+            raise ConfigError(f"pipeline {pipeline}: incompatible change to the plan of checkpoint {checkpoint}: "
+                              f"{'; '.join(refused)}. {_HOW_TO_PROCEED}{rebuild}")
+        for change in allowed:
+            log.info("pipeline %s: compatible plan change: %s", pipeline, change)
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    document = {"cdc_lakehouse_plan": PLAN_FORMAT, "pipelines": [pipeline], "nodes": list(current.values())}
+    temporary = path.with_suffix(".json.tmp")
+    temporary.write_text(json.dumps(document, indent=2))
+    temporary.replace(path)

@@ -1,0 +1,168 @@
+"""Turn a batch of net changes into a typed Arrow table and MERGE it into Delta, once.
+
+Commit order, enforced here: the Delta commit (data + application transaction with the
+batch id) happens inside the batch; Spark records the batch's offsets as done only after
+this returns. A crash in between replays the batch, which `apply` then skips.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from connectors.delta.arrow_types import infer_types, merge_types, rows_to_table
+from connectors.delta.delta_rs import DELETE_FLAG, DeltaSchemaError
+from connectors.delta.engines import DeltaEngineTable
+from connectors.delta.merge_plan import keep_flag
+from service.kafka_to_delta.materialize.fill_unchanged import filled_net
+from service.kafka_to_delta.source.partition_changes import Meta
+from vocabulary.changes import ChangeKind
+from vocabulary.errors import SourceCoordinates
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MergeOutcome:
+    """What one batch did to the table."""
+
+    batch_id: int
+    upserts: int
+    deletes: int
+    skipped_replay: bool = False
+    truncated: bool = False
+
+
+def _batch_types(net: pa.Table, rows: list[dict]) -> dict[str, str]:
+    """Column types: the schema blocks' types win; the data only types columns they lack."""
+    types: dict[str, str] = {}
+    for text in pc.unique(net.column("types").drop_null()).to_pylist():
+        types = merge_types(types, json.loads(text))
+    inferred = infer_types(rows) if rows else {}
+    return {**types, **{column: kind for column, kind in inferred.items() if column not in types}}
+
+
+def _conform(batch: pa.Table, existing: pa.Schema | None, table_uri: str, meta: pa.Table | None = None) -> pa.Table:
+    """Cast the batch to the table's column types; new columns stay (schema evolution). `meta`: the
+    rows' `Meta` columns, to name the first record whose value does not fit."""
+    if existing is None:
+        return batch
+    columns, fields = [], []
+    for field in existing:
+        if field.name in batch.column_names:
+            try:
+                column = batch.column(field.name).cast(field.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                where = "" if meta is None else _first_misfit(batch.column(field.name), field.type, meta)
+                raise DeltaSchemaError(
+                    f"{table_uri}: column {field.name!r} has type {batch.schema.field(field.name).type} "
+                    f"in this batch but {field.type} in the table{where}"
+                ) from None
+        else:
+            column = pa.nulls(batch.num_rows, field.type)
+        columns.append(column)
+        fields.append(pa.field(field.name, field.type))
+    for field in batch.schema:
+        if field.name not in existing.names:
+            columns.append(batch.column(field.name))
+            fields.append(field)
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields))
+
+
+def _first_misfit(column: pa.ChunkedArray, target: pa.DataType, meta: pa.Table) -> str:
+    """Where the first value of `column` that cannot be cast to `target` came from (no value shown)."""
+    for index in range(len(column)):
+        try:
+            column.slice(index, 1).cast(target)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            row = meta.slice(index, 1).select([Meta.TOPIC, Meta.PARTITION, Meta.OFFSET, Meta.KEY]).to_pylist()[0]
+            return f" (first at {SourceCoordinates(*row.values())})"
+    return ""
+
+
+def _with_keep_flags(batch: pa.Table, unchanged: pa.ChunkedArray | pa.Array, primary_key: tuple[str, ...]) -> pa.Table:
+    """One `_cdc_keep__<column>` flag per column some row left unchanged (a TOAST placeholder);
+    `unchanged`: per row, the JSON list of such columns or null."""
+    if unchanged.null_count == len(unchanged):
+        return batch
+    per_row = [set(json.loads(text)) if text else set() for text in unchanged.to_pylist()]
+    columns = sorted(set().union(*per_row) - set(primary_key))
+    for column in columns:
+        if column not in batch.column_names:
+            batch = batch.append_column(column, pa.nulls(batch.num_rows, pa.string()))
+        batch = batch.append_column(keep_flag(column), pa.array([column in row for row in per_row], pa.bool_()))
+    return batch
+
+
+class MergeSink:
+    """Writes net changes of one pipeline into one Delta table, idempotently per batch."""
+
+    def __init__(self, table: DeltaEngineTable, primary_key: tuple[str, ...]) -> None:
+        self.table = table
+        self.primary_key = primary_key
+
+    def already_committed(self, app_id: str, batch_id: int) -> bool:
+        """True when this batch's commit is already in the table (a replay)."""
+        last = self.table.last_batch(app_id)
+        return last is not None and last >= batch_id
+
+    def apply(self, net: pa.Table, app_id: str, batch_id: int, truncate: bool = False) -> MergeOutcome:
+        """MERGE the net changes (columns key, kind, row, types) unless already committed.
+
+        `truncate`: every stored row the batch does not upsert is deleted in the same commit
+        (a source TRUNCATE followed by the batch's later changes).
+        """
+        if self.already_committed(app_id, batch_id):
+            return MergeOutcome(batch_id, 0, 0, skipped_replay=True)
+        net = filled_net(net)
+        if net.num_rows == 0:
+            return self._merge_nothing(batch_id, app_id, truncate)
+        deletes = pc.equal(net.column("kind"), ChangeKind.DELETE.value)
+        rows = [
+            dict(zip(self.primary_key, json.loads(key))) if deleted or text is None else json.loads(text)
+            for key, text, deleted in zip(
+                net.column("key").to_pylist(), net.column("row").to_pylist(), deletes.to_pylist()
+            )
+        ]
+        upsert_rows = [r for r, d in zip(rows, deletes.to_pylist()) if not d]
+        types = _batch_types(net, upsert_rows or rows)
+        unchanged = net.column("unchanged") if "unchanged" in net.column_names else pa.nulls(net.num_rows, pa.string())
+        return self._merge(rows_to_table(rows, types), deletes, unchanged, app_id, batch_id, truncate)
+
+    def apply_typed(self, changes: pa.Table, app_id: str, batch_id: int, truncate: bool = False) -> MergeOutcome:
+        """MERGE typed net changes (`batch_changes.BatchChanges.changes`) unless already committed."""
+        if self.already_committed(app_id, batch_id):
+            return MergeOutcome(batch_id, 0, 0, skipped_replay=True)
+        if changes.num_rows == 0:
+            return self._merge_nothing(batch_id, app_id, truncate)
+        deletes = pc.equal(changes.column(Meta.KIND), ChangeKind.DELETE.value)
+        data = changes.drop_columns(list(Meta.ALL))
+        return self._merge(data, deletes, changes.column(Meta.UNCHANGED), app_id, batch_id, truncate,
+                           changes.select(list(Meta.ALL)))
+
+    def _merge_nothing(self, batch_id: int, app_id: str, truncate: bool) -> MergeOutcome:
+        if truncate and self.table.schema() is not None:
+            self.table.truncate(app_id, batch_id)
+        return MergeOutcome(batch_id, 0, 0, truncated=truncate)
+
+    def _merge(self, data: pa.Table, deletes: pa.ChunkedArray | pa.Array, unchanged: pa.ChunkedArray | pa.Array,
+               app_id: str, batch_id: int, truncate: bool, meta: pa.Table | None = None) -> MergeOutcome:
+        """MERGE typed rows; `deletes` flags the rows that delete their key."""
+        missing = [c for c in self.primary_key if c not in data.column_names]
+        if missing:
+            raise DeltaSchemaError(f"{self.table.uri}: primary key column(s) {missing} not in the data")
+        existing = self.table.schema()
+        typed = _conform(data, existing, self.table.uri, meta)
+        if existing is None:
+            self.table.create(typed.schema)
+        typed = _with_keep_flags(typed.append_column(DELETE_FLAG, deletes), unchanged, self.primary_key)
+        if truncate:
+            self.table.merge(typed, self.primary_key, app_id, batch_id, truncate=True)
+        else:
+            self.table.merge(typed, self.primary_key, app_id, batch_id)
+        n_deletes = pc.sum(deletes).as_py() or 0
+        return MergeOutcome(batch_id, data.num_rows - n_deletes, n_deletes, truncated=truncate)

@@ -1,0 +1,102 @@
+"""Kafka records -> changelog rows where each Kafka range is read (`DecodedRanges`, read through
+`changes_source`), under the pipeline's FROM_CHANGELOG configuration and input format (JSON, or
+Avro in the Confluent wire format).
+
+When several topics feed one table, each upsert key is prefixed with its topic: two sources
+claiming the same key are different upsert keys, which is what the materializer's
+`on_conflict` is about.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable, Iterable, Iterator
+
+import pyarrow as pa
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from service.config.registry import SchemaRegistrySettings
+from service.config.settings import PipelineSettings
+from service.kafka_to_delta.changelog.changelog_batch import (
+    CHANGELOG_SCHEMA,
+    ChangelogBatchDecoder,
+    Column,
+)
+from service.kafka_to_delta.formats.debezium_json import DocumentDecoder
+from service.kafka_to_delta.source.event_time_progress import (
+    WATERMARK_COLUMN,
+    EventTimeMaxima,
+    PartitionWatermark,
+)
+from vocabulary.errors import ConfigError
+
+CHANGELOG_SPARK_SCHEMA = from_arrow_schema(CHANGELOG_SCHEMA)
+_STREAM_SCHEMA = CHANGELOG_SCHEMA.append(pa.field(WATERMARK_COLUMN, pa.int64()))
+_STREAM_SPARK_SCHEMA = from_arrow_schema(_STREAM_SCHEMA)
+STREAM_SPARK_SCHEMA = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in _STREAM_SPARK_SCHEMA.fields)
+"""The changelog rows plus their watermark candidate, as a schema string for a data source."""
+__all__ = ["CHANGELOG_SCHEMA", "CHANGELOG_SPARK_SCHEMA", "STREAM_SPARK_SCHEMA", "DecodedRanges", "batch_decoder"]
+
+
+def value_decoder(format_name: str, registry: SchemaRegistrySettings | None) -> DocumentDecoder | None:
+    """The record value decoder of an input format; None: JSON (the decoder's default)."""
+    if format_name != "avro-confluent":
+        return None
+    if registry is None:
+        raise ConfigError("format avro-confluent needs `schema_registry: {url: ...}`")
+    # Imported here: a JSON-only service never loads the registry client. The client pickles as
+    # its connection; each executor builds its own on first use.
+    from connectors.schema_registry import ConfluentAvroDecoder, SchemaRegistryClient
+
+    return ConfluentAvroDecoder(SchemaRegistryClient(connection=registry.connection()))
+
+
+def batch_decoder(pipeline: PipelineSettings) -> ChangelogBatchDecoder:
+    """The picklable decoder of one pipeline (its format and FROM_CHANGELOG settings)."""
+    return ChangelogBatchDecoder(
+        pipeline.changelog_settings, pipeline.primary_key, pipeline.effective_upsert_key,
+        value_decoder=value_decoder(pipeline.format, pipeline.schema_registry),
+    )
+
+
+def _topic_scoped(batch: pa.RecordBatch) -> pa.RecordBatch:
+    topics = batch.column(Column.TOPIC).to_pylist()
+    keys = batch.column(Column.UPSERT_KEY).to_pylist()
+    scoped = [None if k is None else json.dumps([t, json.loads(k)], separators=(",", ":"))
+              for t, k in zip(topics, keys)]
+    index = batch.schema.get_field_index(Column.UPSERT_KEY)
+    return batch.set_column(index, Column.UPSERT_KEY, pa.array(scoped, pa.string()))
+
+
+class _Decode:
+    """The `mapInArrow` function (a picklable callable): changelog rows plus each row's watermark
+    candidate; the largest event time per partition goes to `maxima`."""
+
+    def __init__(self, decoder: ChangelogBatchDecoder, scope_by_topic: bool, maxima: EventTimeMaxima | None) -> None:
+        self.decoder = decoder
+        self.scope_by_topic = scope_by_topic
+        self.maxima = maxima
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        watermark = PartitionWatermark()
+        for batch in batches:
+            decoded = self.decoder(batch)
+            if self.scope_by_topic:
+                decoded = _topic_scoped(decoded)
+            candidates = watermark.candidates(batch, decoded)
+            yield pa.RecordBatch.from_arrays([*decoded.columns, candidates], schema=_STREAM_SCHEMA)
+        if self.maxima is not None:
+            self.maxima.report(watermark.maxima)
+
+
+class DecodedRanges:
+    """What a Kafka range becomes where it is read on the stateful paths (`changes_source` with
+    `STREAM_SPARK_SCHEMA`): its changelog rows and watermark candidates, decoded in the reading task,
+    so the raw records never cross to the JVM and back to a second Python stage. Picklable."""
+
+    def __init__(self, pipeline: PipelineSettings, maxima: EventTimeMaxima | None) -> None:
+        self.decode = _Decode(batch_decoder(pipeline), len(pipeline.topics) > 1, maxima)
+
+    def __call__(self, read: Callable[[], Iterable[pa.RecordBatch]], read_values: object = None) -> Iterator[pa.RecordBatch]:
+        """The range's changelog batches (`read` yields its record batches)."""
+        yield from self.decode(iter(read()))

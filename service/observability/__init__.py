@@ -1,0 +1,1 @@
+"""Observability: metrics, the HTTP endpoints, health and log format."""

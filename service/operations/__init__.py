@@ -1,0 +1,1 @@
+"""Operations: table maintenance, export-safe retention, status, and the demo."""

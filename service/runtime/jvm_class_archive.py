@@ -1,0 +1,196 @@
+"""A class-data-sharing archive for the local Spark JVM: start-up without reading Spark's classes from jars.
+
+A local Spark driver loads tens of thousands of classes from Spark's jars before its first
+micro-batch, and loading them (reading, parsing, verifying) is most of the JVM's start-up on a
+small machine. Java 17 can write the classes a JVM loaded into an archive when it exits
+(`-XX:ArchiveClassesAtExit`) and map that archive at the next start (`-XX:SharedArchiveFile`).
+
+`prepare()` (the `cdc-lakehouse prepare` command; scripts/install.sh and the image build run it)
+starts a local session once with a small workload that loads what the service's queries load
+(SQL and a shuffle, Arrow batches through Python, a streaming query over a Python data source
+with a state store), waits for its JVM to write the archive, and keeps it under a name keyed by
+the Java runtime and Spark's jars. `session_options()` gives a local session the option that maps
+it when it exists. The JVM checks an archive against its own runtime and class path and goes on
+without it when they differ (`-Xshare:auto`, the default): a stale archive costs nothing but the
+gain. Executors of a cluster are started by their workers and do not use it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadLimit
+
+log = logging.getLogger(__name__)
+
+ARCHIVE_DIR_ENV = "CDC_LAKEHOUSE_JVM_ARCHIVE_DIR"
+"""Where archives are kept (default ~/.cache/cdc-lakehouse); an empty value turns them off."""
+_DUMP_TIMEOUT_S = 600
+_QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"  # a mismatch or a skipped class is not worth a line on stdout
+
+
+def archive_dir() -> Path | None:
+    """The directory of the archives; None when turned off."""
+    configured = os.environ.get(ARCHIVE_DIR_ENV)
+    if configured is not None:
+        return Path(configured) if configured.strip() else None
+    return Path.home() / ".cache" / "cdc-lakehouse"
+
+
+def _java() -> Path | None:
+    """The java executable Spark's launcher will run (JAVA_HOME first, as spark-class does)."""
+    home = os.environ.get("JAVA_HOME")
+    found = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    return Path(found).resolve() if found and Path(found).exists() else None
+
+
+def archive_path() -> Path | None:
+    """The archive for this Java runtime and these Spark jars; None when archives are off or no java is found."""
+    directory, java = archive_dir(), _java()
+    if directory is None or java is None:
+        return None
+    import pyspark
+
+    jars = Path(pyspark.__file__).parent / "jars"
+    digest = hashlib.sha256()
+    for part in (str(java), str(java.stat().st_size), str(int(java.stat().st_mtime)), pyspark.__version__, str(jars)):
+        digest.update(part.encode() + b"\0")
+    for jar in sorted(jars.glob("*.jar")):
+        digest.update(f"{jar.name}:{jar.stat().st_size}".encode() + b"\0")
+    return directory / f"spark-{pyspark.__version__}-{digest.hexdigest()[:16]}.jsa"
+
+
+def session_options() -> str:
+    """JVM options that map the archive, when one was prepared ('' otherwise)."""
+    path = archive_path()
+    if path is None or not path.is_file():
+        return ""
+    return f"-XX:SharedArchiveFile={path} {_QUIET}"
+
+
+def dump_options(target: Path) -> str:
+    """JVM options that write the classes the JVM loaded to `target` when it exits."""
+    return f"-XX:ArchiveClassesAtExit={target} {_QUIET}"
+
+
+def prepare() -> Path | None:
+    """Write the archive unless it exists; its path (None when archives are off or it could not be written).
+
+    The workload runs in a process of its own so that its JVM exits (and writes the archive) before
+    the archive is put in place: a reader never maps a file that is still being written.
+    """
+    path = archive_path()
+    if path is None:
+        log.info("no JVM class archive: turned off (%s) or no java found", ARCHIVE_DIR_ENV)
+        return None
+    if path.is_file():
+        log.info("JVM class archive: %s", path)
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    try:
+        done = subprocess.run([sys.executable, "-m", __name__, str(partial)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, timeout=_DUMP_TIMEOUT_S, check=False)
+        if done.returncode != 0 or not partial.is_file() or partial.stat().st_size == 0:
+            tail = done.stdout.decode(errors="replace")[-2000:]
+            log.warning("JVM class archive not written (exit %d); start-up goes on without it:\n%s",
+                        done.returncode, tail)
+            return None
+        os.replace(partial, path)
+    except subprocess.TimeoutExpired:
+        log.warning("JVM class archive not written within %d s; start-up goes on without it", _DUMP_TIMEOUT_S)
+        return None
+    finally:
+        partial.unlink(missing_ok=True)
+    log.info("JVM class archive written: %s (%.0f MiB)", path, path.stat().st_size / 2**20)
+    return path
+
+
+def _dump(target: Path) -> None:
+    """Run the workload in a local session whose JVM writes `target` at exit; return once it has exited."""
+    from pyspark import SparkContext
+
+    from service.config.settings import SparkSettings
+    from service.runtime.spark_session import build_spark
+
+    spark = build_spark(SparkSettings(master="local[2]"), quick_jit=True, class_archive_out=target)
+    _exercise(spark)
+    gateway = SparkContext._gateway
+    spark.stop()
+    assert gateway is not None, "build_spark started a gateway"
+    process = gateway.proc  # the JVM: spark-class execs java
+    gateway.shutdown()
+    process.stdin.close()  # the JVM exits on end of input, writing the archive first
+    process.wait(timeout=_DUMP_TIMEOUT_S)
+
+
+def _exercise(spark) -> None:  # type: ignore[no-untyped-def]
+    """What the service's queries load: SQL with a shuffle, Arrow batches through Python, a streaming
+    query over a Python data source with a RocksDB state store into foreachBatch."""
+    from pyspark.sql import functions as F
+
+    numbers = spark.range(0, 2000, 1, 2).withColumn("k", (F.col("id") % 7).cast("string"))
+    numbers.mapInArrow(_same, numbers.schema).groupBy("k").count().toArrow()
+    spark.dataSource.register(_TrainingSource)
+    stream = spark.readStream.format(_TrainingSource.name()).load()
+    counts = stream.groupBy("k").agg(F.count("*").alias("n"), F.max("id").alias("last"))
+    with tempfile.TemporaryDirectory(prefix="cdc-lakehouse-archive-") as checkpoint:
+        query = (counts.writeStream.outputMode("update").foreachBatch(lambda batch, _: batch.toArrow())
+                 .option("checkpointLocation", checkpoint).start())
+        try:
+            query.processAllAvailable()
+        finally:
+            query.stop()
+
+
+def _same(batches: Iterator) -> Iterator:
+    yield from batches
+
+
+class _TrainingStreamReader(DataSourceStreamReader):
+    """Two offsets' worth of rows, read as Arrow batches."""
+
+    def initialOffset(self) -> dict:
+        return {"at": 0}
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        return {"at": 2}
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        return [InputPartition(at) for at in range(start["at"], end["at"])]
+
+    def read(self, partition: InputPartition) -> Iterator:
+        import pyarrow as pa
+
+        at = partition.value  # type: ignore[attr-defined]
+        ids = pa.array(range(at * 500, at * 500 + 500), pa.int64())
+        yield pa.RecordBatch.from_arrays([ids, pa.compute.cast(pa.compute.bit_wise_and(ids, 7), pa.string())],
+                                         names=["id", "k"])
+
+    def commit(self, end: dict) -> None:
+        """Nothing to release."""
+
+
+class _TrainingSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "cdc_lakehouse_archive_training"
+
+    def schema(self) -> str:
+        return "id bigint, k string"
+
+    def streamReader(self, schema) -> DataSourceStreamReader:  # type: ignore[no-untyped-def]
+        return _TrainingStreamReader()
+
+
+if __name__ == "__main__":
+    _dump(Path(sys.argv[1]))

@@ -1,0 +1,59 @@
+"""Start Spark's Python workers while the driver is still setting up its queries.
+
+A query's first micro-batch used to start the Python workers that read and decode its Kafka
+ranges: the daemon, one forked worker per task slot, and each worker's imports (pandas, pyarrow,
+confluent-kafka, the decoders: about 0.75 s of CPU each), all on the path to the first commit.
+Before that, the driver spends some seconds registering the data sources and planning, one helper
+process at a time, with the other cores idle. `warm_workers` runs one tiny job of one task per
+slot in the background at that moment: the workers it starts import what the readers import and
+then stay (spark.python.worker.reuse), so the first batch's tasks find them ready.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import threading
+from typing import Iterator
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+READER_MODULES = (
+    "connectors.kafka.range_reader",
+    "service.kafka_to_delta.source.changes_source",
+    "service.kafka_to_delta.source.partition_changes",
+    "service.kafka_to_delta.source.decode_stage",
+    "service.kafka_to_delta.formats.debezium_columns",
+)
+"""What a worker that reads and decodes Kafka ranges imports."""
+
+
+def warm_workers(spark: SparkSession, modules: tuple[str, ...] = READER_MODULES) -> threading.Thread:
+    """Start one worker per task slot in the background, each importing `modules`; the thread doing it."""
+    slots = max(1, spark.sparkContext.defaultParallelism)
+    thread = threading.Thread(target=_quietly, args=(spark, slots, modules), name="python-worker-warmup", daemon=True)
+    thread.start()
+    return thread
+
+
+def warm(spark: SparkSession, slots: int, modules: tuple[str, ...]) -> list[int]:
+    """Run one task per slot that imports `modules`; the process ids of the workers that ran them."""
+
+    def load(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for name in modules:
+            importlib.import_module(name)
+        for batch in batches:
+            yield pa.RecordBatch.from_arrays([pa.array([os.getpid()] * batch.num_rows, pa.int64())], names=["pid"])
+
+    return [row.pid for row in spark.range(0, slots, 1, slots).mapInArrow(load, "pid long").collect()]
+
+
+def _quietly(spark: SparkSession, slots: int, modules: tuple[str, ...]) -> None:
+    try:
+        warm(spark, slots, modules)
+    except Exception as error:  # only the head start is lost
+        log.debug("python worker warm-up failed: %s", error)

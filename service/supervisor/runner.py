@@ -1,0 +1,260 @@
+"""Runs every configured pipeline in one Spark session until told to stop or, with
+`until_idle`, until everything available at start has been processed.
+
+With `until_idle`, exports start once every ingest pipeline has finished, so they publish
+what this run ingested (an export's run ends at the table version it finds when it starts).
+
+Stopping (SIGTERM / SIGINT): the running micro-batch is given time to finish; if it does
+not, the query is stopped under it. Either way no half batch is committed: a batch's
+Delta commit is atomic and carries its batch id, and Spark marks the batch done only
+after that commit, so an abandoned batch is simply replayed on the next start.
+
+Failures: a terminal one (bad input, bad config, data loss) stops the service with that
+error. A transient one restarts the failed pipeline from its checkpoint after a backoff,
+at most `recovery.max_attempts` times in a row without a committed batch in between.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from http.server import ThreadingHTTPServer
+
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from service.config.settings import Settings
+from service.delta_to_kafka.exports import export_pipeline
+from service.delta_to_kafka.pipeline import ExportPipeline
+from service.kafka_to_delta.changelog.stage import needs_state
+from service.kafka_to_delta.joins import join_pipeline
+from service.kafka_to_delta.pipeline import IngestPipeline
+from service.kafka_to_delta.plan.compiled_plan import join_operators
+from service.kafka_to_delta.plan.upgrades import check_and_store, check_and_store_pipeline
+from service.observability import health, metrics
+from service.runtime.planner_workers import stop_idle_planner_workers
+from service.runtime.spark_session import build_spark
+from service.runtime.worker_warmup import warm_workers
+from service.supervisor.failures import classify
+from vocabulary import redaction
+from vocabulary.errors import ConfigError, TerminalError
+
+log = logging.getLogger(__name__)
+_POLL_S = 0.5
+_BATCH_GRACE_S = 60.0
+_INIT_TIMEOUT_S = 120.0
+_INITIALIZING = "Initializing sources"
+
+
+def _wait_initialized(query: StreamingQuery, stop: threading.Event) -> None:
+    # Each query starts a Python planner process for its source; starting them all at
+    # once on a small machine makes them miss Spark's connect-back timeout. One by one.
+    deadline = time.monotonic() + _INIT_TIMEOUT_S
+    while query.isActive and time.monotonic() < deadline and not stop.is_set():
+        if query.status.get("message") != _INITIALIZING and query.lastProgress is not None:
+            return
+        time.sleep(_POLL_S / 5)
+
+
+def _close(entry: "_Supervised") -> None:
+    close = getattr(entry.pipeline, "close", None)
+    if close is not None:
+        close()
+
+
+@dataclass
+class _Supervised:
+    """One pipeline, its current query and its run of failures."""
+
+    pipeline: IngestPipeline | ExportPipeline
+    query: StreamingQuery | None = None
+    failures: int = 0
+    batches_at_failure: int = 0
+    restart_at: float | None = None
+    finished: bool = False
+
+
+class Runner:
+    """Owns the Spark session and the streaming queries of one service process."""
+
+    def __init__(self, settings: Settings) -> None:
+        if not settings.pipelines and not settings.joins and not settings.exports:
+            raise ConfigError("no pipelines or exports configured: nothing to run")
+        self.settings = settings
+        redaction.configure(settings.log_values)
+        self.stop_requested = threading.Event()
+        self.supervised: list[_Supervised] = []
+        self.until_idle = False
+        self._spark: SparkSession | None = None
+        self._exports_started = False
+        self._starting: _Supervised | None = None  # the entry `_start` is starting
+        self._idle_progress_s = health.DEFAULT_IDLE_PROGRESS_S
+        self.endpoint: ThreadingHTTPServer | None = None  # /metrics, /healthz, /readyz (with metrics_port)
+
+    @property
+    def pipelines(self) -> list[IngestPipeline | ExportPipeline]:
+        """The ingest pipelines and exports this runner drives."""
+        return [s.pipeline for s in self.supervised]
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM and SIGINT request a graceful stop."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop_requested.set())
+
+    def start(self, until_idle: bool = False) -> None:
+        """Start one streaming query per pipeline."""
+        self.until_idle = until_idle
+        if self.settings.metrics_port:
+            self.endpoint = metrics.serve(self.settings.metrics_port, self.settings.metrics_address, self.readiness)
+            log.info("metrics on http://%s:%d/metrics (and /healthz, /readyz)", self.settings.metrics_address,
+                     self.settings.metrics_port)
+        for config in self.settings.pipelines:  # before anything runs: an incompatible upgrade is refused
+            check_and_store_pipeline(config, self.settings.checkpoint_dir(config.name))
+        for join in self.settings.joins:
+            check_and_store(join.name, self.settings.checkpoint_dir(join.name), join_operators(join))
+        self._spark = build_spark(self.settings.spark, quick_jit=self._jvm_light(), packed_state=self._jvm_packed(),
+                                  engine=self.settings.lakehouse.engine)
+        if self.settings.pipelines or self.settings.joins:
+            warm_workers(self._spark)
+        self._idle_progress_s = health.idle_progress_seconds(self._spark)
+        log.info("kafka: %s", self.settings.kafka.redacted())
+        for config in self.settings.pipelines:
+            entry = _Supervised(IngestPipeline(self._spark, self.settings, config))
+            self.supervised.append(entry)
+            self._start(entry)
+        for join in self.settings.joins:
+            entry = _Supervised(join_pipeline(self._spark, self.settings, join))
+            self.supervised.append(entry)
+            self._start(entry)
+        if not (until_idle and (self.settings.pipelines or self.settings.joins)):
+            self._start_exports()
+        self._sources_planned(None)
+
+    def _jvm_light(self) -> bool:
+        """Whether no configured stage moves rows through the JVM's stateful operators."""
+        plain = all(not p.materialized and not needs_state(p) for p in self.settings.pipelines)
+        return plain and not self.settings.joins
+
+    def _jvm_packed(self) -> bool:
+        """Whether the only stateful stage is the bucket materializer, which the changes reach packed per
+        bucket (no joins, no stateful FROM_CHANGELOG): its JVM moves one value per bucket, not a row per
+        change. A checkpoint of the per-key materializer (state layout of an early version) runs too."""
+        return not self.settings.joins and not any(needs_state(p) for p in self.settings.pipelines)
+
+    def _start_exports(self) -> None:
+        assert self._spark is not None, "start() creates the session first"
+        self._exports_started = True
+        for export in self.settings.exports:
+            entry = _Supervised(export_pipeline(self._spark, self.settings, export))
+            self.supervised.append(entry)
+            self._start(entry)
+
+    def _start(self, entry: _Supervised) -> None:
+        entry.pipeline.failure = None
+        entry.pipeline.entered_batch = False
+        entry.pipeline.on_first_batch = lambda: self._sources_planned(entry)
+        self._starting = entry
+        try:
+            entry.query = entry.pipeline.start(self.until_idle)
+            entry.restart_at = None
+            _wait_initialized(entry.query, self.stop_requested)
+        finally:
+            self._starting = None
+
+    def _sources_planned(self, entry: _Supervised | None) -> None:
+        """`entry`'s query entered its first micro-batch (None: `start` is done): unless another query
+        is being started (queries start one by one), Spark's data-source planning processes sit idle
+        until a query starts again, and are stopped (`planner_workers`)."""
+        starting = self._starting
+        if self._spark is not None and (starting is None or starting is entry):
+            stop_idle_planner_workers(self._spark)
+
+    def wait(self) -> None:
+        """Supervise until every query finished or a stop was requested; then stop all.
+
+        Raises the terminal error of a pipeline (its own error object when our code raised it).
+        """
+        try:
+            while not self.stop_requested.is_set():
+                for entry in self.supervised:
+                    self._supervise(entry)
+                if all(e.finished for e in self.supervised):
+                    if self._exports_started or not self.settings.exports:
+                        break
+                    log.info("every ingest pipeline is idle: starting the exports")
+                    self._start_exports()
+                time.sleep(_POLL_S)
+        finally:
+            self.stop()
+
+    def _supervise(self, entry: _Supervised) -> None:
+        if entry.finished:
+            return
+        if entry.restart_at is not None:
+            if time.monotonic() >= entry.restart_at:
+                self._start(entry)
+            return
+        query = entry.query
+        if query is None:  # not started yet
+            return
+        if query.isActive:
+            metrics.record_lag(entry.pipeline.name, query.lastProgress, isinstance(entry.pipeline, ExportPipeline))
+            return
+        exception = query.exception()
+        if exception is None:
+            entry.finished = True
+            _close(entry)
+            return
+        self._on_failure(entry, classify(entry.pipeline.name, entry.pipeline.failure, str(exception)))
+
+    def _on_failure(self, entry: _Supervised, error: Exception) -> None:
+        batches = entry.pipeline.committed_batches
+        entry.failures = 1 if batches > entry.batches_at_failure else entry.failures + 1
+        entry.batches_at_failure = batches
+        recovery = self.settings.recovery
+        if isinstance(error, TerminalError) or entry.failures > recovery.max_attempts:
+            raise error
+        delay = recovery.backoff(entry.failures)
+        metrics.RESTARTS.labels(entry.pipeline.name).inc()
+        log.warning("%s; restart %d of %d in %.1fs", error, entry.failures, recovery.max_attempts, delay,
+                    extra={"pipeline": entry.pipeline.name})
+        entry.restart_at = time.monotonic() + delay
+
+    def readiness(self) -> health.Readiness:
+        """Readiness of every configured pipeline and export, as /readyz serves it (service/observability/health.py)."""
+        max_age = health.max_progress_age(self.settings.readiness_stale_triggers,
+                                          self.settings.trigger_interval_seconds, self._idle_progress_s)
+        started = {entry.pipeline.name: entry for entry in list(self.supervised)}
+        names = [p.name for p in self.settings.pipelines] + [j.name for j in self.settings.joins]
+        names += [e.name for e in self.settings.exports]
+        return health.Readiness(tuple(
+            health.query_health(name, None, restarting=False, finished=False, max_age_s=max_age)
+            if name not in started else
+            health.query_health(name, started[name].query, restarting=started[name].restart_at is not None,
+                                finished=started[name].finished, max_age_s=max_age)
+            for name in names
+        ))
+
+    def stop(self) -> None:
+        """Stop every query, letting an in-flight batch finish within a grace period."""
+        deadline = time.monotonic() + _BATCH_GRACE_S
+        for entry in self.supervised:
+            query = entry.query
+            if query is None:
+                continue
+            while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+                time.sleep(_POLL_S / 5)
+            query.stop()
+            _close(entry)
+
+
+def run(settings: Settings, until_idle: bool = False) -> Runner:
+    """Run the service in the foreground; returns the runner once everything has stopped."""
+    runner = Runner(settings)
+    runner.install_signal_handlers()
+    runner.start(until_idle)
+    runner.wait()
+    return runner

@@ -1,0 +1,1 @@
+"""Words every layer shares, below both connectors/ and service/: change kinds, Debezium op codes, envelope field names, error roots, redaction."""
