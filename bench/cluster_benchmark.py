@@ -1,7 +1,7 @@
 """Cluster benchmark: `cdc-lakehouse run --until-idle` on a Spark standalone cluster of 1, then 2 workers.
 
 Produces one synthetic Debezium workload to a fresh topic, then for each worker count starts a
-standalone cluster on loopback (`tests.spark_cluster`: pyspark's own Master and Worker classes,
+standalone cluster on loopback (`testbed.spark_cluster`: pyspark's own Master and Worker classes,
 1 core and `--worker-memory` per worker), runs the CLI against it with `spark.master:
 spark://...` into a fresh table and checkpoint, checks the table holds exactly the live keys,
 stops the cluster and prints events/s per worker count (wall incl. start-up, ingest excl.
@@ -22,10 +22,10 @@ from pathlib import Path
 import yaml
 from ingest_benchmark import PIPELINE, TABLE, broker, delete_topic, run_pipeline, verify_table
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `tests` helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `testbed`
 
 from service.operations.workload import DebeziumWorkload, create_topics, produce  # noqa: E402
-from tests.spark_cluster import StandaloneCluster  # noqa: E402
+from testbed.spark_cluster import StandaloneCluster  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

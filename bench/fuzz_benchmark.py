@@ -1,10 +1,10 @@
 """Fuzz benchmark: mutated records through the decoder under each bad-record policy, accounted for.
 
-Generates `--records` records (`tests.fuzz_records`: Debezium JSON with and without the Connect
+Generates `--records` records (`testbed.fuzz_records`: Debezium JSON with and without the Connect
 schema block, flat op-coded JSON, Confluent Avro; truncated, invalid UTF-8, wrong types, missing
 fields, huge values, deep nesting, wrong magic bytes, unknown schema ids, null keys and values,
 ...), decodes them as Kafka record batches (one per topic partition) with `ChangelogBatchDecoder`
-under FAIL, LOG, SKIP and DEAD_LETTER, and accounts for every record (`tests.fuzz_accounting`):
+under FAIL, LOG, SKIP and DEAD_LETTER, and accounts for every record (`testbed.fuzz_accounting`):
 applied (change rows), a documented no-op (tombstone after a delete, logical message, ignored
 truncate), or exactly one error row carrying its coordinates, policy and bytes. Prints one line
 per policy; exits non-zero on any silent drop, wrong account or crash.
@@ -20,10 +20,10 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `tests` helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `testbed`
 
-from tests.fuzz_accounting import Accounting, run  # noqa: E402
-from tests.fuzz_records import POLICIES, FuzzInput, generate  # noqa: E402
+from testbed.fuzz_accounting import Accounting, run  # noqa: E402
+from testbed.fuzz_records import POLICIES, FuzzInput, generate  # noqa: E402
 
 COLUMNS = ("policy", "records", "applied", "no-op", "failed w/ coordinates", "logged", "skipped", "dead-lettered",
            "silent drops", "wrong accounts", "crashes", "records/s (wall)", "records/s (CPU)")

@@ -2,7 +2,7 @@
 
 Every design applies the same pure rules (`service.kafka_to_delta.materialize.rules`, batch compaction,
 on_conflict error) to the same micro-batches of changelog rows (CHANGELOG_SCHEMA, streamed from
-Parquet files, one file per micro-batch, as tests/integration/test_materializer_stage.py does),
+Parquet files, one file per micro-batch, as tests/integration/service/kafka_to_delta/materialize/test_key_stage.py does),
 and every design's net changes are applied to a dict that must equal the replay of the input:
 
 - plain: no materializer, the per-batch reduction (`net_changes`), the reference the done-when

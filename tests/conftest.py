@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from connectors.maven_jars import KAFKA_VERSION
-from tests.registry.apicurio import apicurio_registry_url  # noqa: F401  (session fixture)
+from tests.support.registry.apicurio import apicurio_registry_url
 
 KAFKA_IMAGE = f"apache/kafka:{KAFKA_VERSION}"
 

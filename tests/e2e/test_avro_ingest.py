@@ -15,8 +15,8 @@ from deltalake import DeltaTable
 
 from connectors.schema_registry.client import SchemaRegistryClient
 from service.operations.workload import DebeziumWorkload, create_topics, produce
-from tests.avro_workload import to_avro
-from tests.pipeline_harness import run_cli, write_config
+from testbed.avro_workload import to_avro
+from tests.support.pipeline_harness import run_cli, write_config
 
 pytestmark = pytest.mark.slow
 EVENTS, KEYS, PARTITIONS = 4_000, 600, 2

@@ -19,11 +19,11 @@ from connectors.schema_registry.avro_codec import ConfluentAvroDecoder
 from connectors.schema_registry.client import SchemaRegistryClient
 from connectors.schema_registry.connection import RegistryConnection
 from service.operations.workload import DebeziumWorkload, create_topics, produce
-from tests.avro_workload import to_avro
+from testbed.avro_workload import to_avro
 from tests.e2e.test_ingest_export import consume_committed
-from tests.pipeline_harness import run_cli, table_rows, write_config
-from tests.registry_tls import CertificateFiles, make_certificates
-from tests.schema_registry_double import SchemaRegistryDouble
+from tests.support.pipeline_harness import run_cli, table_rows, write_config
+from tests.support.registry_tls import CertificateFiles, make_certificates
+from tests.support.schema_registry_double import SchemaRegistryDouble
 from vocabulary.changes import DebeziumOp, Envelope
 
 pytestmark = pytest.mark.slow

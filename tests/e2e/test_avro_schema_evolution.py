@@ -20,7 +20,7 @@ from connectors.schema_registry.avro_types import debezium_envelope_schema
 from connectors.schema_registry.client import SchemaRegistryClient
 from connectors.schema_registry.errors import IncompatibleSchemaError
 from service.operations.workload import Event, create_topics, produce
-from tests.pipeline_harness import run_cli, table_rows, write_config
+from tests.support.pipeline_harness import run_cli, table_rows, write_config
 from vocabulary.changes import Envelope
 
 pytestmark = pytest.mark.slow

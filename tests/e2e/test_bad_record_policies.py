@@ -25,7 +25,13 @@ from service.config.settings import settings_from_mapping
 from service.kafka_to_delta.sink.dead_letters import DlqHeader
 from service.operations.workload import create_topics
 from service.supervisor.runner import Runner
-from tests.pipeline_harness import read_committed, run_cli, table_rows, table_version, write_config
+from tests.support.pipeline_harness import (
+    read_committed,
+    run_cli,
+    table_rows,
+    table_version,
+    write_config,
+)
 from vocabulary.errors import DecodeError
 from vocabulary.redaction import fingerprint
 

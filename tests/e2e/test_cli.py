@@ -9,7 +9,7 @@ import pytest
 
 from service.operations.workload import DebeziumWorkload, create_topics, produce
 from service.runtime.test_hooks import ARM_SUFFIX, BATCH_MARKER_ENV
-from tests.pipeline_harness import (
+from tests.support.pipeline_harness import (
     CLI,
     start_cli,
     table_rows,

@@ -3,7 +3,7 @@ running the Debezium PostgreSQL connector plugin -> Kafka -> `cdc-lakehouse run 
 Delta; every Delta table equals `SELECT *` of its source table, column for column.
 
 The worker and the plugin are the Maven Central jars of the `connect` component
-(tests/capture/connect_worker.py): Kafka Connect 4.3.0, the Kafka Debezium 3.6.3 is built against,
+(tests/support/capture/connect_worker.py): Kafka Connect 4.3.0, the Kafka Debezium 3.6.3 is built against,
 with the broker of the test session (Apache Kafka 4.4). Debezium 3.6.3 does not run on a 4.4 worker:
 its task fails at start with NoClassDefFoundError org/apache/kafka/common/utils/Sanitizer (Kafka 4.4
 moved that class to common.utils.internals; see `CONNECT_VERSION` in connectors/maven_jars.py).
@@ -13,11 +13,11 @@ deploy/debezium/postgres-inventory.json, with only `overrides` changed and `REMO
 
 The capture runs once per module (fixture `captured`): tables and snapshot rows; the worker started;
 the connector POSTed and RUNNING with its task; the snapshot counted on the topics; the mixed
-workload of tests/capture/workload.py (updates, deletes, primary-key changes, a TRUNCATE, TOAST
+workload of tests/support/capture/workload.py (updates, deletes, primary-key changes, a TRUNCATE, TOAST
 values, a keyless table) and a marker row last; the marker counted on its topic, then the worker's
 committed source offset at or past the marker's LSN (Connect commits a record's offset only after
 Kafka acknowledged it and everything the task produced before it: so every change is in Kafka).
-Then one `--until-idle` run, and the checks of tests/capture/checks.py (shared with the embedded
+Then one `--until-idle` run, and the checks of tests/support/capture/checks.py (shared with the embedded
 engine's test_real_capture.py).
 """
 
@@ -33,7 +33,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from service.operations.workload import create_topics
-from tests.capture.checks import (  # noqa: F401 - the shared tests, run against this module's `captured`
+from tests.support.capture.checks import (
     Capture,
     ingest,
     phase,
@@ -44,10 +44,13 @@ from tests.capture.checks import (  # noqa: F401 - the shared tests, run against
     test_delta_table_equals_select_star,
     test_the_truncate_deletes_rows_stored_by_earlier_batches,
 )
-from tests.capture.connect_worker import ConnectWorker
-from tests.capture.debezium_engine import DEPLOYED_CONNECTOR
-from tests.capture.postgres import PostgresCluster, postgres  # noqa: F401 - the session fixture
-from tests.capture.workload import (
+from tests.support.capture.connect_worker import ConnectWorker
+from tests.support.capture.debezium_engine import DEPLOYED_CONNECTOR
+from tests.support.capture.postgres import (
+    PostgresCluster,
+    postgres,
+)  # noqa: F401 - the session fixture
+from tests.support.capture.workload import (
     MARKER_RECORDS,
     MARKER_TABLE,
     SCHEMA,

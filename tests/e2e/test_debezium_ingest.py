@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from service.operations.workload import DebeziumWorkload, create_topics, produce
-from tests.pipeline_harness import (
+from tests.support.pipeline_harness import (
     kill_group,
     run_cli,
     start_cli,

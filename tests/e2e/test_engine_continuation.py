@@ -16,7 +16,7 @@ from deltalake import DeltaTable
 from service.config.settings import settings_from_mapping
 from service.operations.workload import DebeziumWorkload, create_topics, produce
 from service.supervisor.runner import Runner
-from tests.pipeline_harness import table_rows
+from tests.support.pipeline_harness import table_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 

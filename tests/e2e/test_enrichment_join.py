@@ -27,7 +27,7 @@ from service.kafka_to_delta.joins.enrichment_state import GateLog, HeldProbes
 from service.kafka_to_delta.sink.dead_letters import DEFAULT_POSITIONS_TOPIC, DlqHeader
 from service.operations.workload import Event, create_topics, produce
 from service.supervisor.runner import Runner
-from tests.export_driver import consume
+from tests.support.export_driver import consume
 
 pytestmark = pytest.mark.slow
 

@@ -1,7 +1,7 @@
 """An export SIGKILLed at random points still publishes every change exactly once, in commit order.
 
 A Delta table of 10,000 feed rows in 50 versions (inserts, updates via MERGE, deletes) is
-exported by `tests/export_driver.py` in its own process group. The process is killed with
+exported by `tests/support/export_driver.py` in its own process group. The process is killed with
 SIGKILL three times, as soon as the output topic's end passes a random mark (so most kills
 land inside a transaction or just after its commit, before Spark's), restarted each time,
 then run to the end. A read_committed consumer must see each feed row once, in version order.
@@ -24,8 +24,8 @@ from confluent_kafka import Consumer, TopicPartition
 from deltalake import DeltaTable
 
 from service.operations.workload import create_topics
-from tests.export_driver import consume
-from tests.pipeline_harness import kill_group
+from tests.support.export_driver import consume
+from tests.support.pipeline_harness import kill_group
 
 # Four Spark start-ups on a busy two-core machine take 4 to 9 minutes.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -76,7 +76,7 @@ def _end_offset(bootstrap: str, topic: str) -> int:
 def _start(config: Path, log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.export_driver", str(config)], cwd=REPO, env=env,
+        [sys.executable, "-m", "tests.support.export_driver", str(config)], cwd=REPO, env=env,
         stdout=log.open("a"), stderr=subprocess.STDOUT, start_new_session=True,
     )
 

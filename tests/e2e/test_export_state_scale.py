@@ -22,7 +22,7 @@ from service.delta_to_kafka.export_position import PositionStore, restore_encode
 from service.delta_to_kafka.formats.output_formats import ExportEncoder, Header
 from service.delta_to_kafka.pipeline import ExportPipeline
 from service.operations.workload import create_topics
-from tests.export_driver import consume
+from tests.support.export_driver import consume
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 

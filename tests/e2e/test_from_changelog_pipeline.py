@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from service.operations.workload import Event, create_topics, produce
-from tests.pipeline_harness import run_cli, table_rows, write_config
+from tests.support.pipeline_harness import run_cli, table_rows, write_config
 
 pytestmark = pytest.mark.slow
 

@@ -1,12 +1,12 @@
 """Fuzz through the real pipeline: mutated records -> Kafka -> `cdc-lakehouse run --until-idle` -> Delta.
 
-2,000 records of `tests.fuzz_records` (Debezium JSON with and without the schema block, flat
+2,000 records of `testbed.fuzz_records` (Debezium JSON with and without the schema block, flat
 op-coded JSON, Confluent Avro through Apicurio Registry's ccompat API (`apicurio_registry_url`,
 the real server the service's executors fetch schemas from); `EXCLUDED` says which mutations are
 left out and why) go to one topic per format (3 partitions each, offsets as generated), and one
 CLI run ingests every topic twice: under DEAD_LETTER (a dead-letter topic per pipeline) and under
 SKIP. The service exits 0; each table
-equals the replay of the records the decoder accepts (`tests.fuzz_accounting.decode`, the same
+equals the replay of the records the decoder accepts (`testbed.fuzz_accounting.decode`, the same
 settings, all in one micro-batch: the last change per key in (partition, offset) order wins);
 every record it rejects is in the DEAD_LETTER pipeline's dead-letter topic, read read_committed,
 with its key, value and headers byte for byte and its coordinates in the metadata headers; the
@@ -29,9 +29,9 @@ from service.config.settings import load_settings
 from service.kafka_to_delta.sink.dead_letters import DlqHeader
 from service.operations.status import status
 from service.operations.workload import create_topics
-from tests.fuzz_accounting import decode
-from tests.fuzz_records import FORMATS, PARTITIONS, FuzzFormat, FuzzInput, generate
-from tests.pipeline_harness import read_committed, run_cli, write_config
+from testbed.fuzz_accounting import decode
+from testbed.fuzz_records import FORMATS, PARTITIONS, FuzzFormat, FuzzInput, generate
+from tests.support.pipeline_harness import read_committed, run_cli, write_config
 
 pytestmark = pytest.mark.slow
 RECORDS = 2_000

@@ -22,7 +22,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from deltalake import DeltaTable
 
 from service.operations.workload import DebeziumWorkload, create_topics, produce
-from tests.pipeline_harness import run_cli, table_rows, table_version, write_config
+from tests.support.pipeline_harness import run_cli, table_rows, table_version, write_config
 from vocabulary.changes import DebeziumOp, Envelope
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -20,7 +20,7 @@ from confluent_kafka import Producer
 from deltalake import DeltaTable
 
 from service.operations.workload import create_topics
-from tests.pipeline_harness import run_cli, table_rows, write_config
+from tests.support.pipeline_harness import run_cli, table_rows, write_config
 from vocabulary.redaction import fingerprint
 
 pytestmark = pytest.mark.slow

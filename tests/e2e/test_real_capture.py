@@ -2,9 +2,9 @@
 --until-idle` -> Delta; every Delta table equals `SELECT *` of its source table, column for column.
 
 The capture runs once per module (fixture `captured`): tables and snapshot rows, the engine
-started and streaming, the mixed workload (tests/capture/workload.py), a marker row last, the
+started and streaming, the mixed workload (tests/support/capture/workload.py), a marker row last, the
 engine stopped once it captured the marker, then one pipeline per table and one `--until-idle`
-run. The checks, the pipelines and the comparison with `SELECT *` are tests/capture/checks.py's
+run. The checks, the pipelines and the comparison with `SELECT *` are tests/support/capture/checks.py's
 (shared with the Kafka Connect capture, test_connect_capture.py).
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from service.operations.workload import create_topics
-from tests.capture.checks import (  # noqa: F401 - the shared tests, run against this module's `captured`
+from tests.support.capture.checks import (
     Capture,
     ingest,
     phase,
@@ -27,9 +27,12 @@ from tests.capture.checks import (  # noqa: F401 - the shared tests, run against
     test_delta_table_equals_select_star,
     test_the_truncate_deletes_rows_stored_by_earlier_batches,
 )
-from tests.capture.debezium_engine import EngineProcess, debezium_properties
-from tests.capture.postgres import PostgresCluster, postgres  # noqa: F401 - the session fixture
-from tests.capture.workload import MARKER_RECORDS, MARKER_TABLE, SCHEMA, TABLES, Workload
+from tests.support.capture.debezium_engine import EngineProcess, debezium_properties
+from tests.support.capture.postgres import (
+    PostgresCluster,
+    postgres,
+)  # noqa: F401 - the session fixture
+from tests.support.capture.workload import MARKER_RECORDS, MARKER_TABLE, SCHEMA, TABLES, Workload
 
 pytestmark = pytest.mark.slow
 

@@ -29,7 +29,7 @@ from service.kafka_to_delta.plan.checkpoint_state import read_old_state
 from service.kafka_to_delta.plan.rebuilt_seed import SEED_DIR, SEED_ROWS
 from service.operations.workload import DebeziumWorkload, create_topics, produce
 from service.supervisor.runner import Runner
-from tests.pipeline_harness import table_rows, write_config
+from tests.support.pipeline_harness import table_rows, write_config
 from vocabulary.errors import ConfigError
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -10,7 +10,7 @@ import pytest
 
 from connectors.kafka.apache_broker import ApacheKafkaBroker
 from service.operations.workload import DebeziumWorkload, create_topics, produce
-from tests.pipeline_harness import start_cli, table_rows, wait_for_table, write_config
+from tests.support.pipeline_harness import start_cli, table_rows, wait_for_table, write_config
 
 pytestmark = pytest.mark.slow
 RESTARTED = "restart 1 of 30"

@@ -28,7 +28,7 @@ from service.kafka_to_delta.joins.join_state import JoinStateStore
 from service.kafka_to_delta.plan.compiled_plan import apply_plan, compile_plan, read_plan
 from service.operations.workload import create_topics
 from service.supervisor.runner import Runner
-from tests.join_reference import normalized, reference_join
+from tests.support.join_reference import normalized, reference_join
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

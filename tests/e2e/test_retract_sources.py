@@ -19,7 +19,7 @@ import pytest
 from confluent_kafka import Producer
 
 from service.operations.workload import create_topics
-from tests.pipeline_harness import CLI, run_cli, table_rows, write_config
+from tests.support.pipeline_harness import CLI, run_cli, table_rows, write_config
 
 T0 = (int(time.time()) // 60 - 10) * 60_000  # recent: the broker's retention goes by record timestamps
 T1 = T0 + 10_000  # the seat change: one source transaction, so -U and +U share this time

@@ -53,8 +53,8 @@ from service.delta_to_kafka.formats.avro_serializers import avro_serializers
 from service.delta_to_kafka.formats.output_formats import ExportEncoder, Header
 from service.operations.workload import create_topics
 from service.supervisor.runner import Runner
-from tests.export_driver import consume
-from tests.pipeline_harness import table_rows
+from tests.support.export_driver import consume
+from tests.support.pipeline_harness import table_rows
 from vocabulary.changes import Envelope
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -11,7 +11,7 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from service.operations.workload import create_topics
-from tests.pipeline_harness import run_cli, table_rows, table_version, write_config
+from tests.support.pipeline_harness import run_cli, table_rows, table_version, write_config
 
 pytestmark = pytest.mark.slow
 

@@ -1,6 +1,6 @@
 """Ingest on a Spark standalone cluster: executors in their own JVMs read Kafka and decode.
 
-The cluster (a master and two workers of one core each, `tests.spark_cluster`) runs on
+The cluster (a master and two workers of one core each, `testbed.spark_cluster`) runs on
 loopback; the service is the real CLI in its own process with `spark.master: spark://...`.
 The application's event log says which executors ran which tasks. A second test ships the
 project to the executors as a packed environment (`scripts/pack_executor_env.sh`, `spark.archives`),
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from service.operations.workload import DebeziumWorkload, create_topics, produce
-from tests.pipeline_harness import CLI, run_cli, table_rows, write_config
-from tests.spark_cluster import StandaloneCluster
+from testbed.spark_cluster import StandaloneCluster
+from tests.support.pipeline_harness import CLI, run_cli, table_rows, write_config
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,1 @@
+"""Checks of the repository itself: compose, k8s, packaging, types, benchmarks run."""

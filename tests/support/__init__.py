@@ -1,0 +1,1 @@
+"""Helpers of the tests alone: harnesses, drivers, doubles, capture and registry launchers."""
