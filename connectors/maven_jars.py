@@ -2,7 +2,7 @@
 
 Each component is a list of Maven artifacts at pinned versions (`COMPONENTS`: the one place those
 versions are written; docker-compose.yml and deploy/ are held equal to them by
-tests/unit/test_compose.py). `resolve()` runs Maven once per component into
+tests/project/test_compose.py). `resolve()` runs Maven once per component into
 `<cache>/<name>-<version>-<digest>/` (the digest covers the artifact list, so a version change
 resolves anew and an older cache stays usable by an older checkout) and marks it complete only when
 every file is in place; later calls only look. The cache is `CDC_LAKEHOUSE_JAR_CACHE`, else

@@ -25,7 +25,7 @@ ENGINES: tuple[str, ...] = get_args(Engine)
 
 class DeltaEngineTable(Protocol):
     """What the MERGE sink needs from one Delta table; `DeltaRsTable` and `DeltaSparkTable`
-    both satisfy it completely (mypy checks it in CI: tests/unit/test_types.py)."""
+    both satisfy it completely (mypy checks it in CI: tests/project/test_types.py)."""
 
     uri: str
 

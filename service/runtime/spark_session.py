@@ -28,7 +28,7 @@ from service.runtime.jvm_class_archive import dump_options, session_options
 _ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 _QUIET_LOG_LEVEL = "ERROR"
 # Spark masks option and conf values whose keys match this in logs, plans and the UI; it covers
-# every key `settings.is_secret_key` hides (tests/integration/test_secrets.py).
+# every key `settings.is_secret_key` hides (tests/integration/service/config/test_secrets.py).
 _REDACTION = r"(?i)secret|password|token|access[.]?key|jaas|credential|key[.]pem|oauthbearer[.]config"
 _LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 # The JVM of a local session collects with the serial collector: the 2 cores are the Python workers'.

@@ -2,7 +2,7 @@
 
 Every value and key is assembled from JSON fragments of whole feed columns (`json_columns`),
 so no Python dict is built per row; the bytes equal what `ToChangelog` + `KafkaRecordEncoder`
-write for the same flush (tests/unit/test_columnar_export.py compares them over many
+write for the same flush (tests/unit/service/delta_to_kafka/formats/test_columnar_export.py compares them over many
 settings). The records of one change keep the row path's order: -U before +U, -D before its
 tombstone; changes come in `FeedChanges` order.
 """

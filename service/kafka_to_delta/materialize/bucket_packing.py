@@ -10,7 +10,7 @@ themselves as one Arrow IPC value, which the bucket call reads back with `unpack
 
 The bucket is Spark's own `pmod(xxhash64(group key), N)` (`spark_bucket`): the function the rows
 were bucketed with before they were packed and that the seed of `rebuild-state` still uses, so a
-key always meets its state. `tests/integration/test_bucket_packing.py` checks it against Spark.
+key always meets its state. `tests/integration/service/kafka_to_delta/materialize/test_bucket_packing.py` checks it against Spark.
 
 Used when the materializer reads the decoded changes directly (no stateful FROM_CHANGELOG stage in
 front, whose rows are one per change) and keeps its state per bucket.

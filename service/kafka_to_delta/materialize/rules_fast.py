@@ -6,7 +6,7 @@ tombstone. Then the state stays one row or none, and the rules (`materializer.Ma
 down to: an add makes its row the live one, a retraction removes it, or, finding none, is counted
 and logged as the rules log it; no conflict can arise under any on_conflict strategy, and no
 tombstone is read, made or pruned. `simple_outcome` decides such a key exactly as
-`Materializer.apply` does (tests/unit/test_materializer_fast.py holds the two to the same state
+`Materializer.apply` does (tests/unit/service/kafka_to_delta/materialize/test_rules_fast.py holds the two to the same state
 text, net change, counters and warnings on random input) and returns None for every other shape,
 which the rules then decide.
 
