@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs the project and its Python dependencies into one relocatable archive for Spark executors
-# on machines that do not have the project: ship it with `spark.archives` (README, "Running on a
-# Spark cluster"). pyspark is left out: each worker's own Spark (the same version) puts its
+# on machines that do not have the project: ship it with `spark.archives` (docs/operations.md,
+# "Running on a Spark cluster"). pyspark is left out: each worker's own Spark (the same version) puts its
 # pyspark on the path of the Python workers it starts. venv-pack keeps `bin/python` a link to
 # the interpreter this script runs with (PYTHON), so workers need that Python at the same path.
 # Usage:

@@ -7,7 +7,7 @@ one-shot connector registration, the service's config (Avro + Schema Registry), 
 the restart policy against the CLI's exit codes, the Debezium version against the one the
 tests capture with, the Kafka, Debezium and Apicurio Registry images against the versions the
 tests run (connectors/maven_jars.py), and the connector config shared with the real-capture test. What needs
-a Docker engine (pulling, building, starting the stack) is not done here: see README, Deploy.
+a Docker engine (pulling, building, starting the stack) is not done here: see docs/operations.md, Deploy.
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def test_a_terminal_failure_does_not_crash_loop(services):
     recovery = settings.recovery
     retried = sum(recovery.backoff(attempt) for attempt in range(1, recovery.max_attempts + 1))
     assert retried >= MIN_RETRY_SECONDS, "transient failures are ridden out in the process instead"
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "operations.md").read_text()
     assert (EXIT_TERMINAL, EXIT_TRANSIENT) == (1, 75)
     assert "exit 1" in readme.lower() and "75" in readme and 'restart: "no"' in readme
 

@@ -1,6 +1,6 @@
 """deploy/k8s and the image's entrypoint checked for running the driver against a cluster.
 
-Without a Kubernetes cluster or a Docker engine (README, Deploy): the config the ConfigMap holds
+Without a Kubernetes cluster or a Docker engine (docs/operations.md, Deploy): the config the ConfigMap holds
 loads with the Deployment's environment for `local[2]` and for `k8s://`, every variable it uses
 is set by the Deployment, the driver's ports are declared, the service account the pod runs
 as may manage executor pods, the kustomization lists every manifest, and the entrypoint hands
