@@ -52,7 +52,6 @@ from service.delta_to_kafka.export_position import (
 )
 from service.observability import metrics
 from service.runtime.checkpoints import remove_abandoned_writes
-from service.runtime.memory_release import release_memory
 from service.supervisor.batch_pipeline import BatchPipeline, with_trigger
 
 log = logging.getLogger(__name__)
@@ -162,13 +161,6 @@ class ExportPipeline(BatchPipeline):
         # After any failure the outcome of the last commit is unknown: it is re-read on reopen.
         self.position = None
         self.close()
-
-    def process_batch(self, batch: DataFrame, batch_id: int) -> None:
-        """One micro-batch (see `BatchPipeline`), then the chunk's memory back to the system."""
-        try:
-            super().process_batch(batch, batch_id)
-        finally:
-            release_memory()
 
     def _after_failure(self) -> None:
         self._discard_store()

@@ -52,7 +52,6 @@ from service.observability import metrics
 from service.operations.maintenance import TableMaintenance
 from service.runtime import test_hooks
 from service.runtime.checkpoints import remove_abandoned_writes
-from service.runtime.memory_release import release_memory
 from service.supervisor.batch_pipeline import BatchPipeline, commit_app_id, with_trigger
 from vocabulary import redaction
 
@@ -201,7 +200,6 @@ class IngestPipeline(BatchPipeline):
             name, batch_id, self.table.uri, outcome.upserts, outcome.deletes, reduced - started, merged - reduced,
         )
         self.maintenance.after_batch()  # between this table's MERGEs: its commits never collide with them
-        release_memory()
 
     def _count_ranges(self, found: BatchChanges) -> None:
         name = self.pipeline.name

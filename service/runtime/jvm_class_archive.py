@@ -6,9 +6,9 @@ small machine. Java 17 can write the classes a JVM loaded into an archive when i
 (`-XX:ArchiveClassesAtExit`) and map that archive at the next start (`-XX:SharedArchiveFile`).
 
 `prepare()` (the `cdc-lakehouse prepare` command; scripts/install.sh and the image build run it)
-starts a local session once with a small workload that loads what the service's queries load
-(SQL and a shuffle, Arrow batches through Python, a streaming query over a Python data source
-with a state store), waits for its JVM to write the archive, and keeps it under a name keyed by
+starts a local session once in a process of its own with a small workload that loads what the
+service's queries load (`class_archive_workload`: SQL and a shuffle, Arrow batches through Python, a
+streaming query over a Python data source with a state store), waits for its JVM to write the archive, and keeps it under a name keyed by
 the Java runtime and Spark's jars. `session_options()` gives a local session the option that maps
 it when it exists. The JVM checks an archive against its own runtime and class path and goes on
 without it when they differ (`-Xshare:auto`, the default): a stale archive costs nothing but the
@@ -23,18 +23,15 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
-from typing import Iterator
-
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadLimit
 
 log = logging.getLogger(__name__)
 
 ARCHIVE_DIR_ENV = "CDC_LAKEHOUSE_JVM_ARCHIVE_DIR"
 """Where archives are kept (default ~/.cache/cdc-lakehouse); an empty value turns them off."""
-_DUMP_TIMEOUT_S = 600
+WORKLOAD_MODULE = "service.runtime.class_archive_workload"
+"""The module `prepare` runs (by name: it builds a session, and the session module imports this one)."""
+DUMP_TIMEOUT_S = 600
 _QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"  # a mismatch or a skipped class is not worth a line on stdout
 
 
@@ -98,8 +95,8 @@ def prepare() -> Path | None:
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     try:
-        done = subprocess.run([sys.executable, "-m", __name__, str(partial)], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, timeout=_DUMP_TIMEOUT_S, check=False)
+        done = subprocess.run([sys.executable, "-m", WORKLOAD_MODULE, str(partial)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, timeout=DUMP_TIMEOUT_S, check=False)
         if done.returncode != 0 or not partial.is_file() or partial.stat().st_size == 0:
             tail = done.stdout.decode(errors="replace")[-2000:]
             log.warning("JVM class archive not written (exit %d); start-up goes on without it:\n%s",
@@ -107,90 +104,9 @@ def prepare() -> Path | None:
             return None
         os.replace(partial, path)
     except subprocess.TimeoutExpired:
-        log.warning("JVM class archive not written within %d s; start-up goes on without it", _DUMP_TIMEOUT_S)
+        log.warning("JVM class archive not written within %d s; start-up goes on without it", DUMP_TIMEOUT_S)
         return None
     finally:
         partial.unlink(missing_ok=True)
     log.info("JVM class archive written: %s (%.0f MiB)", path, path.stat().st_size / 2**20)
     return path
-
-
-def _dump(target: Path) -> None:
-    """Run the workload in a local session whose JVM writes `target` at exit; return once it has exited."""
-    from pyspark import SparkContext
-
-    from service.config.settings import SparkSettings
-    from service.runtime.spark_session import build_spark
-
-    spark = build_spark(SparkSettings(master="local[2]"), quick_jit=True, class_archive_out=target)
-    _exercise(spark)
-    gateway = SparkContext._gateway
-    spark.stop()
-    assert gateway is not None, "build_spark started a gateway"
-    process = gateway.proc  # the JVM: spark-class execs java
-    gateway.shutdown()
-    process.stdin.close()  # the JVM exits on end of input, writing the archive first
-    process.wait(timeout=_DUMP_TIMEOUT_S)
-
-
-def _exercise(spark) -> None:  # type: ignore[no-untyped-def]
-    """What the service's queries load: SQL with a shuffle, Arrow batches through Python, a streaming
-    query over a Python data source with a RocksDB state store into foreachBatch."""
-    from pyspark.sql import functions as F
-
-    numbers = spark.range(0, 2000, 1, 2).withColumn("k", (F.col("id") % 7).cast("string"))
-    numbers.mapInArrow(_same, numbers.schema).groupBy("k").count().toArrow()
-    spark.dataSource.register(_TrainingSource)
-    stream = spark.readStream.format(_TrainingSource.name()).load()
-    counts = stream.groupBy("k").agg(F.count("*").alias("n"), F.max("id").alias("last"))
-    with tempfile.TemporaryDirectory(prefix="cdc-lakehouse-archive-") as checkpoint:
-        query = (counts.writeStream.outputMode("update").foreachBatch(lambda batch, _: batch.toArrow())
-                 .option("checkpointLocation", checkpoint).start())
-        try:
-            query.processAllAvailable()
-        finally:
-            query.stop()
-
-
-def _same(batches: Iterator) -> Iterator:
-    yield from batches
-
-
-class _TrainingStreamReader(DataSourceStreamReader):
-    """Two offsets' worth of rows, read as Arrow batches."""
-
-    def initialOffset(self) -> dict:
-        return {"at": 0}
-
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        return {"at": 2}
-
-    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        return [InputPartition(at) for at in range(start["at"], end["at"])]
-
-    def read(self, partition: InputPartition) -> Iterator:
-        import pyarrow as pa
-
-        at = partition.value  # type: ignore[attr-defined]
-        ids = pa.array(range(at * 500, at * 500 + 500), pa.int64())
-        yield pa.RecordBatch.from_arrays([ids, pa.compute.cast(pa.compute.bit_wise_and(ids, 7), pa.string())],
-                                         names=["id", "k"])
-
-    def commit(self, end: dict) -> None:
-        """Nothing to release."""
-
-
-class _TrainingSource(DataSource):
-    @classmethod
-    def name(cls) -> str:
-        return "cdc_lakehouse_archive_training"
-
-    def schema(self) -> str:
-        return "id bigint, k string"
-
-    def streamReader(self, schema) -> DataSourceStreamReader:  # type: ignore[no-untyped-def]
-        return _TrainingStreamReader()
-
-
-if __name__ == "__main__":
-    _dump(Path(sys.argv[1]))

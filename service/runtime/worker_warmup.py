@@ -7,6 +7,11 @@ Before that, the driver spends some seconds registering the data sources and pla
 process at a time, with the other cores idle. `warm_workers` runs one tiny job of one task per
 slot in the background at that moment: the workers it starts import what the readers import and
 then stay (spark.python.worker.reuse), so the first batch's tasks find them ready.
+
+`warmup_modules` chooses what they import from the compiled plan and the input formats: nothing when
+no query reads Kafka, else the readers (`READER_MODULES`) and the decoders of the formats in use
+(`FORMAT_MODULES`). tests/unit/service/runtime/test_worker_warmup.py checks that these name modules
+that exist and that a worker which imported them loads nothing more to unpickle a reader.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ import importlib
 import logging
 import os
 import threading
-from typing import Iterator
+from collections.abc import Iterable, Mapping
+from typing import Any, Iterator
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
@@ -30,6 +36,17 @@ READER_MODULES = (
     "service.kafka_to_delta.formats.debezium_columns",
 )
 """What a worker that reads and decodes Kafka ranges imports."""
+FORMAT_MODULES = {"avro-confluent": ("connectors.schema_registry",)}
+"""What a worker imports besides `READER_MODULES` to decode an input format."""
+
+
+def warmup_modules(plan: Mapping[str, Any], formats: Iterable[str]) -> tuple[str, ...]:
+    """The modules warmed workers import for the queries of `plan` (a compiled plan document) reading
+    `formats`: none when the plan names no pipeline reading Kafka (exports only)."""
+    if not plan.get("pipelines"):
+        return ()
+    extra = (name for found in sorted(set(formats)) for name in FORMAT_MODULES.get(found, ()))
+    return READER_MODULES + tuple(dict.fromkeys(extra))
 
 
 def warm_workers(spark: SparkSession, modules: tuple[str, ...] = READER_MODULES) -> threading.Thread:

@@ -1,9 +1,12 @@
 """What every supervised pipeline (ingest, join, export) shares: its Delta application id and
-the micro-batch entry point that keeps a failure for the runner (`service.supervisor.runner`)."""
+the micro-batch entry point that keeps a failure for the runner (`service.supervisor.runner`) and
+hands the batch's memory back to the system (`service.runtime.memory_release`)."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
+
+from service.runtime import memory_release
 
 
 def with_trigger(writer: Any, until_idle: bool, interval_seconds: float) -> Any:
@@ -21,7 +24,8 @@ def commit_app_id(name: str, table: str, query_id: str | None) -> str:
 
 class BatchPipeline:
     """Mixin: `process_batch` (the `foreachBatch` function) runs `_process_batch`; an exception is
-    kept in `failure` (the runner reports the pipeline's own error object) and raised on.
+    kept in `failure` (the runner reports the pipeline's own error object) and raised on. After each
+    micro-batch, done or failed, the memory it freed goes back to the system (`memory_release`).
 
     `on_first_batch` (set by the runner before each start) is called when the query enters its first
     micro-batch: by then Spark has planned its sources."""
@@ -42,6 +46,8 @@ class BatchPipeline:
             self.failure = error
             self._after_failure()
             raise
+        finally:
+            memory_release.release_memory()
 
     def _process_batch(self, batch: Any, batch_id: int) -> None:
         raise NotImplementedError

@@ -29,15 +29,15 @@ from pyspark.sql.streaming import StreamingQuery
 from service.config.settings import Settings
 from service.delta_to_kafka.exports import export_pipeline
 from service.delta_to_kafka.pipeline import ExportPipeline
-from service.kafka_to_delta.changelog.stage import needs_state
 from service.kafka_to_delta.joins import join_pipeline
 from service.kafka_to_delta.pipeline import IngestPipeline
-from service.kafka_to_delta.plan.compiled_plan import join_operators
+from service.kafka_to_delta.plan.compiled_plan import compile_plan, join_operators
 from service.kafka_to_delta.plan.upgrades import check_and_store, check_and_store_pipeline
 from service.observability import health, metrics
+from service.runtime.jvm_profiles import JvmProfile, jvm_profile
 from service.runtime.planner_workers import stop_idle_planner_workers
 from service.runtime.spark_session import build_spark
-from service.runtime.worker_warmup import warm_workers
+from service.runtime.worker_warmup import warm_workers, warmup_modules
 from service.supervisor.failures import classify
 from vocabulary import redaction
 from vocabulary.errors import ConfigError, TerminalError
@@ -115,10 +115,10 @@ class Runner:
             check_and_store_pipeline(config, self.settings.checkpoint_dir(config.name))
         for join in self.settings.joins:
             check_and_store(join.name, self.settings.checkpoint_dir(join.name), join_operators(join))
-        self._spark = build_spark(self.settings.spark, quick_jit=self._jvm_light(), packed_state=self._jvm_packed(),
-                                  engine=self.settings.lakehouse.engine)
-        if self.settings.pipelines or self.settings.joins:
-            warm_workers(self._spark)
+        self._spark = build_spark(self.settings.spark, jvm=self._jvm(), engine=self.settings.lakehouse.engine)
+        modules = self._warmup_modules()
+        if modules:
+            warm_workers(self._spark, modules)
         self._idle_progress_s = health.idle_progress_seconds(self._spark)
         log.info("kafka: %s", self.settings.kafka.redacted())
         for config in self.settings.pipelines:
@@ -133,16 +133,16 @@ class Runner:
             self._start_exports()
         self._sources_planned(None)
 
-    def _jvm_light(self) -> bool:
-        """Whether no configured stage moves rows through the JVM's stateful operators."""
-        plain = all(not p.materialized and not needs_state(p) for p in self.settings.pipelines)
-        return plain and not self.settings.joins
+    def _jvm(self) -> JvmProfile:
+        """The local JVM's flags, chosen from the stateful operators of the compiled plan (`jvm_profiles`)."""
+        return jvm_profile(compile_plan(self.settings))
 
-    def _jvm_packed(self) -> bool:
-        """Whether the only stateful stage is the bucket materializer, which the changes reach packed per
-        bucket (no joins, no stateful FROM_CHANGELOG): its JVM moves one value per bucket, not a row per
-        change. A checkpoint of the per-key materializer (state layout of an early version) runs too."""
-        return not self.settings.joins and not any(needs_state(p) for p in self.settings.pipelines)
+    def _warmup_modules(self) -> tuple[str, ...]:
+        """What the Python workers import ahead of the first batch, chosen from the compiled plan and the
+        input formats (`worker_warmup`)."""
+        formats = [p.format for p in self.settings.pipelines]
+        formats += [side.format for join in self.settings.joins for side in (join.left, join.right)]
+        return warmup_modules(compile_plan(self.settings), formats)
 
     def _start_exports(self) -> None:
         assert self._spark is not None, "start() creates the session first"

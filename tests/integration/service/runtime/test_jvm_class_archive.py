@@ -18,8 +18,9 @@ import sys
 import service.runtime.jvm_class_archive as archive
 if sys.argv[1] == "demand":
     archive._QUIET = "-Xshare:on"
+from service.runtime.jvm_profiles import LIGHT
 from service.runtime.spark_session import build_spark
-print("rows", build_spark(quick_jit=True).range(7).count())
+print("rows", build_spark(jvm=LIGHT).range(7).count())
 """
 
 

@@ -45,3 +45,11 @@ def test_the_archive_is_keyed_by_the_java_runtime(monkeypatch: pytest.MonkeyPatc
     assert archive.archive_path() not in (None, first)
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "absent"))
     assert archive._java() is None and archive.archive_path() is None
+
+
+def test_the_workload_prepare_runs_exists_and_the_archive_module_imports_no_session() -> None:
+    import importlib.util
+
+    assert importlib.util.find_spec(archive.WORKLOAD_MODULE) is not None
+    source = Path(archive.__file__).read_text()
+    assert "spark_session" not in source.split('"""', 2)[2], "the session module imports this one: no cycle back"
