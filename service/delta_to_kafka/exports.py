@@ -6,7 +6,7 @@ from pyspark.sql import SparkSession
 
 from service.config.exports import ExportSettings
 from service.config.settings import Settings
-from service.delta_to_kafka.formats.output_formats import ExportEncoder
+from service.delta_to_kafka.formats.export_encoder import ExportEncoder
 from service.delta_to_kafka.pipeline import ExportPipeline
 
 

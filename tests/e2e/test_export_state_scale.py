@@ -19,7 +19,8 @@ from connectors.delta.change_feed import feed_schema, read_versions
 from connectors.kafka.transactional_producer import TransactionalProducer
 from service.config.exports import ExportSettings
 from service.delta_to_kafka.export_position import PositionStore, restore_encoder_state
-from service.delta_to_kafka.formats.output_formats import ExportEncoder, Header
+from service.delta_to_kafka.formats.export_encoder import ExportEncoder
+from service.delta_to_kafka.formats.output_formats import Header
 from service.delta_to_kafka.pipeline import ExportPipeline
 from service.operations.workload import create_topics
 from tests.support.export_driver import consume

@@ -50,7 +50,8 @@ from connectors.schema_registry import ConfluentAvroDecoder, SchemaRegistryClien
 from service.config.exports import ExportSettings
 from service.config.settings import Settings, settings_from_mapping
 from service.delta_to_kafka.formats.avro_serializers import avro_serializers
-from service.delta_to_kafka.formats.output_formats import ExportEncoder, Header
+from service.delta_to_kafka.formats.export_encoder import ExportEncoder
+from service.delta_to_kafka.formats.output_formats import Header
 from service.operations.workload import create_topics
 from service.supervisor.runner import Runner
 from tests.support.export_driver import consume

@@ -17,8 +17,9 @@ import pytest
 from service.config.exports import ExportSettings
 from service.delta_to_kafka.changelog.feed_changes import pair_changes
 from service.delta_to_kafka.changelog.to_changelog import ToChangelog
+from service.delta_to_kafka.formats.export_encoder import ExportEncoder
 from service.delta_to_kafka.formats.json_columns import dump, json_fragments
-from service.delta_to_kafka.formats.output_formats import ExportEncoder, KafkaRecordEncoder
+from service.delta_to_kafka.formats.output_formats import KafkaRecordEncoder
 
 NOW = 1_700_000_000.25
 T0 = datetime(2024, 5, 1, 12, 0, 0, 250_000, tzinfo=timezone.utc)

@@ -23,9 +23,9 @@ from connectors.schema_registry import (
 from connectors.schema_registry.avro_types import avro_schema_for, debezium_envelope_schema
 from service.config.exports import ExportSettings
 from service.delta_to_kafka.changelog.to_changelog import OutputRecord, ToChangelog
+from service.delta_to_kafka.formats.export_encoder import ExportEncoder
 from service.delta_to_kafka.formats.output_formats import (
     EncodeError,
-    ExportEncoder,
     Header,
     JsonSerializer,
     KafkaRecordEncoder,
