@@ -25,7 +25,7 @@ from service.config.exports import ExportSettings
 from service.config.settings import PipelineSettings, Settings
 from service.delta_to_kafka.export_position import ExportPosition
 from service.delta_to_kafka.pipeline import DEFAULT_POSITIONS_TOPIC, TRANSACTIONAL_ID_PREFIX
-from service.kafka_to_delta.pipeline import app_id
+from service.supervisor.batch_pipeline import commit_app_id
 from vocabulary.errors import ConfigError
 
 
@@ -80,7 +80,7 @@ def pipeline_status(settings: Settings, pipeline: PipelineSettings, cluster: Clu
     table = DeltaRsTable(settings.lakehouse.table_uri(pipeline.table), settings.lakehouse.storage_options)
     marks = cluster.watermarks(cluster.partitions(list(pipeline.topics)))
     end = om.to_map({tp: high for tp, (_, high) in marks.items()})
-    delta_batch = table.last_batch(app_id(pipeline, query_id)) if query_id else None
+    delta_batch = table.last_batch(commit_app_id(pipeline.name, pipeline.table, query_id)) if query_id else None
     topics_only = om.to_map(om.from_map(committed))  # without the source's reserved keys (watermarks)
     return PipelineStatus(pipeline.name, table.uri, batch, delta_batch, table.version(), topics_only, end)
 

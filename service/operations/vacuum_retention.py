@@ -26,6 +26,7 @@ from deltalake import DeltaTable
 from connectors.kafka.cluster import ClusterView
 from service.config.exports import ExportSettings
 from service.config.settings import Settings
+from service.operations.status import export_status
 
 NO_FEED_OPERATIONS = frozenset({"OPTIMIZE", "VACUUM START", "VACUUM END"})
 DEFAULT_LOG_RETENTION = timedelta(days=30)
@@ -103,9 +104,6 @@ def oldest_data_commit(table: DeltaTable, from_version: int, not_before: datetim
 
 
 def _unread(settings: Settings, export: ExportSettings, table: DeltaTable, cluster: ClusterView) -> UnreadFeed:
-    # Imported here: service.operations.status imports the ingest pipeline, which imports maintenance.
-    from service.operations.status import export_status
-
     uri = settings.lakehouse.table_uri(export.table)
     try:
         status = export_status(settings, export, cluster)
