@@ -7,10 +7,11 @@ jars are on the Spark classpath.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Protocol, get_args
+from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
 
+from vocabulary.engines import ENGINES, Engine
 from vocabulary.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -18,9 +19,6 @@ if TYPE_CHECKING:
 
     from connectors.delta.delta_rs import DeltaRsTable
     from connectors.delta.delta_spark import DeltaSparkTable
-
-Engine = Literal["delta-rs", "delta-spark"]
-ENGINES: tuple[str, ...] = get_args(Engine)
 
 
 class DeltaEngineTable(Protocol):

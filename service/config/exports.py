@@ -10,26 +10,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from service.config.registry import SchemaRegistrySettings
-from service.kafka_to_delta.changelog.op_mapping import (
+from service.config.base import Name, Names, SettingsModel, TopicName
+from service.config.choices import ExportCompaction, ExportFormat, ExportPreset, InputChangelog
+from service.config.op_mapping import (
+    DEFAULT_OP_MAPPING,
     KIND_BY_NAME,
     Grouping,
     op_code_text,
     split_list,
 )
+from service.config.registry import SchemaRegistrySettings
 from vocabulary.changes import ChangeKind, DebeziumOp, Envelope
-
-_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$"
-_TOPIC = r"^[A-Za-z0-9._\-]{1,249}$"
-
-ExportFormat = Literal["debezium-json", "flat-json", "deletion-flag-json", "avro-confluent"]
-Preset = Literal["debezium", "flat", "deletion-flag"]
-Compaction = Literal["per-flush", "none"]
-InputChangelog = Literal["retract", "upsert"]
 
 DEFAULT_MAX_VERSIONS_PER_TRIGGER = 100
 DEFAULT_MAX_ROWS_PER_TRIGGER = 100_000
@@ -47,9 +42,6 @@ class ChangeFeedColumn:
     ALL = (CHANGE_TYPE, COMMIT_VERSION, COMMIT_TIMESTAMP)
     PASSABLE = (COMMIT_VERSION, COMMIT_TIMESTAMP)
 
-
-DEFAULT_OP_MAPPING: dict[str, str] = {kind.name: kind.name for kind in ChangeKind}
-"""Spec default: every kind is written under its own name."""
 
 _I, _UB, _UA, _D = ChangeKind.INSERT, ChangeKind.UPDATE_BEFORE, ChangeKind.UPDATE_AFTER, ChangeKind.DELETE
 ALLOWED_GROUPS = frozenset(grouping.kinds for grouping in Grouping)
@@ -130,30 +122,24 @@ def parse_op_mapping(mapping: dict[str, str]) -> OpCodes:
     return OpCodes(codes)
 
 
-def _one_or_many(value: Any) -> Any:
-    return [value] if isinstance(value, str) else value
-
-
-class ExportSettings(BaseModel):
+class ExportSettings(SettingsModel):
     """One export of a Delta table's change feed to one Kafka topic (spec 4.2 TO_CHANGELOG)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str = Field(pattern=_NAME)
-    table: str = Field(pattern=_NAME)
-    topic: str = Field(pattern=_TOPIC)
-    primary_key: tuple[str, ...] = Field(min_length=1)
-    preset: Preset | None = None
+    name: Name
+    table: Name
+    topic: TopicName
+    primary_key: Names = Field(min_length=1)
+    preset: ExportPreset | None = None
     format: ExportFormat = "flat-json"
     op: str = Field(default=Envelope.OP, min_length=1)
     before: str | None = Field(default=None, min_length=1)
     after: str | None = Field(default=None, min_length=1)
     op_mapping: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_OP_MAPPING))
     produces_full_deletes: bool = False
-    passthrough: tuple[str, ...] = ()
+    passthrough: Names = ()
     input_changelog: InputChangelog = "retract"
     state_ttl_seconds: float = Field(default=0, ge=0)
-    compaction: Compaction = "per-flush"
+    compaction: ExportCompaction = "per-flush"
     tombstones: bool = False
     starting_version: int | None = Field(default=None, ge=0)
     starting_timestamp: datetime | None = None
@@ -170,11 +156,6 @@ class ExportSettings(BaseModel):
         if isinstance(data, dict) and data.get("schema_registry_url") and data.get("schema_registry") is None:
             data = {**data, "schema_registry": {"url": data["schema_registry_url"]}}
         return data
-
-    @field_validator("primary_key", "passthrough", mode="before")
-    @classmethod
-    def _names(cls, value: Any) -> Any:
-        return _one_or_many(value)
 
     @field_validator("op_mapping", mode="before")
     @classmethod

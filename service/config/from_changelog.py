@@ -9,23 +9,25 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from service.kafka_to_delta.changelog.op_mapping import (
+from service.config.base import Names, SettingsModel
+from service.config.choices import (
+    ChangelogPreset,
+    KafkaKeyUse,
+    LateHandling,
+    RecordHandling,
+    TruncateHandling,
+)
+from service.config.op_mapping import (
     DEFAULT_OP_MAPPING,
     Grouping,
     op_code_text,
     parse_op_mapping,
 )
 from vocabulary.errors import ConfigError
-
-Preset = Literal["debezium", "debezium-upsert", "flat", "deletion-flag", "upsert-kafka"]
-RecordHandling = Literal["FAIL", "LOG", "SKIP", "DEAD_LETTER"]
-LateHandling = Literal["drop", "dead_letter"]
-TruncateHandling = Literal["fail", "truncate", "ignore"]
-KafkaKeyUse = Literal["fallback", "columns"]
 
 PATH_SEPARATOR = "."
 COLUMN_SEPARATOR = "_"
@@ -58,12 +60,10 @@ def passthrough_column(path: str) -> str:
     return path.replace(PATH_SEPARATOR, COLUMN_SEPARATOR)
 
 
-class FromChangelogSettings(BaseModel):
+class FromChangelogSettings(SettingsModel):
     """How a pipeline turns input records into changelog rows (spec 4.1.2; README documents each)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    preset: Preset | None = None
+    preset: ChangelogPreset | None = None
     op: str | None = "op"
     before: str | None = None
     after: str | None = None
@@ -72,14 +72,14 @@ class FromChangelogSettings(BaseModel):
     decode_error_handling: RecordHandling = "FAIL"
     consume_full_deletes: bool = False
     kafka_key: KafkaKeyUse = "fallback"
-    passthrough: tuple[str, ...] = ()
+    passthrough: Names = ()
     state_ttl_seconds: float | None = Field(default=None, ge=0)
-    partition_by: tuple[str, ...] | None = None
+    partition_by: Names | None = None
     order_by: str | None = None
     watermark_delay_seconds: float = Field(default=0.0, ge=0)
     late_handling: LateHandling = "drop"
     truncate_handling: TruncateHandling = "fail"
-    sequence_by: tuple[str, ...] = ()
+    sequence_by: Names = ()
 
     @model_validator(mode="before")
     @classmethod
@@ -87,11 +87,6 @@ class FromChangelogSettings(BaseModel):
         if isinstance(data, Mapping) and isinstance(data.get("preset"), str):
             return {**PRESETS.get(data["preset"], {}), **data}
         return data
-
-    @field_validator("passthrough", "sequence_by", "partition_by", mode="before")
-    @classmethod
-    def _one_or_many(cls, value: Any) -> Any:
-        return [value] if isinstance(value, str) else value
 
     @field_validator("op_mapping", mode="before")
     @classmethod

@@ -15,51 +15,36 @@ input; a right column whose name is already taken gets the suffix `0` (as the sp
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
+from service.config.base import Name, Names, SettingsModel
+from service.config.choices import InputFormat, JoinType, MissingPolicy, OnConflict, StartingOffsets
 from service.config.from_changelog import FromChangelogSettings
 from service.config.registry import SchemaRegistrySettings
 
-_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$"
-InputFormat = Literal["json", "debezium-json", "avro-confluent"]
-StartingOffsets = Literal["earliest", "latest"]
-MissingPolicy = Literal["nulls", "drop", "dead_letter"]
 
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-def _one_or_many(value: Any) -> Any:
-    return [value] if isinstance(value, str) else value
-
-
-class JoinInput(_Frozen):
+class JoinInput(SettingsModel):
     """One input of a join: topics of one format, decoded as an ingest pipeline decodes them."""
 
-    topics: tuple[str, ...] = Field(min_length=1)
+    topics: Names = Field(min_length=1)
     format: InputFormat = "json"
     schema_registry: SchemaRegistrySettings | None = None
     from_changelog: FromChangelogSettings = Field(default_factory=lambda: FromChangelogSettings(preset="debezium"))
-    primary_key: tuple[str, ...] = Field(min_length=1)  # the key of this input's rows (its state key)
-    join_key: tuple[str, ...] = Field(min_length=1)  # the columns matched against the other input's
+    primary_key: Names = Field(min_length=1)  # the key of this input's rows (its state key)
+    join_key: Names = Field(min_length=1)  # the columns matched against the other input's
     starting_offsets: StartingOffsets | dict[str, dict[str, int]] = "earliest"
 
-    _listify = field_validator("topics", "primary_key", "join_key", mode="before")(_one_or_many)
 
-
-class _JoinBase(_Frozen):
-    name: str = Field(pattern=_NAME)
-    table: str = Field(pattern=_NAME)
-    primary_key: tuple[str, ...] = Field(min_length=1)  # of the output table
+class _JoinBase(SettingsModel):
+    name: Name
+    table: Name
+    primary_key: Names = Field(min_length=1)  # of the output table
     left: JoinInput
     right: JoinInput
     max_offsets_per_trigger: int | None = Field(default=200_000, ge=1)
     state_ttl_seconds: float = Field(default=0.0, ge=0)  # 0: kept until the data removes it
-
-    _listify = field_validator("primary_key", mode="before")(_one_or_many)
 
     @model_validator(mode="after")
     def _matching_keys(self) -> "_JoinBase":
@@ -80,10 +65,10 @@ class RegularJoinSettings(_JoinBase):
     """A regular changelog join (inner or left outer); the output goes through the materializer rules
     with the pair of input keys as its upsert key."""
 
-    type: Literal["inner", "left"]
+    type: JoinType
     left_state_ttl_seconds: float | None = Field(default=None, ge=0)  # unset: state_ttl_seconds
     right_state_ttl_seconds: float | None = Field(default=None, ge=0)
-    on_conflict: Literal["error", "nothing", "deduplicate"] = "error"
+    on_conflict: OnConflict = "error"
 
     @property
     def left_ttl_seconds(self) -> float:

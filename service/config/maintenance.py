@@ -15,17 +15,17 @@ own default) also covers readers that run for less than a week.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from service.config.base import SettingsModel
 
 DEFAULT_EVERY_BATCHES = 100
 DEFAULT_EVERY_SECONDS = 3600.0
 DEFAULT_VACUUM_RETENTION_HOURS = 168
 
 
-class MaintenanceSettings(BaseModel):
+class MaintenanceSettings(SettingsModel):
     """When and how one Delta table is maintained (see the module docstring)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     enabled: bool = True
     # Run after this many committed micro-batches since the last run (null: not by count) ...

@@ -12,7 +12,6 @@ from typing import Any
 
 from pydantic import (
     AliasChoices,
-    BaseModel,
     ConfigDict,
     Field,
     SecretStr,
@@ -28,6 +27,7 @@ from connectors.schema_registry.connection import (
     RegistryConnection,
     check_registry_url,
 )
+from service.config.base import SettingsModel
 
 
 def _alias(name: str) -> Any:
@@ -38,10 +38,10 @@ def _secret(value: SecretStr | None) -> str | None:
     return None if value is None else value.get_secret_value()
 
 
-class SchemaRegistrySettings(BaseModel):
+class SchemaRegistrySettings(SettingsModel):
     """A Confluent-compatible Schema Registry: URL (no credentials in it), TLS, auth, retries."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(SettingsModel.model_config, populate_by_name=True)
 
     url: str
     username: str | None = None

@@ -10,35 +10,38 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, model_validator
 
+from service.config.base import Name, Names, SettingsModel
+from service.config.choices import (
+    Compaction,
+    InputFormat,
+    LogFormat,
+    OnConflict,
+    OnDataLoss,
+    StartingOffsets,
+    UpsertMaterialize,
+)
+from service.config.dead_letters import DeadLetterSettings
 from service.config.exports import ExportSettings
 from service.config.from_changelog import FromChangelogSettings
 from service.config.joins import JoinSettings
 from service.config.maintenance import MaintenanceSettings
+from service.config.op_mapping import Grouping, parse_op_mapping
 from service.config.registry import SchemaRegistrySettings, share_registry
-from service.kafka_to_delta.changelog.op_mapping import Grouping, parse_op_mapping
-from service.kafka_to_delta.sink.dead_letters import DeadLetterSettings
+from vocabulary.engines import Engine
 from vocabulary.errors import ConfigError
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SECRET_HINTS = ("password", "secret", "token", "jaas", "key.pem", "credentials", "oauthbearer.config")
-_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$"
 
 DEFAULT_MAX_OFFSETS_PER_TRIGGER = 200_000
 DEFAULT_READINESS_STALE_TRIGGERS = 30
-LogFormat = Literal["text", "json"]
 DEFAULT_IDLE_TIMEOUT_SECONDS = 0.0
 RETRACT_SOURCE_DELAY_SECONDS = 5.0
-OnDataLoss = Literal["fail", "earliest"]
-StartingOffsets = Literal["earliest", "latest"]
-InputFormat = Literal["json", "debezium-json", "avro-confluent"]
-OnConflict = Literal["error", "nothing", "deduplicate"]
-UpsertMaterialize = Literal["auto", "none", "force"]
-Compaction = Literal["batch", "watermark"]
 NO_ON_CONFLICT = (
     "pipeline {name}: {why}, so two sources can claim one row of table {table!r}; choose what happens "
     "then with `on_conflict`: `error` (stop the pipeline naming the key and both sources: the rows "
@@ -62,11 +65,7 @@ _BARRIER_HARM = {
 }
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class KafkaSettings(_Frozen):
+class KafkaSettings(SettingsModel):
     """Where the brokers are; `options` are passed to librdkafka as they are."""
 
     bootstrap_servers: str = "127.0.0.1:9092"
@@ -81,11 +80,11 @@ class KafkaSettings(_Frozen):
         return {k: ("***" if is_secret_key(k) else v) for k, v in self.client_config().items()}
 
 
-class LakehouseSettings(_Frozen):
+class LakehouseSettings(SettingsModel):
     """Where the Delta tables live and which engine writes them."""
 
     root: str = "./.cdc-lakehouse/tables"
-    engine: Literal["delta-rs", "delta-spark"] = "delta-rs"
+    engine: Engine = "delta-rs"
     storage_options: dict[str, str] = Field(default_factory=dict)
 
     def table_uri(self, table: str) -> str:
@@ -93,7 +92,7 @@ class LakehouseSettings(_Frozen):
         return f"{self.root.rstrip('/')}/{table}"
 
 
-class SparkSettings(_Frozen):
+class SparkSettings(SettingsModel):
     """The Spark session: local mode unless `master` says otherwise."""
 
     master: str = "local[*]"
@@ -102,7 +101,7 @@ class SparkSettings(_Frozen):
     conf: dict[str, str] = Field(default_factory=dict)
 
 
-class RecoverySettings(_Frozen):
+class RecoverySettings(SettingsModel):
     """Restarts of a pipeline after a transient failure (broker away, commit conflict).
 
     The checkpoint and the idempotent Delta commits make a restart safe; terminal errors
@@ -119,22 +118,22 @@ class RecoverySettings(_Frozen):
         return min(self.max_backoff_seconds, self.initial_backoff_seconds * 2 ** doublings)
 
 
-class PipelineSettings(_Frozen):
+class PipelineSettings(SettingsModel):
     """One ingest pipeline: topics of one format into one Delta table."""
 
-    name: str = Field(pattern=_NAME)
-    topics: tuple[str, ...] = Field(min_length=1)
+    name: Name
+    topics: Names = Field(min_length=1)
     format: InputFormat = "json"
     schema_registry: SchemaRegistrySettings | None = None
     from_changelog: FromChangelogSettings = Field(default_factory=lambda: FromChangelogSettings(preset="debezium"))
     dead_letters: DeadLetterSettings | None = None
-    table: str = Field(pattern=_NAME)
-    primary_key: tuple[str, ...] = Field(min_length=1)
+    table: Name
+    primary_key: Names = Field(min_length=1)
     starting_offsets: StartingOffsets | dict[str, dict[str, int]] = "earliest"
     # Bounds each micro-batch (and the driver memory its net changes need); null = no bound.
     max_offsets_per_trigger: int | None = Field(default=DEFAULT_MAX_OFFSETS_PER_TRIGGER, ge=1)
     # Keyed-state materializer (spec: sink upsert materializer, ON CONFLICT).
-    upsert_key: tuple[str, ...] | None = None
+    upsert_key: Names | None = None
     upsert_materialize: UpsertMaterialize = "auto"
     on_conflict: OnConflict | None = None
     compaction: Compaction | None = None  # unset: see `effective_compaction`
@@ -144,17 +143,12 @@ class PipelineSettings(_Frozen):
     idle_timeout_seconds: float | None = Field(default=DEFAULT_IDLE_TIMEOUT_SECONDS, ge=0)
     # Offsets deleted before they were read: fail (DataLoss) or resume at the earliest offset left.
     on_data_loss: OnDataLoss = "fail"
-    sequence_by: tuple[str, ...] = ()
+    sequence_by: Names = ()
     tombstone_retention_seconds: float = Field(default=86_400.0, ge=0)
     state_ttl_seconds: float = Field(default=0.0, ge=0)
     materializer_state_ttl_seconds: float | None = Field(default=None, ge=0)
     # Maintenance of this pipeline's table; unset: the top-level `maintenance` block.
     maintenance: MaintenanceSettings | None = None
-
-    @field_validator("topics", "primary_key", "upsert_key", "sequence_by", mode="before")
-    @classmethod
-    def _one_or_many(cls, value: Any) -> Any:
-        return [value] if isinstance(value, str) else value
 
     @property
     def changelog_settings(self) -> FromChangelogSettings:
@@ -258,7 +252,7 @@ class PipelineSettings(_Frozen):
             ))
 
 
-class Settings(_Frozen):
+class Settings(SettingsModel):
     """The whole service configuration."""
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)

@@ -35,7 +35,7 @@ from service.config.from_changelog import (
     FromChangelogSettings,
     RecordHandling,
 )
-from service.kafka_to_delta.changelog.op_mapping import (
+from service.config.op_mapping import (
     Grouping,
     op_code_text,
     parse_op_mapping,

@@ -39,8 +39,8 @@ import pyarrow.json as pj
 
 from connectors.delta.arrow_types import TypeName, arrow_type
 from connectors.kafka.range_reader import ValueChunk
+from service.config.op_mapping import Grouping, parse_op_mapping
 from service.kafka_to_delta.changelog.changelog_batch import ChangelogBatchDecoder
-from service.kafka_to_delta.changelog.op_mapping import Grouping, parse_op_mapping
 from service.kafka_to_delta.formats.connect_wrapper import DOCUMENT_END, WRAPPER_HEAD
 from service.kafka_to_delta.formats.debezium_json import (
     MAX_NESTING,

@@ -5,7 +5,7 @@ came from (topic, partition, offset, timestamp), why it failed (stage, error rea
 pipeline, the batch and when it was stored. Reasons come from the stages and name no
 payload; payloads never reach the logs (only counts per stage do).
 
-Stores, either or both (`DeadLetterSettings`):
+Stores, either or both (`DeadLetterSettings`, in service/config/dead_letters.py):
 - Kafka `topic`: key and value bytes unchanged, original headers first, then metadata
   headers `cdc.dlq.*` (`DlqHeader`); the record timestamp is the time stored. A batch is
   one Kafka transaction (transactional.id per pipeline, which fences an older instance)
@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import DeltaError, TableNotFoundError
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from connectors.kafka.range_reader import RAW_SCHEMA
 from connectors.kafka.transactional_producer import (
@@ -40,6 +39,7 @@ from connectors.kafka.transactional_producer import (
     PositionRecord,
     TransactionalProducer,
 )
+from service.config.dead_letters import DeadLetterSettings
 from vocabulary.errors import ConfigError, TerminalError, TransientError
 
 if TYPE_CHECKING:
@@ -47,9 +47,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_POSITIONS_TOPIC = "cdc-lakehouse.dead-letter-positions"
 TRANSACTIONAL_ID_PREFIX = "cdc-lakehouse-dead-letters-"
-_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$"
 HEADERS_TYPE = RAW_SCHEMA.field("headers").type
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -97,23 +95,6 @@ class DeadLetterError(TerminalError):
 
 class DeadLetterStoreUnavailable(TransientError):
     """The dead-letter table could not be written now; storing the batch again may succeed."""
-
-
-class DeadLetterSettings(BaseModel):
-    """Where a pipeline's dead letters go: a Kafka topic, a Delta table, or both."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    topic: str | None = None
-    table: str | None = Field(default=None, pattern=_NAME)
-    # Compacted topic holding the last stored batch per app id (Kafka store only).
-    positions_topic: str = DEFAULT_POSITIONS_TOPIC
-
-    @model_validator(mode="after")
-    def _somewhere(self) -> "DeadLetterSettings":
-        if self.topic is None and self.table is None:
-            raise ValueError("dead_letters needs a `topic`, a `table` or both")
-        return self
 
 
 def _conform(rows: pa.Table) -> pa.Table:

@@ -12,7 +12,7 @@ from service.config.from_changelog import (
     FromChangelogSettings,
     validate_from_changelog,
 )
-from service.kafka_to_delta.changelog.op_mapping import (
+from service.config.op_mapping import (
     DEFAULT_OP_MAPPING,
     Grouping,
     op_code_text,
