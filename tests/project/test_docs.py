@@ -4,7 +4,8 @@
   reference table (a `### ` heading naming one or more blocks as code spans, e.g.
   "### `pipelines[].from_changelog`", or "### Top level") lists in its first column exactly the
   keys the model of that block accepts, and every block of the models has a table.
-- Every relative link in README.md and docs/ points to a file that exists.
+- Every relative link in README.md and docs/ points to a file (and heading) that exists, and every
+  repository path the README and the manual name exists.
 - README.md is a front page: short, with exactly the two set-up commands, and its minimal config
   (like the complete example in docs/configuration.md) is a valid configuration; its Architecture
   tree has one line per folder, each folder of the tree exists and every package folder is in it.
@@ -193,6 +194,26 @@ def _anchors(page: Path) -> set[str]:
     text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
     headings = re.findall(r"^#{1,6} (.*)$", text, flags=re.M)
     return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-") for heading in headings}
+
+
+_TOP_FOLDERS = "service|connectors|vocabulary|tests|testbed|bench|deploy|scripts|docs"
+_REPO_PATH = re.compile(rf"(?<![\w/.-])((?:{_TOP_FOLDERS})/[\w./-]*\w/?)")
+
+
+@pytest.mark.parametrize("page", [README, *sorted(DOCS.glob("*.md"))], ids=lambda path: str(path.relative_to(ROOT)))
+def test_named_repository_paths_exist(page: Path):
+    # The manual names modules, tests and files by path: a move must take the manual with it.
+    missing = sorted({path for path in _REPO_PATH.findall(page.read_text()) if not (ROOT / path).exists()})
+    assert not missing, f"{page.relative_to(ROOT)} names paths that do not exist: {missing}"
+
+
+def test_modules_of_the_architecture_walk_exist():
+    # docs/architecture.md names modules by their folder inside a package: each must still exist.
+    names = set(re.findall(r"([\w/]+\.py)\b", (DOCS / "architecture.md").read_text()))
+    modules = {str(path.relative_to(ROOT)) for root in PACKAGE_ROOTS for path in (ROOT / root).rglob("*.py")}
+    missing = sorted(name for name in names if not any(module.endswith("/" + name) or module == name
+                                                       for module in modules))
+    assert not missing, f"docs/architecture.md names modules that do not exist: {missing}"
 
 
 def _section(text: str, title: str) -> str:
