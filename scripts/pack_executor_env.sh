@@ -14,7 +14,7 @@ build=$(mktemp -d)
 trap 'rm -rf "$build"' EXIT
 mkdir -p "$(dirname "$out")" "$build/src"
 # Installed from a copy of what the package needs, so the build leaves nothing in the work tree.
-cp -r pyproject.toml README.md service connectors "$build/src/"
+cp -r pyproject.toml README.md vocabulary service connectors "$build/src/"
 "$PYTHON" -m venv "$build/env"
 pip=("$build/env/bin/pip" install -q --disable-pip-version-check --no-compile)
 # The project's dependencies as pyproject.toml pins them, except pyspark (and delta-spark's
