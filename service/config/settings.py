@@ -1,18 +1,16 @@
-"""Typed, frozen configuration. The only module that reads config files and the environment.
+"""Typed, frozen configuration of the whole service, and how a config file becomes one.
 
-A config file is YAML. Strings may reference environment variables as `${NAME}`
-(secrets stay out of the file); a missing variable is an error naming it. Unknown or
-misspelt keys are rejected with the file and the key path.
+A config file is YAML, read by `service.config.sources` (the only module that reads files and
+the environment). Strings may reference environment variables as `${NAME}` (secrets stay out
+of the file); a missing variable is an error naming it. Unknown or misspelt keys are rejected
+with the file and the key path.
 """
 
 from __future__ import annotations
 
-import os
-import re
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from service.config.base import Name, Names, SettingsModel
@@ -32,10 +30,10 @@ from service.config.joins import JoinSettings
 from service.config.maintenance import MaintenanceSettings
 from service.config.op_mapping import Grouping, parse_op_mapping
 from service.config.registry import SchemaRegistrySettings, share_registry
+from service.config.sources import interpolate, read_config_file
 from vocabulary.engines import Engine
 from vocabulary.errors import ConfigError
 
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SECRET_HINTS = ("password", "secret", "token", "jaas", "key.pem", "credentials", "oauthbearer.config")
 
 DEFAULT_MAX_OFFSETS_PER_TRIGGER = 200_000
@@ -308,22 +306,6 @@ def is_secret_key(key: str) -> bool:
     return any(hint in lowered for hint in _SECRET_HINTS)
 
 
-def _interpolate(node: Any, source: str) -> Any:
-    if isinstance(node, dict):
-        return {k: _interpolate(v, source) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_interpolate(v, source) for v in node]
-    if isinstance(node, str):
-        return _ENV_REF.sub(lambda m: _env(m.group(1), source), node)
-    return node
-
-
-def _env(name: str, source: str) -> str:
-    if name not in os.environ:
-        raise ConfigError(f"{source}: environment variable ${{{name}}} is not set")
-    return os.environ[name]
-
-
 def _describe(error: ValidationError, source: str) -> str:
     lines = [f"{source}: invalid configuration"]
     for item in error.errors():
@@ -336,7 +318,7 @@ def _describe(error: ValidationError, source: str) -> str:
 def settings_from_mapping(data: dict[str, Any], source: str = "<config>") -> Settings:
     """Validate an already-parsed config mapping."""
     try:
-        return Settings.model_validate(_interpolate(data or {}, source))
+        return Settings.model_validate(interpolate(data or {}, source))
     except ValidationError as error:
         raise ConfigError(_describe(error, source)) from None
 
@@ -344,12 +326,4 @@ def settings_from_mapping(data: dict[str, Any], source: str = "<config>") -> Set
 def load_settings(path: str | Path) -> Settings:
     """Read and validate a YAML config file; errors name the file and the key."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as error:
-        raise ConfigError(f"{path}: cannot read config: {error.strerror}") from None
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML: {error}") from None
-    if data is not None and not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping")
-    return settings_from_mapping(data or {}, str(path))
+    return settings_from_mapping(read_config_file(path) or {}, str(path))

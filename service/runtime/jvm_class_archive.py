@@ -25,10 +25,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from service.config.sources import ARCHIVE_DIR_ENV, jvm_archive_dir
+
 log = logging.getLogger(__name__)
 
-ARCHIVE_DIR_ENV = "CDC_LAKEHOUSE_JVM_ARCHIVE_DIR"
-"""Where archives are kept (default ~/.cache/cdc-lakehouse); an empty value turns them off."""
 WORKLOAD_MODULE = "service.runtime.class_archive_workload"
 """The module `prepare` runs (by name: it builds a session, and the session module imports this one)."""
 DUMP_TIMEOUT_S = 600
@@ -37,7 +37,7 @@ _QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"  # a mismatch or a skipped class 
 
 def archive_dir() -> Path | None:
     """The directory of the archives; None when turned off."""
-    configured = os.environ.get(ARCHIVE_DIR_ENV)
+    configured = jvm_archive_dir()
     if configured is not None:
         return Path(configured) if configured.strip() else None
     return Path.home() / ".cache" / "cdc-lakehouse"

@@ -15,11 +15,11 @@ Without the variable, or without an arm file, a batch goes on at once (one envir
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 
-BATCH_MARKER_ENV = "CDC_LAKEHOUSE_TEST_BATCH_MARKER"
+from service.config.sources import batch_marker
+
 ARM_SUFFIX = ".arm"
 HOLD_LIMIT_S = 120.0
 _POLL_S = 0.05
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 def hold_batch_if_armed(pipeline: str, batch_id: int) -> None:
     """At the start of a micro-batch: if a test armed the hook, mark the batch and wait for release."""
-    marker = os.environ.get(BATCH_MARKER_ENV)
+    marker = batch_marker()
     if not marker:
         return
     arm = Path(marker + ARM_SUFFIX)

@@ -7,8 +7,9 @@ import subprocess
 
 import pytest
 
+from service.config.sources import BATCH_MARKER_ENV
 from service.operations.workload import DebeziumWorkload, create_topics, produce
-from service.runtime.test_hooks import ARM_SUFFIX, BATCH_MARKER_ENV
+from service.runtime.test_hooks import ARM_SUFFIX
 from tests.support.pipeline_harness import (
     CLI,
     start_cli,

@@ -5,8 +5,9 @@ from __future__ import annotations
 import threading
 import time
 
+from service.config.sources import BATCH_MARKER_ENV
 from service.runtime import test_hooks
-from service.runtime.test_hooks import ARM_SUFFIX, BATCH_MARKER_ENV, hold_batch_if_armed
+from service.runtime.test_hooks import ARM_SUFFIX, hold_batch_if_armed
 
 
 def test_without_the_variable_or_an_arm_file_a_batch_goes_on_at_once(tmp_path, monkeypatch):
