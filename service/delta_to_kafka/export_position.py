@@ -52,6 +52,8 @@ from connectors.kafka.transactional_producer import (
 from service.delta_to_kafka.changelog.changelog_state import StateRestoreError
 from vocabulary.errors import TerminalError
 
+DEFAULT_POSITIONS_TOPIC = "cdc-lakehouse.export-positions"
+TRANSACTIONAL_ID_PREFIX = "cdc-lakehouse-export-"  # + the export name: its producer's transactional id
 _OFFSET_LOG_VERSION = "v1"
 _SOURCE_LINE = 2  # after the format version and the batch metadata
 

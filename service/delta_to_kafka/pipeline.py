@@ -43,6 +43,8 @@ from connectors.delta.change_feed import COMMIT_VERSION, FORMAT_NAME, DeltaChang
 from connectors.delta.feed_chunks import COMMIT_ROW, Offset
 from connectors.kafka.transactional_producer import KafkaRecord, TransactionalProducer
 from service.delta_to_kafka.export_position import (
+    DEFAULT_POSITIONS_TOPIC,
+    TRANSACTIONAL_ID_PREFIX,
     EncoderState,
     ExportPosition,
     PositionError,
@@ -57,10 +59,8 @@ from service.supervisor.batch_pipeline import BatchPipeline, with_trigger
 log = logging.getLogger(__name__)
 
 Encoder = Callable[[pa.Table], list[KafkaRecord]]
-DEFAULT_POSITIONS_TOPIC = "cdc-lakehouse.export-positions"
 STATE_TOPIC_PREFIX = "cdc-lakehouse.export-state."
 DEFAULT_MAX_VERSIONS_PER_TRIGGER = 100
-TRANSACTIONAL_ID_PREFIX = "cdc-lakehouse-export-"
 
 
 def sort_feed(feed: pa.Table) -> pa.Table:

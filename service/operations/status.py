@@ -23,8 +23,11 @@ from connectors.kafka.cluster import ClusterView
 from connectors.kafka.transactional_producer import TransactionalProducer
 from service.config.exports import ExportSettings
 from service.config.settings import PipelineSettings, Settings
-from service.delta_to_kafka.export_position import ExportPosition
-from service.delta_to_kafka.pipeline import DEFAULT_POSITIONS_TOPIC, TRANSACTIONAL_ID_PREFIX
+from service.delta_to_kafka.export_position import (
+    DEFAULT_POSITIONS_TOPIC,
+    TRANSACTIONAL_ID_PREFIX,
+    ExportPosition,
+)
 from service.supervisor.batch_pipeline import commit_app_id
 from vocabulary.errors import ConfigError
 

@@ -51,12 +51,12 @@ from service.config.settings import PipelineSettings, Settings
 from service.kafka_to_delta.formats.debezium_json import canonical_key
 from service.kafka_to_delta.materialize.bucket_stage import SEED_COLUMNS
 from service.kafka_to_delta.materialize.key_state import LiveRow, PkState, encode_state
-from service.kafka_to_delta.pipeline import app_id
 from service.kafka_to_delta.plan.checkpoint_state import OldState, read_old_state
 from service.kafka_to_delta.plan.compiled_plan import Kind, pipeline_operators
 from service.kafka_to_delta.plan.rebuilt_seed import SEED_DIR, SEED_INFO, SEED_ROWS
 from service.kafka_to_delta.plan.upgrades import PLAN_FILE
 from service.runtime.checkpoints import local_path
+from service.supervisor.batch_pipeline import commit_app_id
 from vocabulary.errors import ConfigError
 
 MOVED_SUFFIX = ".before-rebuild-"
@@ -179,7 +179,7 @@ def _checkpoint(settings: Settings, pipeline: PipelineSettings) -> Path:
 
 def _cut(checkpoint: Path, pipeline: PipelineSettings, table: DeltaTable) -> Cut:
     query_id = json.loads((checkpoint / "metadata").read_text())["id"]
-    batch = table.transaction_version(app_id(pipeline, query_id))
+    batch = table.transaction_version(commit_app_id(pipeline.name, pipeline.table, query_id))
     if batch is None:
         raise ConfigError(f"pipeline {pipeline.name}: the table holds no batch of checkpoint {checkpoint} "
                           "(application id not found in its commits): nothing to start from")

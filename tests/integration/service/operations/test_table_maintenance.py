@@ -18,7 +18,8 @@ from connectors.delta.delta_rs import DELETE_FLAG, DeltaRsTable
 from connectors.delta.engines import EngineTable, open_table
 from connectors.kafka.cluster import ClusterView
 from service.config.settings import Settings, settings_from_mapping
-from service.delta_to_kafka.pipeline import DEFAULT_POSITIONS_TOPIC, ExportPipeline
+from service.delta_to_kafka.export_position import DEFAULT_POSITIONS_TOPIC
+from service.delta_to_kafka.pipeline import ExportPipeline
 from service.operations.maintenance import StepResult, TableMaintenance
 from service.operations.status import export_status
 from service.operations.workload import DebeziumWorkload, create_topics, produce
