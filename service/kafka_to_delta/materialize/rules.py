@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass, fields
 from typing import Callable, Literal, Sequence, get_args
 
+from service.config.choices import OnConflict
 from service.kafka_to_delta.materialize.key_state import (
     KeyMode,
     LiveRow,
@@ -27,7 +28,6 @@ from vocabulary.redaction import shown
 
 log = logging.getLogger(__name__)
 
-OnConflict = Literal["error", "nothing", "deduplicate"]
 NetKind = Literal["upsert", "delete"]
 
 STATE_CLEARED_WARNING = (

@@ -10,7 +10,7 @@ record dropped is counted by policy and stage.
 from __future__ import annotations
 
 import logging
-from typing import Callable, Literal
+from typing import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -18,7 +18,6 @@ import pyarrow.compute as pc
 from service.observability import metrics
 from vocabulary.errors import DecodeError, SourceCoordinates
 
-Handling = Literal["FAIL", "LOG", "SKIP", "DEAD_LETTER"]
 log = logging.getLogger(__name__)
 DeadLetterStore = Callable[[pa.Table, int], int]
 
