@@ -34,8 +34,9 @@ from service.kafka_to_delta.materialize.bucket_document import (
     BucketDocument,
     StoredState,
 )  # noqa: E402
-from service.kafka_to_delta.materialize.bulk import EVENT_TIME, GROUP, compact_many  # noqa: E402
+from service.kafka_to_delta.materialize.bulk import compact_many  # noqa: E402
 from service.kafka_to_delta.materialize.rules import Materializer, MaterializerConfig  # noqa: E402
+from service.kafka_to_delta.rows.names import EVENT_TIME, GROUP  # noqa: E402
 
 _ZSTD = pa.Codec("zstd", compression_level=1)
 

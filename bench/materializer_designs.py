@@ -47,19 +47,14 @@ from pyspark.sql.streaming.state import GroupState
 
 from service.config.settings import SparkSettings
 from service.kafka_to_delta.materialize.bucket_document import decode_bucket, encode_bucket
-from service.kafka_to_delta.materialize.bucket_stage import BUCKET, GROUP_COLUMN, bucketed
-from service.kafka_to_delta.materialize.bulk import GROUP, arrival, compact_many
+from service.kafka_to_delta.materialize.bucket_stage import GROUP_COLUMN, bucketed
+from service.kafka_to_delta.materialize.bulk import arrival, compact_many
 from service.kafka_to_delta.materialize.key_stage import StageConfig, _grouped, materialize
-from service.kafka_to_delta.materialize.net_changes import (
-    NET_ARROW_SCHEMA,
-    PACKED_COLUMN,
-    PACKED_NET_SPARK_SCHEMA,
-    net_changes,
-    pack_net,
-    unpack_net,
-)
+from service.kafka_to_delta.materialize.net_changes import net_changes, pack_net, unpack_net
 from service.kafka_to_delta.materialize.rules import Materializer, MaterializerConfig
-from service.kafka_to_delta.source.decode_stage import CHANGELOG_SCHEMA, CHANGELOG_SPARK_SCHEMA
+from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
+from service.kafka_to_delta.rows.names import BUCKET, GROUP, PACKED_COLUMN, PACKED_NET_SPARK_SCHEMA
+from service.kafka_to_delta.rows.spark import CHANGELOG_SPARK_SCHEMA, NET_ARROW_SCHEMA
 from service.runtime.spark_session import build_spark
 
 CONFIG = StageConfig(rules=MaterializerConfig(table="bench", primary_key=("id",), on_conflict="error"), key_buckets=0)

@@ -19,7 +19,6 @@ import time
 
 import pyarrow as pa
 
-from service.kafka_to_delta.changelog.changelog_batch import CHANGELOG_SCHEMA, Column
 from service.kafka_to_delta.joins.join_state import JoinStateStore, state_uri
 from service.kafka_to_delta.joins.regular_join_rules import (
     JoinRules,
@@ -29,6 +28,8 @@ from service.kafka_to_delta.joins.regular_join_rules import (
     side_changes,
 )
 from service.kafka_to_delta.materialize.rules import MaterializerConfig
+from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
+from service.kafka_to_delta.rows.names import Column
 
 RULES = JoinRules(SideRules(("order_id",), ("customer_id",)), SideRules(("customer_id",), ("customer_id",)),
                   outer=True, output=MaterializerConfig("orders_enriched", ("order_id",), "error"))

@@ -23,8 +23,9 @@ import fastavro
 import pyarrow as pa
 
 from connectors.schema_registry.wire_format import HEADER_SIZE, MAGIC_BYTE
-from service.kafka_to_delta.changelog.changelog_batch import CHANGELOG_SCHEMA, error_coordinates
+from service.kafka_to_delta.changelog.changelog_batch import error_coordinates
 from service.kafka_to_delta.changelog.from_changelog import TRUNCATE_FAILS
+from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
 from testbed.fuzz_mutations import NONE
 from testbed.fuzz_records import (
     FORMATS,

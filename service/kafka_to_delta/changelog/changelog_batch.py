@@ -34,92 +34,14 @@ from service.kafka_to_delta.formats.debezium_json import (
     json_key,
 )
 from service.kafka_to_delta.formats.row_fit import BARE_MISFIT, TypedRows
+from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA, COMPUTED_FIELDS
+from service.kafka_to_delta.rows.names import Column, KafkaColumn
 from vocabulary.changes import ChangeKind
 from vocabulary.errors import DecodeError, SourceCoordinates
 
 ERROR_KEY_MAX_CHARS = 200
 _KIND_TEXT = {kind: kind.value for kinds in (ChangeKind, Marker) for kind in kinds}
 _US_PER_MS = 1000
-
-
-class KafkaColumn:
-    """Columns of the Kafka record batches (`connectors.kafka.range_reader.RAW_SCHEMA`)."""
-
-    KEY = "key"
-    VALUE = "value"
-    TOPIC = "topic"
-    PARTITION = "partition"
-    OFFSET = "offset"
-    TIMESTAMP = "timestamp"
-    HEADERS = "headers"
-
-
-class Column:
-    """Columns of `CHANGELOG_SCHEMA`."""
-
-    TOPIC = "topic"
-    PARTITION = "partition"
-    OFFSET = "offset"
-    CHANGE_INDEX = "change_index"
-    TIMESTAMP = "timestamp"
-    KIND = "kind"
-    KEY = "key"
-    UPSERT_KEY = "upsert_key"
-    PARTITION_KEY = "partition_key"
-    ROW = "row"
-    TYPES = "types"
-    UNCHANGED = "unchanged"
-    INTENT = "intent"
-    SNAPSHOT = "snapshot"
-    SEQUENCE = "sequence"
-    EVENT_TIME = "event_time"
-    ERROR = "error"
-    HANDLING = "handling"
-    STAGE = "stage"
-    RAW_KEY = "raw_key"
-    RAW_VALUE = "raw_value"
-    HEADERS = "headers"
-
-
-HEADERS_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
-_COMPUTED = [
-    pa.field(Column.CHANGE_INDEX, pa.int32()),
-    pa.field(Column.KIND, pa.string()),
-    pa.field(Column.KEY, pa.string()),
-    pa.field(Column.UPSERT_KEY, pa.string()),
-    pa.field(Column.PARTITION_KEY, pa.string()),
-    pa.field(Column.ROW, pa.string()),
-    pa.field(Column.TYPES, pa.string()),
-    pa.field(Column.UNCHANGED, pa.string()),
-    pa.field(Column.INTENT, pa.string()),
-    pa.field(Column.SNAPSHOT, pa.string()),
-    pa.field(Column.SEQUENCE, pa.string()),
-    pa.field(Column.EVENT_TIME, pa.int64()),
-    pa.field(Column.ERROR, pa.string()),
-    pa.field(Column.HANDLING, pa.string()),
-    pa.field(Column.STAGE, pa.string()),
-]
-CHANGELOG_SCHEMA = pa.schema(
-    [
-        pa.field(Column.TOPIC, pa.string()),
-        pa.field(Column.PARTITION, pa.int32()),
-        pa.field(Column.OFFSET, pa.int64()),
-        *_COMPUTED[:1],
-        pa.field(Column.TIMESTAMP, pa.int64()),
-        *_COMPUTED[1:],
-        pa.field(Column.RAW_KEY, pa.binary()),
-        pa.field(Column.RAW_VALUE, pa.binary()),
-        pa.field(Column.HEADERS, HEADERS_TYPE),
-    ]
-)
-"""One row per changelog row, or per record that could not be converted (`error` set).
-
-Source order is (topic, partition, offset, change_index); `timestamp` is the Kafka record's,
-epoch ms. `kind` is '+I', '-U', '+U', '-D' or 'TRUNCATE'; `row`, `types` (column -> type
-name), `unchanged` and `sequence` are JSON text; `intent` is set when the stateful stage
-decides the kind. Error rows: `error`, `handling` ('FAIL', 'LOG', 'SKIP', 'DEAD_LETTER'),
-`stage` ('decode', 'from_changelog') and the original `raw_key`, `raw_value`, `headers`.
-"""
 
 
 def connect_layout(settings: FromChangelogSettings) -> ConnectLayout:
@@ -215,8 +137,8 @@ class _Output:
             columns[name] = records.column(name).take(source)
         timestamps = pc.divide(pc.cast(records.column(KafkaColumn.TIMESTAMP), pa.int64()), _US_PER_MS)
         columns[Column.TIMESTAMP] = timestamps.take(source)
-        transposed = list(zip(*self.rows)) or [()] * len(_COMPUTED)
-        for field, values in zip(_COMPUTED, transposed):
+        transposed = list(zip(*self.rows)) or [()] * len(COMPUTED_FIELDS)
+        for field, values in zip(COMPUTED_FIELDS, transposed):
             columns[field.name] = pa.array(values, field.type)
         failed = source if self.keep_raw else pa.array(self.error_source, pa.int64())
         for name, raw in ((Column.RAW_KEY, KafkaColumn.KEY), (Column.RAW_VALUE, KafkaColumn.VALUE),

@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from service.config.from_changelog import LateHandling
-from service.kafka_to_delta.changelog.changelog_batch import Column
+from service.kafka_to_delta.rows.names import Column
 from vocabulary.changes import ChangeKind
 
 LATE_REASON = "late record: event time {behind} ms behind the watermark"

@@ -52,13 +52,13 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from service.config.from_changelog import FromChangelogSettings, LateHandling, RecordHandling
 from service.config.settings import PipelineSettings
-from service.kafka_to_delta.changelog.changelog_batch import CHANGELOG_SCHEMA, Column
 from service.kafka_to_delta.changelog.event_time_order import EventTimeBuffer, compact
 from service.kafka_to_delta.changelog.from_changelog import Marker
 from service.kafka_to_delta.changelog.upsert_unzip import UpsertUnzip
+from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
+from service.kafka_to_delta.rows.names import WATERMARK_COLUMN, Column
+from service.kafka_to_delta.rows.spark import CHANGELOG_SPARK_SCHEMA
 from service.kafka_to_delta.sink.dead_letters import Stage
-from service.kafka_to_delta.source.decode_stage import CHANGELOG_SPARK_SCHEMA
-from service.kafka_to_delta.source.event_time_progress import WATERMARK_COLUMN
 
 GROUP = "_from_changelog_group"
 PASSTHROUGH_PREFIX = "\u0000passthrough:"

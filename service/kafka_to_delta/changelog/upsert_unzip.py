@@ -23,9 +23,9 @@ from typing import Any
 
 import orjson
 
-from service.kafka_to_delta.changelog.changelog_batch import Column
 from service.kafka_to_delta.changelog.from_changelog import Intent, Marker
 from service.kafka_to_delta.formats.debezium_json import compact_json, loads
+from service.kafka_to_delta.rows.names import Column
 from vocabulary.changes import ChangeKind
 
 _ROW, _KEY, _UPSERT_KEY, _EXPIRES = "row", "key", "upsert_key", "expires_at_ms"

@@ -35,7 +35,6 @@ from connectors.kafka.cluster import ClusterView
 from connectors.kafka.range_reader import RAW_SCHEMA
 from service.config.joins import EnrichmentJoinSettings
 from service.config.settings import Settings
-from service.kafka_to_delta.changelog.changelog_batch import Column
 from service.kafka_to_delta.joins.enrichment_rows import (
     Enriched,
     build_changes,
@@ -47,6 +46,7 @@ from service.kafka_to_delta.joins.enrichment_state import BuildState, GateLog, H
 from service.kafka_to_delta.joins.join_inputs import decode_records, input_decoder, side_records
 from service.kafka_to_delta.joins.join_source import join_records
 from service.kafka_to_delta.joins.snapshot_gate import BuildObservations, GateState
+from service.kafka_to_delta.rows.names import Column
 from service.kafka_to_delta.sink.bad_records import failed_rows, handle_bad_records
 from service.kafka_to_delta.sink.dead_letters import DeadLetterSettings, DeadLetterSink
 from service.kafka_to_delta.sink.merge_sink import MergeSink

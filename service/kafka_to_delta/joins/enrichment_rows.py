@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from service.kafka_to_delta.changelog.changelog_batch import Column
+from service.kafka_to_delta.rows.names import Column
 from vocabulary.changes import ChangeKind
 
 BUILD_STATE_SCHEMA = pa.schema([("key", pa.string()), ("row", pa.string()), ("types", pa.string())])

@@ -9,7 +9,8 @@ import pyarrow.compute as pc
 
 from connectors.kafka.range_reader import RAW_SCHEMA
 from service.config.joins import JoinInput
-from service.kafka_to_delta.changelog.changelog_batch import CHANGELOG_SCHEMA, ChangelogBatchDecoder
+from service.kafka_to_delta.changelog.changelog_batch import ChangelogBatchDecoder
+from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
 from service.kafka_to_delta.source.decode_stage import value_decoder
 
 

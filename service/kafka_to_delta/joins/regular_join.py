@@ -23,7 +23,6 @@ from pyspark.sql.streaming import StreamingQuery
 from connectors.delta.engines import open_table
 from service.config.joins import RegularJoinSettings
 from service.config.settings import Settings
-from service.kafka_to_delta.changelog.changelog_batch import Column
 from service.kafka_to_delta.joins.join_state import TIDY_EVERY_BATCHES, JoinStateStore, state_uri
 from service.kafka_to_delta.joins.regular_join_rules import (
     JoinRules,
@@ -35,9 +34,9 @@ from service.kafka_to_delta.joins.regular_join_rules import (
 )
 from service.kafka_to_delta.joins.regular_join_source import SIDE, sides_stream
 from service.kafka_to_delta.materialize.rules import MaterializerConfig
+from service.kafka_to_delta.rows.names import FAILED_COLUMNS, Column
 from service.kafka_to_delta.sink.bad_records import handle_bad_records
 from service.kafka_to_delta.sink.merge_sink import MergeOutcome, MergeSink
-from service.kafka_to_delta.source.partition_changes import FAILED_COLUMNS
 from service.observability import metrics
 from service.runtime import test_hooks
 from service.runtime.checkpoints import remove_abandoned_writes

@@ -36,7 +36,6 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from service.kafka_to_delta.changelog.changelog_batch import Column
 from service.kafka_to_delta.formats.debezium_json import canonical_key, compact_json
 from service.kafka_to_delta.joins.regular_join_output import (
     OutputRows,
@@ -44,13 +43,11 @@ from service.kafka_to_delta.joins.regular_join_output import (
     materialized,
     output_changes,
 )
-from service.kafka_to_delta.materialize.fill_unchanged import fill_unchanged
+from service.kafka_to_delta.materialize.fill_unchanged import fill_unchanged, filled_images
 from service.kafka_to_delta.materialize.key_state import decode_state, encode_state
 from service.kafka_to_delta.materialize.last_change import last_rows
 from service.kafka_to_delta.materialize.rules import Counters, MaterializerConfig
-from service.kafka_to_delta.source.partition_changes import (
-    _with_filled_images as with_filled_images,
-)
+from service.kafka_to_delta.rows.names import Column
 from vocabulary.changes import ChangeKind
 
 SIDE_SCHEMA = pa.schema([
@@ -127,7 +124,7 @@ def side_changes(changelog: pa.Table, rules: SideRules) -> pa.Table:
     if changelog.num_rows == 0:
         return _CHANGES_SCHEMA.empty_table()
     ordered = changelog.sort_by(_SOURCE_ORDER)
-    last = with_filled_images(last_rows(ordered, Column.KEY), ordered)
+    last = filled_images(last_rows(ordered, Column.KEY), ordered)
     deleted = pc.fill_null(pc.is_in(last.column(Column.KIND), _RETRACTIONS), False)
     rows = last.column(Column.ROW).to_pylist()
     gone = deleted.to_pylist()

@@ -17,9 +17,10 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from service.config.joins import RegularJoinSettings
 from service.config.settings import Settings
-from service.kafka_to_delta.changelog.changelog_batch import CHANGELOG_SCHEMA, KafkaColumn
 from service.kafka_to_delta.joins.join_inputs import input_decoder
 from service.kafka_to_delta.joins.join_source import join_records
+from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
+from service.kafka_to_delta.rows.names import KafkaColumn
 
 SIDE = "side"
 SIDES_SCHEMA = CHANGELOG_SCHEMA.append(pa.field(SIDE, pa.string()))

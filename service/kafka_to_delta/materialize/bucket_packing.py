@@ -25,24 +25,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from service.kafka_to_delta.changelog.changelog_batch import Column
-from service.kafka_to_delta.materialize.bulk import EVENT_TIME, GROUP
-from service.kafka_to_delta.materialize.net_changes import error_group_key
-from service.kafka_to_delta.source.arrow_ipc import ipc_bytes
-from service.kafka_to_delta.source.decode_stage import DecodedRanges
-from service.kafka_to_delta.source.event_time_progress import WATERMARK_COLUMN
-
-BUCKET = "bucket"
-PACKED_CHANGES = "changes"
-PACKED_SPARK_SCHEMA = f"{BUCKET} bigint, {WATERMARK_COLUMN} bigint, {PACKED_CHANGES} binary"
-"""One row per (decoded chunk, key bucket): the bucket, its rows' largest watermark candidate, its rows."""
-STAGE_FIELDS = (
-    GROUP, Column.KIND, Column.UPSERT_KEY, Column.ROW, Column.TYPES, Column.UNCHANGED, Column.SEQUENCE, EVENT_TIME,
-    Column.TOPIC, Column.PARTITION, Column.OFFSET, Column.CHANGE_INDEX, Column.TIMESTAMP, Column.KEY, Column.ERROR,
-    Column.HANDLING, Column.STAGE, Column.RAW_KEY, Column.RAW_VALUE, Column.HEADERS,
+from service.kafka_to_delta.rows.ipc import ipc_bytes
+from service.kafka_to_delta.rows.names import (
+    BUCKET,
+    EVENT_TIME,
+    GROUP,
+    PACKED_CHANGES,
+    STAGE_FIELDS,
+    WATERMARK_COLUMN,
+    Column,
+    error_group_key,
 )
-"""What the materializer's stages read of a change (its group key, `_group`, first): the columns of a packed
-chunk, and those `materializer_stage` selects from rows."""
+from service.kafka_to_delta.source.decode_stage import DecodedRanges
+
 _SPARK_XXHASH_SEED = 42
 _UNSIGNED = 1 << 64
 _SIGNED_TOP = 1 << 63

@@ -46,17 +46,17 @@ from pyspark.sql.streaming.stateful_processor import (
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from service.kafka_to_delta.materialize.bucket_document import BucketDocument
-from service.kafka_to_delta.materialize.bucket_packing import BUCKET, PACKED_CHANGES, unpack_changes
-from service.kafka_to_delta.materialize.bulk import (
+from service.kafka_to_delta.materialize.bucket_packing import unpack_changes
+from service.kafka_to_delta.materialize.bulk import StageConfig, arrival, compact_many, is_failed
+from service.kafka_to_delta.materialize.net_changes import net_table, pack_net
+from service.kafka_to_delta.materialize.rules import Materializer
+from service.kafka_to_delta.rows.names import (
+    BUCKET,
     EVENT_TIME,
     GROUP,
-    StageConfig,
-    arrival,
-    compact_many,
-    is_failed,
+    PACKED_CHANGES,
+    PACKED_COLUMN,
 )
-from service.kafka_to_delta.materialize.net_changes import PACKED_COLUMN, net_table, pack_net
-from service.kafka_to_delta.materialize.rules import Materializer
 from service.kafka_to_delta.source.partition_changes import net_payload
 
 GROUP_COLUMN = "group_key"  # pandas frames rename columns that start with "_"

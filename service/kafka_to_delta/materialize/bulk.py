@@ -20,7 +20,6 @@ from typing import Iterable, Iterator, Literal
 import orjson
 
 from service.kafka_to_delta.materialize.bucket_document import StoredState
-from service.kafka_to_delta.materialize.net_changes import NET_SCHEMA, error_group_key
 from service.kafka_to_delta.materialize.rules import (
     Change,
     Materializer,
@@ -28,10 +27,10 @@ from service.kafka_to_delta.materialize.rules import (
     Outcome,
 )
 from service.kafka_to_delta.materialize.rules_fast import simple_outcome
+from service.kafka_to_delta.rows.names import EVENT_TIME, GROUP, error_group_key
+from service.kafka_to_delta.rows.spark import NET_SCHEMA
 from vocabulary.changes import ChangeKind
 
-GROUP = "_group"
-EVENT_TIME = "event_time"
 ARRIVAL_ORDER = ("timestamp", "topic", "partition", "offset", "change_index")
 ERROR_PREFIX = error_group_key("")
 NET_NAMES = tuple(NET_SCHEMA.names)

@@ -5,8 +5,13 @@ from __future__ import annotations
 import json
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from service.kafka_to_delta.materialize.net_changes import EARLIER_IMAGES
+from service.kafka_to_delta.formats.debezium_json import compact_json
+from service.kafka_to_delta.rows.names import EARLIER_IMAGES, Column
+from vocabulary.changes import ChangeKind
+
+_IMAGE_KINDS = (ChangeKind.INSERT.value, ChangeKind.UPDATE_BEFORE.value, ChangeKind.UPDATE_AFTER.value)
 
 
 def fill_unchanged(row: dict, unchanged: list[str], images: list[dict]) -> tuple[dict, list[str]]:
@@ -35,3 +40,30 @@ def filled_net(net: pa.Table) -> pa.Table:
         lefts.append(unchanged)
     net = net.set_column(net.schema.get_field_index("row"), "row", pa.array(texts, pa.string()))
     return net.set_column(net.schema.get_field_index("unchanged"), "unchanged", pa.array(lefts, pa.string()))
+
+
+def filled_images(last: pa.Table, changes: pa.Table) -> pa.Table:
+    """`last` with each row that left columns unchanged filled from its key's earlier images."""
+    unchanged = last.column(Column.UNCHANGED)
+    if unchanged.null_count == last.num_rows:
+        return last
+    partial_keys = pc.filter(last.column(Column.KEY), pc.is_valid(unchanged))
+    images = changes.filter(pc.and_(pc.is_in(changes.column(Column.KEY), partial_keys),
+                                    pc.is_in(changes.column(Column.KIND), pa.array(_IMAGE_KINDS))))
+    by_key: dict[str, list[dict]] = {}
+    for image in images.select([Column.KEY, Column.ROW, Column.UNCHANGED]).to_pylist():
+        chain = by_key.setdefault(image[Column.KEY], [])
+        if image[Column.UNCHANGED] is None:
+            chain.clear()  # images from the last complete one on
+        chain.append({"row": image[Column.ROW], "unchanged": image[Column.UNCHANGED]})
+    texts, lefts = [], []
+    for key, text, left in zip(*(last.column(c).to_pylist() for c in (Column.KEY, Column.ROW, Column.UNCHANGED))):
+        found = by_key.get(key)
+        if found and left and text is not None:
+            row, still = fill_unchanged(json.loads(text), json.loads(left), found)
+            text, left = compact_json(row), json.dumps(still) if still else None
+        texts.append(text)
+        lefts.append(left)
+    last = last.set_column(last.schema.get_field_index(Column.ROW), Column.ROW, pa.array(texts, pa.string()))
+    return last.set_column(last.schema.get_field_index(Column.UNCHANGED), Column.UNCHANGED,
+                           pa.array(lefts, pa.string()))

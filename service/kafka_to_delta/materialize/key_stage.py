@@ -41,27 +41,27 @@ from pyspark.sql.streaming.stateful_processor import (
 )
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from service.kafka_to_delta.materialize.bucket_packing import PACKED_CHANGES, STAGE_FIELDS
-from service.kafka_to_delta.materialize.bucket_stage import (
-    BUCKET,
-    BucketProcessor,
-    bucketed,
-    bucketed_seed,
-)
+from service.kafka_to_delta.materialize.bucket_stage import BucketProcessor, bucketed, bucketed_seed
 from service.kafka_to_delta.materialize.bulk import (
     ERROR_PREFIX,
-    EVENT_TIME,
-    GROUP,
     StageConfig,
     arrival,
     compact_key,
     is_failed,
     passthrough,
 )
-from service.kafka_to_delta.materialize.net_changes import NET_SCHEMA, PACKED_NET_SPARK_SCHEMA
 from service.kafka_to_delta.materialize.rules import Materializer
-from service.kafka_to_delta.source.event_time_progress import WATERMARK_COLUMN
-from service.kafka_to_delta.source.payload_schema import PAYLOAD_SPARK_SCHEMA
+from service.kafka_to_delta.rows.names import (
+    BUCKET,
+    EVENT_TIME,
+    GROUP,
+    PACKED_CHANGES,
+    PACKED_NET_SPARK_SCHEMA,
+    PAYLOAD_SPARK_SCHEMA,
+    STAGE_FIELDS,
+    WATERMARK_COLUMN,
+)
+from service.kafka_to_delta.rows.spark import NET_SCHEMA
 
 __all__ = ["MaterializerProcessor", "StageConfig", "materialize", "time_mode", "waiting_item"]
 

@@ -21,64 +21,20 @@ from typing import Iterable, Iterator
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-)
 
-from service.kafka_to_delta.source.arrow_ipc import ipc_bytes
+from service.kafka_to_delta.rows.ipc import ipc_bytes
+from service.kafka_to_delta.rows.names import (
+    CHANGES_COLUMN,
+    EARLIER_IMAGES,
+    PACKED_COLUMN,
+    error_group_key,
+)
+from service.kafka_to_delta.rows.spark import NET_ARROW_SCHEMA, NET_SCHEMA
 from vocabulary.changes import ChangeKind
 
-CHANGES_COLUMN = "changes"
-_ERROR_KEY_PREFIX = "\u0000error:"
 _TRUNCATE_KEY_PREFIX = "\u0000truncate:"
 TRUNCATE = "TRUNCATE"
-_HEADERS = "headers"
-EARLIER_IMAGES = "earlier_images"
 _IMAGE_KINDS = (ChangeKind.INSERT.value, ChangeKind.UPDATE_BEFORE.value, ChangeKind.UPDATE_AFTER.value)
-
-NET_SCHEMA = StructType(
-    [
-        StructField("key", StringType()),
-        StructField("kind", StringType()),
-        StructField("row", StringType()),
-        StructField("types", StringType()),
-        StructField("unchanged", StringType()),
-        StructField("topic", StringType()),
-        StructField("partition", IntegerType()),
-        StructField("offset", LongType()),
-        StructField("timestamp", LongType()),
-        StructField(CHANGES_COLUMN, LongType()),
-        StructField("error", StringType()),
-        StructField("handling", StringType()),
-        StructField("stage", StringType()),
-        StructField("raw_key", BinaryType()),
-        StructField("raw_value", BinaryType()),
-        StructField(_HEADERS, ArrayType(StructType([StructField("key", StringType()),
-                                                     StructField("value", BinaryType())]))),
-        StructField("conflicts", LongType()),
-        StructField("rollbacks", LongType()),
-        StructField("stale_dropped", LongType()),
-        StructField("cleared_state_warnings", LongType()),
-        StructField("state_bytes", LongType()),
-        StructField(EARLIER_IMAGES, ArrayType(StructType([StructField("row", StringType()),
-                                                           StructField("unchanged", StringType())]))),
-    ]
-)
-"""Net changes (kind +U upsert or -D delete; null kind for error rows and counter-only rows)."""
-
-NET_ARROW_SCHEMA = to_arrow_schema(NET_SCHEMA)
-PACKED_COLUMN = "net"
-PACKED_NET_SPARK_SCHEMA = f"{PACKED_COLUMN} binary"
-"""What the bucket materializer emits: per bucket call one row holding its `NET_SCHEMA` rows as an
-Arrow IPC stream (`pack_net` / `unpack_net`). One binary value crosses to the JVM instead of 22 columns
-converted from pandas (the stage's output cost fell by about a tenth of a batch)."""
 
 
 _NET_VALUES = itemgetter(*NET_ARROW_SCHEMA.names)
@@ -108,18 +64,13 @@ def unpack_net(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             yield from pa.ipc.open_stream(blob)
 
 _CARRIED = ("kind", "row", "types", "unchanged", "topic", "partition", "offset", "timestamp")
-_ERROR_CARRIED = ("error", "handling", "stage", "raw_key", "raw_value", _HEADERS)
-
-
-def error_group_key(coordinates: str) -> str:
-    """Group key of a failed row: its own, so that it is never merged with another."""
-    return _ERROR_KEY_PREFIX + coordinates
+_ERROR_CARRIED = ("error", "handling", "stage", "raw_key", "raw_value", "headers")
 
 
 def _group_key() -> Column:
     coordinates = F.concat_ws(":", F.col("topic"), F.col("partition"), F.col("offset"))
     return (
-        F.when(F.col("error").isNotNull(), F.concat(F.lit(_ERROR_KEY_PREFIX), coordinates))
+        F.when(F.col("error").isNotNull(), F.concat(F.lit(error_group_key("")), coordinates))
         .when(F.col("kind") == TRUNCATE, F.concat(F.lit(_TRUNCATE_KEY_PREFIX), coordinates))
         .otherwise(F.col("key"))
     )

@@ -19,7 +19,7 @@ from connectors.delta.delta_rs import DELETE_FLAG, DeltaSchemaError
 from connectors.delta.engines import DeltaEngineTable
 from connectors.delta.merge_plan import keep_flag
 from service.kafka_to_delta.materialize.fill_unchanged import filled_net
-from service.kafka_to_delta.source.partition_changes import Meta
+from service.kafka_to_delta.rows.names import Meta
 from vocabulary.changes import ChangeKind
 from vocabulary.errors import SourceCoordinates
 

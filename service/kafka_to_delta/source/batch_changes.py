@@ -19,15 +19,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from connectors.delta.arrow_types import arrow_type, typed_column
-from service.kafka_to_delta.changelog.changelog_batch import CHANGELOG_SCHEMA
 from service.kafka_to_delta.materialize.last_change import last_rows
-from service.kafka_to_delta.source.partition_changes import (
-    FAILED_COLUMNS,
-    Meta,
-    Part,
-    TypeEvidence,
-    payload_table,
-)
+from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
+from service.kafka_to_delta.rows.names import FAILED_COLUMNS, Meta, Part
+from service.kafka_to_delta.source.partition_changes import TypeEvidence, payload_table
 from vocabulary.errors import DecodeError, SourceCoordinates
 
 

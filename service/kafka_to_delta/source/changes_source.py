@@ -23,7 +23,7 @@ from pyspark import cloudpickle
 from pyspark.sql.datasource import DataSource, InputPartition
 
 from connectors.kafka.source import KafkaRange, KafkaSource, KafkaStreamReader
-from service.kafka_to_delta.source.payload_schema import PAYLOAD_SPARK_SCHEMA
+from service.kafka_to_delta.rows.names import PAYLOAD_SPARK_SCHEMA
 from service.runtime.memory_release import release_memory
 
 if TYPE_CHECKING:

@@ -13,29 +13,15 @@ import json
 from typing import Callable, Iterable, Iterator
 
 import pyarrow as pa
-from pyspark.sql.pandas.types import from_arrow_schema
 
 from service.config.registry import SchemaRegistrySettings
 from service.config.settings import PipelineSettings
-from service.kafka_to_delta.changelog.changelog_batch import (
-    CHANGELOG_SCHEMA,
-    ChangelogBatchDecoder,
-    Column,
-)
+from service.kafka_to_delta.changelog.changelog_batch import ChangelogBatchDecoder
 from service.kafka_to_delta.formats.debezium_json import DocumentDecoder
-from service.kafka_to_delta.source.event_time_progress import (
-    WATERMARK_COLUMN,
-    EventTimeMaxima,
-    PartitionWatermark,
-)
+from service.kafka_to_delta.rows.arrow import STREAM_SCHEMA
+from service.kafka_to_delta.rows.names import Column
+from service.kafka_to_delta.source.event_time_progress import EventTimeMaxima, PartitionWatermark
 from vocabulary.errors import ConfigError
-
-CHANGELOG_SPARK_SCHEMA = from_arrow_schema(CHANGELOG_SCHEMA)
-_STREAM_SCHEMA = CHANGELOG_SCHEMA.append(pa.field(WATERMARK_COLUMN, pa.int64()))
-_STREAM_SPARK_SCHEMA = from_arrow_schema(_STREAM_SCHEMA)
-STREAM_SPARK_SCHEMA = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in _STREAM_SPARK_SCHEMA.fields)
-"""The changelog rows plus their watermark candidate, as a schema string for a data source."""
-__all__ = ["CHANGELOG_SCHEMA", "CHANGELOG_SPARK_SCHEMA", "STREAM_SPARK_SCHEMA", "DecodedRanges", "batch_decoder"]
 
 
 def value_decoder(format_name: str, registry: SchemaRegistrySettings | None) -> DocumentDecoder | None:
@@ -84,7 +70,7 @@ class _Decode:
             if self.scope_by_topic:
                 decoded = _topic_scoped(decoded)
             candidates = watermark.candidates(batch, decoded)
-            yield pa.RecordBatch.from_arrays([*decoded.columns, candidates], schema=_STREAM_SCHEMA)
+            yield pa.RecordBatch.from_arrays([*decoded.columns, candidates], schema=STREAM_SCHEMA)
         if self.maxima is not None:
             self.maxima.report(watermark.maxima)
 

@@ -24,9 +24,7 @@ from pyspark.accumulators import Accumulator, AccumulatorParam
 
 from connectors.kafka.range_reader import FLOOR_COLUMN
 from connectors.kafka.watermarks import ProgressFile, TopicPartition
-from service.kafka_to_delta.changelog.changelog_batch import Column
-
-WATERMARK_COLUMN = "_watermark_ms"
+from service.kafka_to_delta.rows.names import Column
 
 
 class _MaxPerPartition(AccumulatorParam):

@@ -36,7 +36,7 @@ from connectors.delta.arrow_types import (
     types_from_kinds,
 )
 from connectors.kafka.range_reader import ValueChunk
-from service.kafka_to_delta.changelog.changelog_batch import ChangelogBatchDecoder, Column
+from service.kafka_to_delta.changelog.changelog_batch import ChangelogBatchDecoder
 from service.kafka_to_delta.formats.debezium_columns import (
     NotVectorisable,
     decode_range,
@@ -44,51 +44,22 @@ from service.kafka_to_delta.formats.debezium_columns import (
     typed_net,
     vector_plan,
 )
-from service.kafka_to_delta.formats.debezium_json import JsonDocuments, compact_json, loads
+from service.kafka_to_delta.formats.debezium_json import JsonDocuments, loads
 from service.kafka_to_delta.formats.row_fit import BARE_MISFIT, TypedRows
-from service.kafka_to_delta.materialize.fill_unchanged import fill_unchanged, filled_net
+from service.kafka_to_delta.materialize.fill_unchanged import filled_images, filled_net
 from service.kafka_to_delta.materialize.last_change import last_rows
 from service.kafka_to_delta.materialize.net_changes import unpack_net
-from service.kafka_to_delta.source.arrow_ipc import ipc_bytes
-from service.kafka_to_delta.source.payload_schema import PAYLOAD_COLUMN, PAYLOAD_SPARK_SCHEMA
+from service.kafka_to_delta.rows.arrow import PAYLOAD_SCHEMA
+from service.kafka_to_delta.rows.ipc import ipc_bytes
+from service.kafka_to_delta.rows.names import COUNTERS, FAILED_COLUMNS, Column, Meta, Part
 from vocabulary.changes import ChangeKind
 from vocabulary.errors import DecodeError, SourceCoordinates
 
 TRUNCATE = "TRUNCATE"
-PAYLOAD_SCHEMA = pa.schema([("part", pa.string()), (PAYLOAD_COLUMN, pa.binary())])  # PAYLOAD_SPARK_SCHEMA in Arrow
-__all__ = ["PAYLOAD_SCHEMA", "PAYLOAD_SPARK_SCHEMA", "NetPayload", "PartitionReducer", "net_payload"]
+__all__ = ["NetPayload", "PartitionReducer", "net_payload"]
 _META_KEY = b"cdc-lakehouse"
 _IMAGE_KINDS = (ChangeKind.INSERT.value, ChangeKind.UPDATE_BEFORE.value, ChangeKind.UPDATE_AFTER.value)
 _RETRACTIONS = (ChangeKind.UPDATE_BEFORE.value, ChangeKind.DELETE.value)
-FAILED_COLUMNS = (Column.TOPIC, Column.PARTITION, Column.OFFSET, Column.TIMESTAMP, Column.ERROR, Column.HANDLING,
-                  Column.STAGE, Column.RAW_KEY, Column.RAW_VALUE, Column.HEADERS)
-"""Columns of part `failed`, as the bad-record policies and dead-letter stores read them."""
-
-
-class Part:
-    """Values of the payload's `part` column."""
-
-    CHANGES = "changes"
-    FAILED = "failed"
-
-
-class Meta:
-    """Columns of part `changes` besides the row's own (upsert or delete, source position)."""
-
-    KEY = "__cdc_key"
-    KIND = "__cdc_kind"
-    TOPIC = "__cdc_topic"
-    PARTITION = "__cdc_partition"
-    OFFSET = "__cdc_offset"
-    CHANGE_INDEX = "__cdc_change_index"
-    TIMESTAMP = "__cdc_timestamp"
-    UNCHANGED = "__cdc_unchanged"
-
-    ORDER = (TOPIC, PARTITION, OFFSET, CHANGE_INDEX)
-    SOURCE = {KEY: Column.KEY, TOPIC: Column.TOPIC, PARTITION: Column.PARTITION, OFFSET: Column.OFFSET,
-              CHANGE_INDEX: Column.CHANGE_INDEX, TIMESTAMP: Column.TIMESTAMP, UNCHANGED: Column.UNCHANGED}
-    ALL = (KEY, KIND, TOPIC, PARTITION, OFFSET, CHANGE_INDEX, TIMESTAMP, UNCHANGED)
-
 
 @dataclass
 class TypeEvidence:
@@ -116,33 +87,6 @@ class TypeEvidence:
         return cls(dict(data["declared"]), {c: set(k) for c, k in data["seen"].items()})
 
 
-def _with_filled_images(last: pa.Table, changes: pa.Table) -> pa.Table:
-    """`last` with each row that left columns unchanged filled from its key's earlier images."""
-    unchanged = last.column(Column.UNCHANGED)
-    if unchanged.null_count == last.num_rows:
-        return last
-    partial_keys = pc.filter(last.column(Column.KEY), pc.is_valid(unchanged))
-    images = changes.filter(pc.and_(pc.is_in(changes.column(Column.KEY), partial_keys),
-                                    pc.is_in(changes.column(Column.KIND), pa.array(_IMAGE_KINDS))))
-    by_key: dict[str, list[dict]] = {}
-    for image in images.select([Column.KEY, Column.ROW, Column.UNCHANGED]).to_pylist():
-        chain = by_key.setdefault(image[Column.KEY], [])
-        if image[Column.UNCHANGED] is None:
-            chain.clear()  # images from the last complete one on
-        chain.append({"row": image[Column.ROW], "unchanged": image[Column.UNCHANGED]})
-    texts, lefts = [], []
-    for key, text, left in zip(*(last.column(c).to_pylist() for c in (Column.KEY, Column.ROW, Column.UNCHANGED))):
-        found = by_key.get(key)
-        if found and left and text is not None:
-            row, still = fill_unchanged(json.loads(text), json.loads(left), found)
-            text, left = compact_json(row), json.dumps(still) if still else None
-        texts.append(text)
-        lefts.append(left)
-    last = last.set_column(last.schema.get_field_index(Column.ROW), Column.ROW, pa.array(texts, pa.string()))
-    return last.set_column(last.schema.get_field_index(Column.UNCHANGED), Column.UNCHANGED,
-                           pa.array(lefts, pa.string()))
-
-
 @dataclass
 class _Reduced:
     """The net changelog rows of the records seen so far, and what else they held."""
@@ -164,7 +108,7 @@ class _Reduced:
         changes = changelog.filter(pc.and_(pc.is_valid(kind), pc.not_equal(kind, TRUNCATE)))
         if self.net is not None:
             changes = pa.concat_tables([self.net, changes])
-        self.net = _with_filled_images(last_rows(changes, Column.KEY), changes)
+        self.net = filled_images(last_rows(changes, Column.KEY), changes)
 
     def surviving(self) -> pa.Table | None:
         """The net rows a TRUNCATE of the range did not wipe."""
@@ -222,7 +166,6 @@ def _payload(typed: pa.Table | None, failed: list[pa.Table], info: dict) -> pa.R
                                       schema=PAYLOAD_SCHEMA)
 
 
-COUNTERS = ("conflicts", "rollbacks", "stale_dropped", "cleared_state_warnings")
 """Materializer counters a stateful path's net rows carry; summed into the payload's metadata."""
 
 

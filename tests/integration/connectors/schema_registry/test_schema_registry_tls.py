@@ -39,7 +39,7 @@ from service.config.exports import ExportSettings
 from service.config.registry import SchemaRegistrySettings
 from service.config.settings import PipelineSettings, Settings, settings_from_mapping
 from service.delta_to_kafka.formats.avro_serializers import avro_serializers
-from service.kafka_to_delta.changelog.changelog_batch import Column
+from service.kafka_to_delta.rows.names import Column
 from service.kafka_to_delta.source.decode_stage import batch_decoder
 from tests.support.registry_tls import CertificateFiles, make_certificates
 from tests.support.schema_registry_double import GET_SCHEMA, SchemaRegistryDouble

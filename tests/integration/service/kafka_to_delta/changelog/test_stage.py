@@ -20,7 +20,7 @@ from pyspark.sql.streaming.tws_tester import TwsTester
 from connectors.kafka.range_reader import RAW_SCHEMA
 from service.config.from_changelog import FromChangelogSettings
 from service.config.settings import PipelineSettings
-from service.kafka_to_delta.changelog.changelog_batch import CHANGELOG_SCHEMA, ChangelogBatchDecoder
+from service.kafka_to_delta.changelog.changelog_batch import ChangelogBatchDecoder
 from service.kafka_to_delta.changelog.stage import (
     GROUP,
     PASSTHROUGH_PREFIX,
@@ -28,7 +28,8 @@ from service.kafka_to_delta.changelog.stage import (
     OrderAndUnzipProcessor,
     stateful_changelog,
 )
-from service.kafka_to_delta.source.decode_stage import CHANGELOG_SPARK_SCHEMA
+from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
+from service.kafka_to_delta.rows.spark import CHANGELOG_SPARK_SCHEMA
 
 TOPIC = "cdc"
 NAMES = CHANGELOG_SCHEMA.names

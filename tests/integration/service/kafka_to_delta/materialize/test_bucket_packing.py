@@ -13,21 +13,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import functions as F
 
-from service.kafka_to_delta.materialize.bucket_packing import (
-    PACKED_SPARK_SCHEMA,
-    packed_buckets,
-    spark_bucket,
-)
+from service.kafka_to_delta.materialize.bucket_packing import packed_buckets, spark_bucket
 from service.kafka_to_delta.materialize.bulk import (
     DEFAULT_KEY_BUCKETS,
     LEGACY_KEY_BUCKETS,
     StageConfig,
 )
 from service.kafka_to_delta.materialize.key_stage import materialize
-from service.kafka_to_delta.materialize.net_changes import NET_ARROW_SCHEMA, unpack_net
+from service.kafka_to_delta.materialize.net_changes import unpack_net
 from service.kafka_to_delta.materialize.rules import MaterializerConfig
-from service.kafka_to_delta.source.decode_stage import CHANGELOG_SCHEMA, CHANGELOG_SPARK_SCHEMA
-from service.kafka_to_delta.source.event_time_progress import WATERMARK_COLUMN
+from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
+from service.kafka_to_delta.rows.names import PACKED_SPARK_SCHEMA, WATERMARK_COLUMN
+from service.kafka_to_delta.rows.spark import CHANGELOG_SPARK_SCHEMA, NET_ARROW_SCHEMA
 from tests.integration.service.kafka_to_delta.materialize.test_key_stage import change
 
 SEEDS = [3]

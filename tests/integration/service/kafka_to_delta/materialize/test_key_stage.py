@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import Row
 from pyspark.sql.streaming.tws_tester import TwsTester
 
-from service.kafka_to_delta.materialize.bucket_stage import BUCKET, bucketed
+from service.kafka_to_delta.materialize.bucket_stage import bucketed
 from service.kafka_to_delta.materialize.bulk import DEFAULT_KEY_BUCKETS
 from service.kafka_to_delta.materialize.key_stage import (
     MaterializerProcessor,
@@ -21,14 +21,11 @@ from service.kafka_to_delta.materialize.key_stage import (
     time_mode,
     waiting_item,
 )
-from service.kafka_to_delta.materialize.net_changes import (
-    NET_ARROW_SCHEMA,
-    NET_SCHEMA,
-    error_group_key,
-    unpack_net,
-)
+from service.kafka_to_delta.materialize.net_changes import unpack_net
 from service.kafka_to_delta.materialize.rules import MaterializerConfig
-from service.kafka_to_delta.source.decode_stage import CHANGELOG_SCHEMA, CHANGELOG_SPARK_SCHEMA
+from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
+from service.kafka_to_delta.rows.names import BUCKET, error_group_key
+from service.kafka_to_delta.rows.spark import CHANGELOG_SPARK_SCHEMA, NET_ARROW_SCHEMA, NET_SCHEMA
 
 A1 = {"id": 1, "level": 10, "attr": "a1"}
 B1 = {"id": 1, "level": 20, "attr": "b1"}

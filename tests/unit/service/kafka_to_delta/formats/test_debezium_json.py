@@ -15,11 +15,7 @@ from hypothesis import strategies as st
 
 from connectors.kafka.range_reader import RAW_SCHEMA
 from service.config.from_changelog import FromChangelogSettings
-from service.kafka_to_delta.changelog.changelog_batch import (
-    CHANGELOG_SCHEMA,
-    ChangelogBatchDecoder,
-    connect_layout,
-)
+from service.kafka_to_delta.changelog.changelog_batch import ChangelogBatchDecoder, connect_layout
 from service.kafka_to_delta.changelog.from_changelog import (
     ChangelogRow,
     FromChangelog,
@@ -32,6 +28,7 @@ from service.kafka_to_delta.formats.debezium_json import (
     canonical_json,
     canonical_key,
 )
+from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
 from vocabulary.changes import ChangeKind
 from vocabulary.errors import DecodeError
 

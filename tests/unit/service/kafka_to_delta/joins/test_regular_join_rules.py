@@ -9,7 +9,6 @@ import random
 import pyarrow as pa
 import pytest
 
-from service.kafka_to_delta.changelog.changelog_batch import Column
 from service.kafka_to_delta.joins.regular_join_rules import (
     JoinRules,
     JoinState,
@@ -18,6 +17,7 @@ from service.kafka_to_delta.joins.regular_join_rules import (
     side_changes,
 )
 from service.kafka_to_delta.materialize.rules import ConflictError, MaterializerConfig
+from service.kafka_to_delta.rows.names import Column
 from tests.support.join_reference import normalized, reference_join
 
 ORDERS = SideRules(("order_id",), ("customer_id",))

@@ -10,19 +10,23 @@ import random
 import pyarrow as pa
 
 from service.config.settings import PipelineSettings
-from service.kafka_to_delta.changelog.changelog_batch import Column
 from service.kafka_to_delta.materialize.bucket_packing import (
-    BUCKET,
-    PACKED_CHANGES,
-    STAGE_FIELDS,
     PackedBuckets,
     packed_buckets,
     spark_bucket,
     unpack_changes,
 )
-from service.kafka_to_delta.materialize.bulk import ERROR_PREFIX, EVENT_TIME, GROUP
+from service.kafka_to_delta.materialize.bulk import ERROR_PREFIX
+from service.kafka_to_delta.rows.names import (
+    BUCKET,
+    EVENT_TIME,
+    GROUP,
+    PACKED_CHANGES,
+    STAGE_FIELDS,
+    WATERMARK_COLUMN,
+    Column,
+)
 from service.kafka_to_delta.source.decode_stage import DecodedRanges
-from service.kafka_to_delta.source.event_time_progress import WATERMARK_COLUMN
 from tests.unit.service.kafka_to_delta.source.test_decoded_ranges import _records
 
 SEEDS = [1, 2, 3, 5, 8, 13]

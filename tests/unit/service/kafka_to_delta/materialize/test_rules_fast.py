@@ -15,9 +15,10 @@ import random
 import orjson
 import pytest
 
-from service.kafka_to_delta.materialize.bulk import EVENT_TIME, change_of
+from service.kafka_to_delta.materialize.bulk import change_of
 from service.kafka_to_delta.materialize.rules import Materializer, MaterializerConfig
 from service.kafka_to_delta.materialize.rules_fast import simple_outcome
+from service.kafka_to_delta.rows.names import EVENT_TIME
 
 SEEDS = [0, 1, 2, 5, 11, 99, 2024]
 STRATEGIES = ["error", "nothing", "deduplicate"]

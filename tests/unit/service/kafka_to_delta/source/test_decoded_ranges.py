@@ -9,13 +9,9 @@ import pyarrow as pa
 
 from connectors.kafka.range_reader import SOURCE_SCHEMA
 from service.config.settings import PipelineSettings
-from service.kafka_to_delta.changelog.changelog_batch import Column
-from service.kafka_to_delta.source.decode_stage import (
-    STREAM_SPARK_SCHEMA,
-    DecodedRanges,
-    batch_decoder,
-)
-from service.kafka_to_delta.source.event_time_progress import WATERMARK_COLUMN
+from service.kafka_to_delta.rows.names import WATERMARK_COLUMN, Column
+from service.kafka_to_delta.rows.spark import STREAM_SPARK_SCHEMA
+from service.kafka_to_delta.source.decode_stage import DecodedRanges, batch_decoder
 
 _US = 1_000
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from service.kafka_to_delta.rows.names import Meta
 from service.kafka_to_delta.source.batch_changes import without_truncated
-from service.kafka_to_delta.source.partition_changes import Meta
 
 
 def _changes(*rows: tuple[str, int, int]) -> pa.Table:
