@@ -160,6 +160,70 @@ def test_each_reference_table_lists_exactly_the_keys_of_its_block():
     assert not problems, "docs/configuration.md drifted from the settings models:\n" + "\n".join(problems)
 
 
+def documented_defaults(text: str) -> dict[str, dict[str, str]]:
+    """Block path -> key -> the value the default column starts with (rows whose default is prose,
+    such as "required" or "see below", are left out)."""
+    defaults: dict[str, dict[str, str]] = {}
+    current: list[str] | None = None
+    for line in re.sub(r"```.*?```", "", text, flags=re.S).splitlines():
+        heading = _HEADING.match(line)
+        if heading or line.startswith("## "):
+            title = heading.group(1).strip() if heading else ""
+            current = [TOP_LEVEL] if title == "Top level" else _CODE.findall(title) or None
+            continue
+        if current and line.startswith("| `"):
+            cells = line.split("|")
+            value = re.match(r"\s*`([^`]+)`", cells[2])
+            if value:
+                for path in current:
+                    for key in _CODE.findall(cells[1]):
+                        defaults.setdefault(path, {})[key] = value.group(1)
+    return defaults
+
+
+def _model_default(model: type[BaseModel], key: str) -> typing.Any:
+    for name, field in model.model_fields.items():
+        if key == name or key in _aliases_of(model, name):
+            if field.is_required():
+                return "required"
+            return field.get_default(call_default_factory=True)
+    raise KeyError(key)
+
+
+def _aliases_of(model: type[BaseModel], name: str) -> set[str]:
+    alias = model.model_fields[name].validation_alias
+    choices = alias.choices if isinstance(alias, AliasChoices) else [alias] if alias is not None else []
+    return {choice for choice in choices if isinstance(choice, str)}
+
+
+def _plain(value: typing.Any) -> typing.Any:
+    if isinstance(value, (tuple, list)):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return value
+
+
+def test_documented_defaults_are_the_models_defaults():
+    import yaml
+
+    all_blocks = blocks()
+    wrong = []
+    for path, defaults in documented_defaults(CONFIGURATION.read_text()).items():
+        for key, shown in defaults.items():
+            for model in all_blocks.get(path, ()):
+                try:
+                    actual = _model_default(model, key)
+                except KeyError:
+                    continue
+                if isinstance(actual, BaseModel):
+                    continue
+                same = shown == actual if isinstance(actual, str) else yaml.safe_load(shown) == _plain(actual)
+                if not same:
+                    wrong.append(f"{path or '(top level)'}.{key}: documented {shown!r}, the model says {actual!r}")
+    assert not wrong, "docs/configuration.md shows defaults the models do not have:\n" + "\n".join(wrong)
+
+
 def test_the_walk_finds_the_nested_blocks():
     # Guards the test itself: nested models, lists of models and the union of join kinds are walked.
     all_blocks = blocks()
