@@ -1,17 +1,19 @@
 """Start Spark's Python workers while the driver is still setting up its queries.
 
-A query's first micro-batch used to start the Python workers that read and decode its Kafka
+Without this, a query's first micro-batch starts the Python workers that read and decode its Kafka
 ranges: the daemon, one forked worker per task slot, and each worker's imports (pandas, pyarrow,
-confluent-kafka, the decoders: about 0.75 s of CPU each), all on the path to the first commit.
-Before that, the driver spends some seconds registering the data sources and planning, one helper
-process at a time, with the other cores idle. `warm_workers` runs one tiny job of one task per
-slot in the background at that moment: the workers it starts import what the readers import and
-then stay (spark.python.worker.reuse), so the first batch's tasks find them ready.
+confluent-kafka, the decoders), all on the path to the first commit. Before that, the driver spends
+some seconds registering the data sources and planning, one helper process at a time, with the
+other cores idle. `warm_workers` runs one tiny job of one task per slot in the background at that
+moment: the workers it starts import what the readers import and then stay
+(spark.python.worker.reuse), so the first batch's tasks find them ready.
 
-`warmup_modules` chooses what they import from the compiled plan and the input formats: nothing when
-no query reads Kafka, else the readers (`READER_MODULES`) and the decoders of the formats in use
-(`FORMAT_MODULES`). tests/unit/service/runtime/test_worker_warmup.py checks that these name modules
-that exist and that a worker which imported them loads nothing more to unpickle a reader.
+`warmup_modules` chooses what they import from the compiled plan and the input formats: nothing
+when no query reads Kafka, else the readers (`READER_MODULES`), what the plan's operators read with
+(`OPERATOR_MODULES`) and the decoders of the formats in use (`FORMAT_MODULES`).
+tests/unit/service/runtime/test_worker_warmup.py checks that these name modules that exist and that
+a worker which imported them loads nothing more to unpickle a pipeline's reader. Figures:
+docs/design/runtime-tuning.md.
 """
 
 from __future__ import annotations
@@ -36,8 +38,11 @@ READER_MODULES = (
     "service.kafka_to_delta.formats.debezium_columns",
 )
 """What a worker that reads and decodes Kafka ranges imports."""
-FORMAT_MODULES = {"avro-confluent": ("connectors.schema_registry",)}
+FORMAT_MODULES = {"avro-confluent": ("connectors.schema_registry.avro_codec", "connectors.schema_registry.client")}
 """What a worker imports besides `READER_MODULES` to decode an input format."""
+OPERATOR_MODULES = {"materializer": ("service.kafka_to_delta.materialize.bucket_packing",)}
+"""What a worker imports besides `READER_MODULES` for a kind of stateful operator of the plan (the
+bucket materializer's changes are packed per bucket where they are read)."""
 
 
 def warmup_modules(plan: Mapping[str, Any], formats: Iterable[str]) -> tuple[str, ...]:
@@ -45,7 +50,9 @@ def warmup_modules(plan: Mapping[str, Any], formats: Iterable[str]) -> tuple[str
     `formats`: none when the plan names no pipeline reading Kafka (exports only)."""
     if not plan.get("pipelines"):
         return ()
-    extra = (name for found in sorted(set(formats)) for name in FORMAT_MODULES.get(found, ()))
+    kinds = sorted({str(node.get("kind")) for node in plan.get("nodes", ())})
+    extra = [name for kind in kinds for name in OPERATOR_MODULES.get(kind, ())]
+    extra += [name for found in sorted(set(formats)) for name in FORMAT_MODULES.get(found, ())]
     return READER_MODULES + tuple(dict.fromkeys(extra))
 
 
