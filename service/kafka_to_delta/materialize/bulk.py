@@ -15,10 +15,11 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Iterable, Iterator, Literal
+from typing import Iterable, Iterator
 
 import orjson
 
+from service.config.choices import Compaction
 from service.kafka_to_delta.materialize.bucket_document import StoredState
 from service.kafka_to_delta.materialize.rules import (
     Change,
@@ -42,7 +43,7 @@ NET_NAMES = tuple(NET_SCHEMA.names)
 DEFAULT_KEY_BUCKETS = 16
 LEGACY_KEY_BUCKETS = 64
 """The count of checkpoints begun before it was recorded per checkpoint."""
-Compaction = Literal["batch", "watermark"]
+
 
 @dataclass(frozen=True)
 class StageConfig:
