@@ -3,9 +3,10 @@
 Spark starts a daemon and a worker for each of three planning steps of a Python data source: looking
 data sources up, creating one and planning its reads (`pyspark.sql.worker.lookup_data_sources`,
 `create_data_source`, `plan_data_source_read`). They run when a query starts and are idle for the rest
-of the service's life, holding about 260 MiB (six processes, measured on the 300,000-event run). The
-micro-batches themselves plan in the streaming source runner and read in the task workers, which are
-not touched here.
+of the service's life, holding memory (figures: docs/design/runtime-tuning.md). The micro-batches
+themselves plan in the streaming source runner and read in the task workers, which are not touched
+here. The runner stops them when a query enters its first micro-batch
+(`BatchPipeline.on_first_batch`), unless another query is being started.
 
 Spark has no setting for this: its worker factories (`SparkEnv.pythonWorkers`) are internal, so they
 are reached by reflection, and only a factory whose workers are all idle is stopped. A factory that is
