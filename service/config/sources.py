@@ -1,6 +1,7 @@
 """Where configuration comes from: config files and the process environment. The only module that reads either.
 
-- A config file is YAML (`read_config_file`). Its strings may reference environment variables
+- A config file is YAML (`read_config_file`); a compiled plan given to `run --plan` is JSON
+  (`read_plan_file`: its per-operator state TTLs override the config's). Config strings may reference environment variables
   as `${NAME}` (`interpolate`): secrets stay out of the file; a missing variable is an error
   naming it.
 - A few options belong to one process rather than to a config file and are read from its
@@ -13,6 +14,7 @@ repository check tests/unit/service/config/test_one_definition.py fails on a rea
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -41,6 +43,14 @@ def read_config_file(path: Path) -> Any:
     if data is not None and not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping")
     return data
+
+
+def read_plan_file(path: str | Path) -> Any:
+    """The parsed JSON of a compiled plan file (its shape is checked by the plan module); errors name the file."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"{path}: not a readable plan ({error})") from None
 
 
 def interpolate(node: Any, source: str) -> Any:

@@ -25,13 +25,13 @@ Join pipelines (`joins:`):
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from service.config.joins import EnrichmentJoinSettings, JoinSettings, RegularJoinSettings
 from service.config.settings import PipelineSettings, Settings
+from service.config.sources import read_plan_file
 from service.kafka_to_delta.materialize.bulk import DEFAULT_KEY_BUCKETS
 from vocabulary.errors import ConfigError
 
@@ -181,10 +181,7 @@ def _ttl_ms(text: Any, where: str) -> int:
 
 def read_plan(path: str | Path) -> dict[str, Any]:
     """A plan file, checked for its shape; errors name the file."""
-    try:
-        plan = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as error:
-        raise ConfigError(f"{path}: not a readable plan ({error})") from None
+    plan = read_plan_file(path)
     if not isinstance(plan, dict) or plan.get("cdc_lakehouse_plan") != PLAN_FORMAT or not isinstance(
         plan.get("nodes"), list
     ):
