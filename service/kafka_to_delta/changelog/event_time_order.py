@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from service.config.from_changelog import LateHandling
+from service.kafka_to_delta.barrier import released
 from service.kafka_to_delta.rows.names import Column
 from vocabulary.changes import ChangeKind
 
@@ -85,8 +86,7 @@ def _release(buffered: list[dict], watermark_ms: int | None) -> tuple[list[dict]
     if watermark_ms is None:
         ready, kept = [], buffered
     else:
-        ready = [row for row in buffered if _event_time(row) <= watermark_ms]
-        kept = [row for row in buffered if _event_time(row) > watermark_ms]
+        ready, kept = released(buffered, watermark_ms, _event_time)
     ready.sort(key=_event_time)  # stable: arrival order among equal event times
     return ready, (orjson.dumps(kept).decode() if kept else None)
 

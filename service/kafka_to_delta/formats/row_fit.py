@@ -77,7 +77,8 @@ def _plainly_fits(image: dict, columns: tuple[tuple[str, str, int, int], ...]) -
     return True
 
 
-def _misfit(images: list[dict], types: dict[str, str]) -> str | None:
+def misfit(images: list[dict | None], types: dict[str, str]) -> str | None:
+    """Why `images` do not fit `types` as the sink converts them (`rows_to_table`); None: they fit."""
     rows: list[dict | None] = list(images)
     try:
         rows_to_table(rows, types)
@@ -136,10 +137,10 @@ class TypedRows:
         """Record index -> why its rows do not fit the column types it declares."""
         found = dict(self._found)
         for types, records in self._unsure.values():
-            if _misfit([image for _, images in records for image in images], types) is None:
+            if misfit([image for _, images in records for image in images], types) is None:
                 continue
             for index, images in records:
-                reason = _misfit(images, types)
+                reason = misfit(images, types)
                 if reason is not None:
                     found[index] = f"{self._what[id(types)]}: {reason}"
         return found

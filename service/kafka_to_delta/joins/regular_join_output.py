@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
+from service.kafka_to_delta.barrier import outlived
 from service.kafka_to_delta.formats.debezium_json import canonical_key, compact_json
 from service.kafka_to_delta.materialize.rules import (
     Change,
@@ -109,4 +110,4 @@ def materialized(config: MaterializerConfig, state: dict[str, tuple[str, int]], 
 
 def expire_output(state: dict[str, tuple[str, int]], ttl_ms: int, clock: int) -> list[str]:
     """The output keys whose materializer state was not touched for the TTL (0: none)."""
-    return [pk for pk, (_, touched) in state.items() if touched + ttl_ms <= clock] if ttl_ms else []
+    return [pk for pk, (_, touched) in state.items() if outlived(touched, ttl_ms, clock)]

@@ -36,6 +36,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from service.kafka_to_delta.barrier import outlived_mask
 from service.kafka_to_delta.formats.debezium_json import canonical_key, compact_json
 from service.kafka_to_delta.joins.regular_join_output import (
     OutputRows,
@@ -143,7 +144,7 @@ def side_changes(changelog: pa.Table, rules: SideRules) -> pa.Table:
 def _expired(state: pa.Table, ttl_ms: int, clock: int) -> pa.Array:
     if not ttl_ms or state.num_rows == 0:
         return pa.array([], pa.bool_())
-    return pc.less_equal(pc.add(state.column("touched"), ttl_ms), clock)
+    return outlived_mask(state.column("touched"), ttl_ms, clock)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from service.kafka_to_delta.barrier import outlived_mask
+
 StoredState = tuple[str, "int | None"]
 """(the rules' state text, the event time the key was last touched at; None without a TTL)."""
 
@@ -84,8 +86,7 @@ class BucketDocument:
         """Drop the keys the watermark left behind by at least the TTL; how many were dropped."""
         if not ttl_ms or not len(self):
             return 0
-        touched = self.table.column("touched")
-        alive = pc.fill_null(pc.greater(pc.add(touched, ttl_ms), watermark_ms), True)
+        alive = pc.invert(outlived_mask(self.table.column("touched"), ttl_ms, watermark_ms))
         before = len(self)
         self.table = self.table.filter(alive)
         return before - len(self)

@@ -31,6 +31,7 @@ the number of buckets trades per-call overhead against rewrite volume (docs/desi
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any, Iterator
 
 import orjson
@@ -45,6 +46,7 @@ from pyspark.sql.streaming.stateful_processor import (
 )
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
+from service.kafka_to_delta.barrier import released
 from service.kafka_to_delta.materialize.bucket_document import BucketDocument
 from service.kafka_to_delta.materialize.bucket_packing import unpack_changes
 from service.kafka_to_delta.materialize.bulk import StageConfig, arrival, compact_many, is_failed
@@ -164,8 +166,7 @@ class BucketProcessor(StatefulProcessor):
         waiting = [orjson.loads(item[0]) for item in self.waiting.get()]
         failed = [r for r in arrived if is_failed(r[GROUP])]
         pool = waiting + [r for r in arrived if not is_failed(r[GROUP])]
-        due = [r for r in pool if r[EVENT_TIME] <= watermark]
-        later = [r for r in pool if r[EVENT_TIME] > watermark]
+        due, later = released(pool, watermark, itemgetter(EVENT_TIME))
         if later:
             self.waiting.put([(orjson.dumps({name: r.get(name) for name in WAITING_NAMES}),) for r in later])
         elif waiting:

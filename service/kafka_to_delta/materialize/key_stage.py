@@ -30,6 +30,7 @@ and the number of changes it applied. Rows that failed earlier stages pass throu
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any, Iterable, Iterator
 
 from pyspark.sql import DataFrame, Row
@@ -41,6 +42,7 @@ from pyspark.sql.streaming.stateful_processor import (
 )
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from service.kafka_to_delta.barrier import outlived, released
 from service.kafka_to_delta.materialize.bucket_stage import BucketProcessor, bucketed, bucketed_seed
 from service.kafka_to_delta.materialize.bulk import (
     ERROR_PREFIX,
@@ -75,6 +77,7 @@ _WAITING_FIELDS = (
 )
 _WAITING_SCHEMA = StructType([StructField(name, kind) for name, kind in _WAITING_FIELDS])
 _WAITING_NAMES = tuple(name for name, _ in _WAITING_FIELDS)
+_event_time = itemgetter(EVENT_TIME)
 
 
 def waiting_item(record: dict) -> tuple:
@@ -123,15 +126,15 @@ class MaterializerProcessor(StatefulProcessor):
                 yield self._compact(key[0], due)
         if self.config.state_ttl_ms:
             stored = self.state.get()
-            if stored is not None and stored[1] + self.config.state_ttl_ms <= watermark:
+            if stored is not None and outlived(stored[1], self.config.state_ttl_ms, watermark):
                 self.state.clear()
 
     def _due(self, arrived: list[dict], watermark: int) -> list[dict]:
         """The waiting and arrived changes the watermark reached, in arrival order; the rest wait."""
         waiting = [dict(zip(_WAITING_NAMES, item)) for item in self.waiting.get()]
-        still = [r for r in waiting if r[EVENT_TIME] > watermark]
-        later = [r for r in arrived if r[EVENT_TIME] > watermark]
-        due = [r for r in waiting if r[EVENT_TIME] <= watermark] + [r for r in arrived if r[EVENT_TIME] <= watermark]
+        due, still = released(waiting, watermark, _event_time)
+        due_now, later = released(arrived, watermark, _event_time)
+        due += due_now
         if len(still) == len(waiting):
             if later:
                 self.waiting.appendList([waiting_item(r) for r in later])

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Callable, Literal, Sequence, get_args
 
 from service.config.choices import OnConflict
+from service.kafka_to_delta.barrier import outlived
 from service.kafka_to_delta.materialize.key_state import (
     KeyMode,
     LiveRow,
@@ -215,7 +216,7 @@ class Materializer:
         if retention == 0:
             return
         tombstones = barrier.state.tombstones
-        for key in [k for k, t in tombstones.items() if barrier.now_ms >= t.deleted_at_ms + retention]:
+        for key in [k for k, t in tombstones.items() if outlived(t.deleted_at_ms, retention, barrier.now_ms)]:
             del tombstones[key]
 
     def _add(self, barrier: _Barrier, change: Change) -> None:

@@ -45,7 +45,7 @@ from service.kafka_to_delta.formats.debezium_columns import (
     vector_plan,
 )
 from service.kafka_to_delta.formats.debezium_json import JsonDocuments, loads
-from service.kafka_to_delta.formats.row_fit import BARE_MISFIT, TypedRows
+from service.kafka_to_delta.formats.row_fit import BARE_MISFIT, TypedRows, misfit
 from service.kafka_to_delta.materialize.fill_unchanged import filled_images, filled_net
 from service.kafka_to_delta.materialize.last_change import last_rows
 from service.kafka_to_delta.materialize.net_changes import unpack_net
@@ -215,20 +215,12 @@ def _table_or_located(rows: list[dict | None], types: dict[str, str], net: pa.Ta
         return rows_to_table(rows, types)
     except ValueError as exc:
         reason = str(exc)
-        bad = next((i for i, row in enumerate(rows) if _misfits(row, types)), None)
+        bad = next((i for i, row in enumerate(rows) if misfit([row], types) is not None), None)
         if bad is None:
             raise
         where = net.slice(bad, 1).select([Column.TOPIC, Column.PARTITION, Column.OFFSET, Column.KEY]).to_pylist()[0]
         raise DecodeError(f"a record without column types does not fit those other records declare: {reason}",
                           SourceCoordinates(*where.values())) from None
-
-
-def _misfits(row: dict | None, types: dict[str, str]) -> bool:
-    try:
-        rows_to_table([row], types)
-    except ValueError:
-        return True
-    return False
 
 
 def _unfit_range_types(net: pa.Table | None) -> dict[str, str] | None:
