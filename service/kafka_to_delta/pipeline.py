@@ -28,7 +28,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from connectors.delta.engines import open_table
 from service.config.settings import PipelineSettings, Settings
-from service.kafka_to_delta.changelog.stage import needs_state, stateful_changelog
+from service.kafka_to_delta.changelog.stage import stateful_changelog
 from service.kafka_to_delta.materialize.bucket_packing import PackedBuckets
 from service.kafka_to_delta.materialize.bulk import DEFAULT_KEY_BUCKETS, StageConfig
 from service.kafka_to_delta.materialize.net_changes import net_changes
@@ -42,6 +42,7 @@ from service.kafka_to_delta.rows.names import (
     PAYLOAD_SPARK_SCHEMA,
 )
 from service.kafka_to_delta.rows.spark import STREAM_SPARK_SCHEMA
+from service.kafka_to_delta.shape import Shape, pipeline_shape
 from service.kafka_to_delta.sink.bad_records import DeadLetterStore, handle_bad_records
 from service.kafka_to_delta.sink.dead_letters import DeadLetterSink
 from service.kafka_to_delta.sink.merge_sink import MergeOutcome, MergeSink
@@ -105,7 +106,7 @@ class IngestPipeline(BatchPipeline):
         self._query_id: str | None = None
         self._query: StreamingQuery | None = None
         self._started = threading.Event()
-        self.reduces_where_read = not pipeline.materialized and not needs_state(pipeline)
+        self.shape: Shape = pipeline_shape(pipeline)  # the checkpoint's key bucket count is known at start
         self.seed: Seed | None = None
 
     @property
@@ -153,7 +154,7 @@ class IngestPipeline(BatchPipeline):
         directly, else one row per change through the stateful FROM_CHANGELOG stage (if any)."""
         decoded = DecodedRanges(self.pipeline, self.event_times)
         name = changes_source_name(self.pipeline.name)
-        if config is not None and config.key_buckets and not needs_state(self.pipeline):
+        if config is not None and self.shape.packed_buckets:
             packed = PackedBuckets(decoded, config.key_buckets)
             self.spark.dataSource.register(changes_source(self.pipeline.name, packed, PACKED_SPARK_SCHEMA))
             # The bucket stage applies a key's changes in arrival order wherever they were read, so
@@ -161,18 +162,18 @@ class IngestPipeline(BatchPipeline):
             # a whole micro-batch to the one partition furthest behind, which would read on one core.
             return self._source(name, watermarked=True, min_partitions=self.spark.sparkContext.defaultParallelism)
         self.spark.dataSource.register(changes_source(self.pipeline.name, decoded, STREAM_SPARK_SCHEMA))
-        return stateful_changelog(self._source(name, watermarked=True), self.pipeline)
+        return stateful_changelog(self._source(name, watermarked=True), self.pipeline, self.shape)
 
     def _prepared(self, batch: DataFrame) -> BatchChanges:
         # Exactly one action on the batch: a second one would run the stateful plan again.
-        if self.reduces_where_read:
+        if self.shape.reduces_where_read:
             found = batch_changes(batch.toArrow())
             self._count_ranges(found)
             return found
         if PAYLOAD_COLUMN in batch.columns:  # the bucket materializer typed its own net rows
             payloads = batch
         else:
-            net = batch if self.pipeline.materialized else net_changes(batch)
+            net = net_changes(batch) if self.shape.reduces_per_batch else batch
             payloads = net.mapInArrow(NetPayload(self.pipeline.primary_key), PAYLOAD_SPARK_SCHEMA)
         found = batch_changes(payloads.toArrow())
         self.event_times.flush()
@@ -212,7 +213,7 @@ class IngestPipeline(BatchPipeline):
                      len(found.fallbacks), found.fallbacks[0])
 
     def _count_materializer(self, counters: dict[str, int]) -> None:
-        if not self.pipeline.materialized or not counters:
+        if not self.shape.materializer or not counters:
             return
         name = self.pipeline.name
         total = {c: counters.get(c, 0) for c in COUNTERS}
@@ -239,9 +240,9 @@ class IngestPipeline(BatchPipeline):
         checkpoint = self.settings.checkpoint_dir(self.pipeline.name)
         remove_abandoned_writes(checkpoint)
         self.seed = load_seed(self.spark, checkpoint)  # rebuild-state
-        config = stage_config(self.pipeline, stored_key_buckets(self.pipeline.name, checkpoint)) \
-            if self.pipeline.materialized else None
-        if self.reduces_where_read:
+        self.shape = pipeline_shape(self.pipeline, stored_key_buckets(self.pipeline.name, checkpoint))
+        config = stage_config(self.pipeline, self.shape.key_buckets) if self.shape.materializer else None
+        if self.shape.reduces_where_read:
             reducer = PartitionReducer(batch_decoder(self.pipeline), self.pipeline.primary_key)
             self.spark.dataSource.register(changes_source(self.pipeline.name, reducer))
             stream = self._source(changes_source_name(self.pipeline.name), watermarked=False)
@@ -253,9 +254,9 @@ class IngestPipeline(BatchPipeline):
 
             stream = materialize(
                 stream, config, self.pipeline.effective_watermark_delay_seconds,
-                declare_watermark=not needs_state(self.pipeline),
+                declare_watermark=self.shape.materializer_declares_watermark,
                 initial_state=None if self.seed is None else self.seed.initial_state,
-                payload_key=self.pipeline.primary_key if config.key_buckets else None,
+                payload_key=self.pipeline.primary_key if self.shape.key_buckets else None,
             )
         writer = (
             stream

@@ -58,6 +58,7 @@ from service.kafka_to_delta.changelog.upsert_unzip import UpsertUnzip
 from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
 from service.kafka_to_delta.rows.names import WATERMARK_COLUMN, Column
 from service.kafka_to_delta.rows.spark import CHANGELOG_SPARK_SCHEMA
+from service.kafka_to_delta.shape import Shape, pipeline_shape
 from service.kafka_to_delta.sink.dead_letters import Stage
 
 GROUP = "_from_changelog_group"
@@ -239,12 +240,6 @@ class OrderAndUnzipProcessor(StatefulProcessor):
         """Nothing to release."""
 
 
-def needs_state(pipeline: PipelineSettings) -> bool:
-    """Whether FROM_CHANGELOG keeps state per key (state_ttl_seconds) or orders by event time."""
-    settings = pipeline.from_changelog
-    return settings.stateful or settings.order_by is not None
-
-
 def _group_key() -> SparkColumn:
     position = F.concat_ws(":", Column.TOPIC, Column.PARTITION, Column.OFFSET, Column.CHANGE_INDEX)
     passthrough = F.col(Column.ERROR).isNotNull() | (F.col(Column.KIND) == Marker.TRUNCATE.value)
@@ -253,12 +248,12 @@ def _group_key() -> SparkColumn:
     )
 
 
-def _with_watermark(changelog: DataFrame, pipeline: PipelineSettings) -> DataFrame:
+def _with_watermark(changelog: DataFrame, pipeline: PipelineSettings, shape: Shape) -> DataFrame:
     """The query's one watermark (a second one after this operator would stall its releases)."""
     settings = pipeline.from_changelog
     if settings.order_by is not None:
         moment, delay_s = F.col(Column.EVENT_TIME), settings.watermark_delay_seconds
-    elif pipeline.materialized and pipeline.effective_compaction == "watermark":
+    elif shape.watermark_compaction:
         moment, delay_s = F.coalesce(Column.EVENT_TIME, Column.TIMESTAMP), pipeline.effective_watermark_delay_seconds
     else:
         moment, delay_s = F.col(Column.TIMESTAMP), 0.0  # drives only the cleanup of expired images
@@ -268,18 +263,19 @@ def _with_watermark(changelog: DataFrame, pipeline: PipelineSettings) -> DataFra
     return changelog.withColumn(_WATERMARK_COLUMN, F.timestamp_millis(moment)).withWatermark(_WATERMARK_COLUMN, delay)
 
 
-def stateful_changelog(changelog: DataFrame, pipeline: PipelineSettings) -> DataFrame:
+def stateful_changelog(changelog: DataFrame, pipeline: PipelineSettings, shape: Shape | None = None) -> DataFrame:
     """The changelog after FROM_CHANGELOG's stateful steps (unchanged when none is configured).
 
     Output schema: `CHANGELOG_SCHEMA`, so the materializer or the per-batch reduction follows
     unchanged. The operator runs in event-time mode and declares the query's watermark: on
     `order_by` with its delay; else, when the materializer compacts on a watermark, on the
     column and delay it uses; else on the Kafka record time. A materializer behind it uses
-    this watermark and must not declare its own.
+    this watermark and must not declare its own. `shape`: the pipeline's (`shape.pipeline_shape`).
     """
-    if not needs_state(pipeline):
+    shape = shape or pipeline_shape(pipeline)
+    if not shape.changelog_stage:
         return changelog
-    grouped = _with_watermark(changelog, pipeline).withColumn(GROUP, _group_key())
+    grouped = _with_watermark(changelog, pipeline, shape).withColumn(GROUP, _group_key())
     processor = OrderAndUnzipProcessor(OrderAndUnzipConfig.of(pipeline.from_changelog))
     return grouped.select(*_NAMES, GROUP).groupBy(GROUP).transformWithState(
         processor, CHANGELOG_SPARK_SCHEMA, "Update", "EventTime"
