@@ -162,7 +162,10 @@ class IngestPipeline(BatchPipeline):
             # a whole micro-batch to the one partition furthest behind, which would read on one core.
             return self._source(name, watermarked=True, min_partitions=self.spark.sparkContext.defaultParallelism)
         self.spark.dataSource.register(changes_source(self.pipeline.name, decoded, STREAM_SPARK_SCHEMA))
-        return stateful_changelog(self._source(name, watermarked=True), self.pipeline, self.shape)
+        stream = self._source(name, watermarked=True)
+        if not self.shape.changelog_stage:
+            return stream
+        return stateful_changelog(stream, self.pipeline, self.shape.watermark_compaction)
 
     def _prepared(self, batch: DataFrame) -> BatchChanges:
         # Exactly one action on the batch: a second one would run the stateful plan again.

@@ -58,7 +58,6 @@ from service.kafka_to_delta.changelog.upsert_unzip import UpsertUnzip
 from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
 from service.kafka_to_delta.rows.names import WATERMARK_COLUMN, Column
 from service.kafka_to_delta.rows.spark import CHANGELOG_SPARK_SCHEMA
-from service.kafka_to_delta.shape import Shape, pipeline_shape
 from service.kafka_to_delta.sink.dead_letters import Stage
 
 GROUP = "_from_changelog_group"
@@ -248,12 +247,12 @@ def _group_key() -> SparkColumn:
     )
 
 
-def _with_watermark(changelog: DataFrame, pipeline: PipelineSettings, shape: Shape) -> DataFrame:
+def _with_watermark(changelog: DataFrame, pipeline: PipelineSettings, watermark_compaction: bool) -> DataFrame:
     """The query's one watermark (a second one after this operator would stall its releases)."""
     settings = pipeline.from_changelog
     if settings.order_by is not None:
         moment, delay_s = F.col(Column.EVENT_TIME), settings.watermark_delay_seconds
-    elif shape.watermark_compaction:
+    elif watermark_compaction:
         moment, delay_s = F.coalesce(Column.EVENT_TIME, Column.TIMESTAMP), pipeline.effective_watermark_delay_seconds
     else:
         moment, delay_s = F.col(Column.TIMESTAMP), 0.0  # drives only the cleanup of expired images
@@ -263,19 +262,19 @@ def _with_watermark(changelog: DataFrame, pipeline: PipelineSettings, shape: Sha
     return changelog.withColumn(_WATERMARK_COLUMN, F.timestamp_millis(moment)).withWatermark(_WATERMARK_COLUMN, delay)
 
 
-def stateful_changelog(changelog: DataFrame, pipeline: PipelineSettings, shape: Shape | None = None) -> DataFrame:
-    """The changelog after FROM_CHANGELOG's stateful steps (unchanged when none is configured).
+def stateful_changelog(
+    changelog: DataFrame, pipeline: PipelineSettings, watermark_compaction: bool = False,
+) -> DataFrame:
+    """The changelog after FROM_CHANGELOG's stateful steps (ORDER BY, upsert unzip).
 
     Output schema: `CHANGELOG_SCHEMA`, so the materializer or the per-batch reduction follows
     unchanged. The operator runs in event-time mode and declares the query's watermark: on
     `order_by` with its delay; else, when the materializer compacts on a watermark, on the
     column and delay it uses; else on the Kafka record time. A materializer behind it uses
-    this watermark and must not declare its own. `shape`: the pipeline's (`shape.pipeline_shape`).
+    this watermark and must not declare its own. The caller runs it when the pipeline's shape
+    has the stage (`shape.Shape.changelog_stage`); `watermark_compaction`: the shape's.
     """
-    shape = shape or pipeline_shape(pipeline)
-    if not shape.changelog_stage:
-        return changelog
-    grouped = _with_watermark(changelog, pipeline, shape).withColumn(GROUP, _group_key())
+    grouped = _with_watermark(changelog, pipeline, watermark_compaction).withColumn(GROUP, _group_key())
     processor = OrderAndUnzipProcessor(OrderAndUnzipConfig.of(pipeline.from_changelog))
     return grouped.select(*_NAMES, GROUP).groupBy(GROUP).transformWithState(
         processor, CHANGELOG_SPARK_SCHEMA, "Update", "EventTime"
