@@ -1,1 +1,2 @@
-"""Configuration: every settings model (typed, frozen); `settings` alone reads files and the environment."""
+"""Configuration: every settings model (typed, frozen: `base`), their value sets (`choices`); `sources`
+alone reads config files and the environment."""

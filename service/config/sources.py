@@ -1,9 +1,9 @@
 """Where configuration comes from: config files and the process environment. The only module that reads either.
 
 - A config file is YAML (`read_config_file`); a compiled plan given to `run --plan` is JSON
-  (`read_plan_file`: its per-operator state TTLs override the config's). Config strings may reference environment variables
-  as `${NAME}` (`interpolate`): secrets stay out of the file; a missing variable is an error
-  naming it.
+  (`read_plan_file`: its per-operator state TTLs override the config's). Config strings may
+  reference environment variables as `${NAME}` (`interpolate`): secrets stay out of the file;
+  a missing variable is an error naming it.
 - A few options belong to one process rather than to a config file and are read from its
   environment here: `ARCHIVE_DIR_ENV` (where the JVM class archives are kept, or none) and the
   test hook switch `BATCH_MARKER_ENV` (inert unless a test sets it).

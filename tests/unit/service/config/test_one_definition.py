@@ -18,6 +18,7 @@ import inspect
 import pkgutil
 from collections import defaultdict
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from pydantic import BaseModel
@@ -104,7 +105,7 @@ def _reads(tree: ast.Module) -> set[str]:
     return kinds
 
 
-def _config_modules() -> list[object]:
+def _config_modules() -> list[ModuleType]:
     names = [info.name for info in pkgutil.iter_modules(service.config.__path__, "service.config.")]
     return [importlib.import_module(name) for name in names]
 
@@ -115,7 +116,7 @@ def _settings_models() -> list[type[BaseModel]]:
         member
         for module in _config_modules()
         for _, member in inspect.getmembers(module, inspect.isclass)
-        if issubclass(member, BaseModel) and member.__module__ == getattr(module, "__name__")
+        if issubclass(member, BaseModel) and member.__module__ == module.__name__
     ]
 
 
