@@ -41,7 +41,7 @@ def _secret(value: SecretStr | None) -> str | None:
 class SchemaRegistrySettings(SettingsModel):
     """A Confluent-compatible Schema Registry: URL (no credentials in it), TLS, auth, retries."""
 
-    model_config = ConfigDict(SettingsModel.model_config, populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)  # frozen and strict about keys: from SettingsModel
 
     url: str
     username: str | None = None
