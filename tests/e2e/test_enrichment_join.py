@@ -21,10 +21,11 @@ from deltalake import DeltaTable
 
 from connectors.kafka.offsets import to_map
 from connectors.kafka.range_reader import RAW_SCHEMA
+from service.config.dead_letters import DEFAULT_POSITIONS_TOPIC
 from service.config.settings import settings_from_mapping
 from service.kafka_to_delta.joins.enrichment_join import MISSING_STAGE, EnrichmentJoinPipeline
 from service.kafka_to_delta.joins.enrichment_state import GateLog, HeldProbes
-from service.kafka_to_delta.sink.dead_letters import DEFAULT_POSITIONS_TOPIC, DlqHeader
+from service.kafka_to_delta.sink.dead_letters import DlqHeader
 from service.operations.workload import Event, create_topics, produce
 from service.supervisor.runner import Runner
 from tests.support.export_driver import consume
