@@ -83,6 +83,8 @@ class EventTimeBuffer:
 
 
 def _release(buffered: list[dict], watermark_ms: int | None) -> tuple[list[dict], str | None]:
+    ready: list[dict]
+    kept: list[dict]
     if watermark_ms is None:
         ready, kept = [], buffered
     else:

@@ -13,7 +13,7 @@ at the end of the batch, per column-type map, and record by record only when tha
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Sequence
 
 from connectors.delta.arrow_types import TypeName, rows_to_table
 
@@ -77,7 +77,7 @@ def _plainly_fits(image: dict, columns: tuple[tuple[str, str, int, int], ...]) -
     return True
 
 
-def misfit(images: list[dict | None], types: dict[str, str]) -> str | None:
+def misfit(images: Sequence[dict | None], types: dict[str, str]) -> str | None:
     """Why `images` do not fit `types` as the sink converts them (`rows_to_table`); None: they fit."""
     rows: list[dict | None] = list(images)
     try:
