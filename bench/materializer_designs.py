@@ -49,7 +49,7 @@ from service.config.settings import SparkSettings
 from service.kafka_to_delta.materialize.bucket_document import decode_bucket, encode_bucket
 from service.kafka_to_delta.materialize.bucket_stage import GROUP_COLUMN, bucketed
 from service.kafka_to_delta.materialize.bulk import arrival, compact_many
-from service.kafka_to_delta.materialize.key_stage import StageConfig, _grouped, materialize
+from service.kafka_to_delta.materialize.key_stage import StageConfig, grouped_changes, materialize
 from service.kafka_to_delta.materialize.net_changes import net_changes, pack_net, unpack_net
 from service.kafka_to_delta.materialize.rules import Materializer, MaterializerConfig
 from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
@@ -152,7 +152,7 @@ def _apply_bucket(key: tuple, frames: Iterator[pd.DataFrame], state: GroupState)
 def buckets_apply(count: int) -> Callable[[DataFrame, Path], DataFrame]:
     """(b') applyInPandasWithState over key buckets."""
     def plan(stream: DataFrame, _work: Path) -> DataFrame:
-        grouped = bucketed(_grouped(stream), count).select(GROUP_COLUMN, *_CARRIED[1:], BUCKET)
+        grouped = bucketed(grouped_changes(stream), count).select(GROUP_COLUMN, *_CARRIED[1:], BUCKET)
         return grouped.groupBy(BUCKET).applyInPandasWithState(
             _apply_bucket, PACKED_NET_SPARK_SCHEMA, "keys binary", "Update", "NoTimeout")
     return plan
@@ -212,7 +212,7 @@ def run_design(spark: SparkSession, name: str, inputs: Path, work: Path) -> dict
         state = DeltaState(work / "state_table")
 
         def sink(df: DataFrame, batch_id: int) -> None:
-            records = _grouped(df).select(*_CARRIED).toArrow().to_pylist()
+            records = grouped_changes(df).select(*_CARRIED).toArrow().to_pylist()
             _apply(table, state.materialize(records, batch_id))
         out, state_dir = stream, work / "state_table"
     else:

@@ -65,7 +65,7 @@ from service.kafka_to_delta.rows.names import (
 )
 from service.kafka_to_delta.rows.spark import NET_SCHEMA
 
-__all__ = ["MaterializerProcessor", "StageConfig", "materialize", "time_mode", "waiting_item"]
+__all__ = ["MaterializerProcessor", "StageConfig", "grouped_changes", "materialize", "time_mode", "waiting_item"]
 
 _WATERMARK_COLUMN = "_event_ts"
 _STATE_SCHEMA = StructType([StructField("state", StringType()), StructField("touched", LongType())])
@@ -182,7 +182,9 @@ def time_mode(config: StageConfig) -> str:
     return "EventTime" if config.compaction == "watermark" or config.state_ttl_ms else "None"
 
 
-def _grouped(changelog: DataFrame) -> DataFrame:
+def grouped_changes(changelog: DataFrame) -> DataFrame:
+    """Changelog rows with their group key (`GROUP`: the primary key, or a failed row's own) and event time
+    (FROM_CHANGELOG's, else the Kafka record's)."""
     group = F.when(F.col("error").isNull(), F.col("key")).otherwise(
         F.concat(F.lit(ERROR_PREFIX), F.concat_ws(":", "topic", "partition", "offset"))
     )
@@ -214,7 +216,7 @@ def materialize(
     packed = PACKED_CHANGES in changelog.columns
     if packed and not config.key_buckets:
         raise ValueError("changes packed per key bucket need the bucket stage (key_buckets > 0)")
-    grouped = changelog if packed else _grouped(changelog)
+    grouped = changelog if packed else grouped_changes(changelog)
     mode = time_mode(config)
     # A stateful FROM_CHANGELOG stage in front declares the query's one watermark: a second
     # declaration would keep its buffered rows from ever being released.
