@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import grimp
+import tomllib
 
 REPO = Path(__file__).resolve().parents[2]
 PRODUCT = ("vocabulary", "connectors", "service")
@@ -86,7 +86,7 @@ def describe_cycle(graph: grimp.ImportGraph, group: list[str]) -> str:
     return "\n".join(lines)
 
 
-def _covered(graph: grimp.ImportGraph, module: str, placed: set[str]) -> list[str]:
+def _unplaced(graph: grimp.ImportGraph, module: str, placed: set[str]) -> list[str]:
     """The modules under `module` that no layer names (a module is placed when it or a package
     above it is named; a package that is not named must have all its children placed)."""
     if module in placed:
@@ -94,7 +94,7 @@ def _covered(graph: grimp.ImportGraph, module: str, placed: set[str]) -> list[st
     children = sorted(graph.find_children(module))
     if not children:
         return [module]
-    return [missing for child in children for missing in _covered(graph, child, placed)]
+    return [missing for child in children for missing in _unplaced(graph, child, placed)]
 
 
 def test_import_linter_contracts_hold():
@@ -122,7 +122,7 @@ def test_every_service_module_has_a_layer():
     layers = _contracts()["service"]["layers"]
     placed = {name.strip() for layer in layers for name in layer.replace("|", ":").split(":")}
     graph = _graph()
-    missing = [m for child in sorted(graph.find_children("service")) for m in _covered(graph, child, placed)]
+    missing = [m for child in sorted(graph.find_children("service")) for m in _unplaced(graph, child, placed)]
     assert not missing, f"place these modules in a layer of the 'service' contract (pyproject.toml): {missing}"
 
 
