@@ -43,7 +43,7 @@ MAX_RESPONSE_BYTES = 1 << 30
 _RSS_SAMPLE_S = 0.5
 _LOG_TIME_FORMAT = "%Y-%m-%d %H:%M:%S,%f"
 _LOG_TIME = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO "
-_READY_LINE = re.compile(_LOG_TIME + r"service\.runner: kafka: ", re.M)
+_READY_LINE = re.compile(_LOG_TIME + r"[\w.]*runner: kafka: ", re.M)  # the runner's module path may move
 _BATCH_LINE = re.compile(_LOG_TIME + rf"service\.kafka_to_delta\.pipeline: pipeline {PIPELINE}: batch \d+ -> ",
                          re.M)
 
