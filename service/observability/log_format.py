@@ -16,7 +16,7 @@ import re
 import sys
 from datetime import datetime, timezone
 
-from service.config.settings import LogFormat
+from service.config.choices import LogFormat
 
 FIELDS = ("pipeline", "batch", "topic", "partition", "offset")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
