@@ -33,6 +33,7 @@ from connectors.delta.engines import open_table
 from connectors.kafka import offsets as om
 from connectors.kafka.cluster import ClusterView
 from connectors.kafka.range_reader import RAW_SCHEMA
+from service.config.dead_letters import DeadLetterSettings
 from service.config.joins import EnrichmentJoinSettings
 from service.config.settings import Settings
 from service.kafka_to_delta.joins.enrichment_rows import (
@@ -48,7 +49,7 @@ from service.kafka_to_delta.joins.join_source import join_records
 from service.kafka_to_delta.joins.snapshot_gate import BuildObservations, GateState
 from service.kafka_to_delta.rows.names import Column
 from service.kafka_to_delta.sink.bad_records import failed_rows, handle_bad_records
-from service.kafka_to_delta.sink.dead_letters import DeadLetterSettings, DeadLetterSink
+from service.kafka_to_delta.sink.dead_letters import DeadLetterSink
 from service.kafka_to_delta.sink.merge_sink import MergeSink
 from service.observability import metrics
 from service.runtime.checkpoints import remove_abandoned_writes

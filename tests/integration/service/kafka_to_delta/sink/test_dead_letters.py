@@ -12,10 +12,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from deltalake import DeltaTable
 from pydantic import ValidationError
 
+from service.config.dead_letters import DeadLetterSettings
 from service.kafka_to_delta.sink.dead_letters import (
     HEADERS_TYPE,
     DeadLetterError,
-    DeadLetterSettings,
     DeadLetterSink,
     DlqHeader,
     Stage,

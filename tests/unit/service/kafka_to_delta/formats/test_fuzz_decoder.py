@@ -25,9 +25,10 @@ import pytest
 from deltalake import DeltaTable
 from prometheus_client import REGISTRY
 
+from service.config.dead_letters import DeadLetterSettings
 from service.kafka_to_delta.changelog.changelog_batch import error_coordinates
 from service.kafka_to_delta.sink.bad_records import failed_rows, handle_bad_records
-from service.kafka_to_delta.sink.dead_letters import DeadLetterSettings, DeadLetterSink
+from service.kafka_to_delta.sink.dead_letters import DeadLetterSink
 from testbed.fuzz_accounting import PAYLOAD_MARKERS, Accounting, run
 from testbed.fuzz_records import POLICIES, FuzzInput, generate, header_rows
 from vocabulary.errors import DecodeError
