@@ -12,7 +12,8 @@ its streaming query follows from that list alone:
   The bucket stage reads the decoded changes packed per bucket where they are read, unless a
   stateful FROM_CHANGELOG stage in front hands it one row per change.
 
-The pipeline, the source and the stages ask this module; none decides from settings on its own.
+The ingest pipeline asks this module and hands the stages what it says (the materializer's key
+bucket count, who declares the watermark); no stage decides the shape from settings on its own.
 """
 
 from __future__ import annotations
