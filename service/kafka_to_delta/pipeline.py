@@ -29,9 +29,9 @@ from pyspark.sql.streaming import StreamingQuery
 from connectors.delta.engines import open_table
 from service.config.settings import PipelineSettings, Settings
 from service.kafka_to_delta.changelog.stage import stateful_changelog
-from service.kafka_to_delta.materialize.bucket_packing import PackedBuckets
 from service.kafka_to_delta.materialize.bulk import DEFAULT_KEY_BUCKETS, StageConfig
 from service.kafka_to_delta.materialize.net_changes import net_changes
+from service.kafka_to_delta.materialize.payload import NetPayload
 from service.kafka_to_delta.materialize.rules import MaterializerConfig
 from service.kafka_to_delta.plan.rebuilt_seed import Seed, load_seed
 from service.kafka_to_delta.plan.upgrades import stored_key_buckets
@@ -47,10 +47,11 @@ from service.kafka_to_delta.sink.bad_records import DeadLetterStore, handle_bad_
 from service.kafka_to_delta.sink.dead_letters import DeadLetterSink
 from service.kafka_to_delta.sink.merge_sink import MergeOutcome, MergeSink
 from service.kafka_to_delta.source.batch_changes import BatchChanges, batch_changes
+from service.kafka_to_delta.source.bucket_packing import PackedBuckets
 from service.kafka_to_delta.source.changes_source import changes_source, changes_source_name
 from service.kafka_to_delta.source.decode_stage import DecodedRanges, batch_decoder
 from service.kafka_to_delta.source.event_time_progress import EventTimeMaxima
-from service.kafka_to_delta.source.partition_changes import NetPayload, PartitionReducer
+from service.kafka_to_delta.source.partition_changes import PartitionReducer
 from service.observability import metrics
 from service.operations.maintenance import TableMaintenance
 from service.runtime import test_hooks

@@ -35,12 +35,12 @@ READER_MODULES = (
     "service.kafka_to_delta.source.changes_source",
     "service.kafka_to_delta.source.partition_changes",
     "service.kafka_to_delta.source.decode_stage",
-    "service.kafka_to_delta.formats.debezium_columns",
+    "service.kafka_to_delta.source.debezium_columns",
 )
 """What a worker that reads and decodes Kafka ranges imports."""
 FORMAT_MODULES = {"avro-confluent": ("connectors.schema_registry.avro_codec", "connectors.schema_registry.client")}
 """What a worker imports besides `READER_MODULES` to decode an input format."""
-OPERATOR_MODULES = {"materializer": ("service.kafka_to_delta.materialize.bucket_packing",)}
+OPERATOR_MODULES = {"materializer": ("service.kafka_to_delta.source.bucket_packing",)}
 """What a worker imports besides `READER_MODULES` for a kind of stateful operator of the plan (the
 bucket materializer's changes are packed per bucket where they are read)."""
 

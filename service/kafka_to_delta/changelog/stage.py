@@ -56,9 +56,8 @@ from service.kafka_to_delta.changelog.event_time_order import EventTimeBuffer, c
 from service.kafka_to_delta.changelog.from_changelog import Marker
 from service.kafka_to_delta.changelog.upsert_unzip import UpsertUnzip
 from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
-from service.kafka_to_delta.rows.names import WATERMARK_COLUMN, Column
+from service.kafka_to_delta.rows.names import WATERMARK_COLUMN, Column, Stage
 from service.kafka_to_delta.rows.spark import CHANGELOG_SPARK_SCHEMA
-from service.kafka_to_delta.sink.dead_letters import Stage
 
 GROUP = "_from_changelog_group"
 PASSTHROUGH_PREFIX = "\u0000passthrough:"

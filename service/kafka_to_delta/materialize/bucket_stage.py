@@ -22,7 +22,7 @@ Initial state (`rebuild-state`): on the first micro-batch of a fresh checkpoint,
 merged into their buckets' documents before that batch's changes are applied.
 
 A call's net rows leave as one Arrow IPC value (`net_changes.PACKED_NET_SPARK_SCHEMA`), or, given the
-table's primary key, already as the driver's payload rows (`partition_changes.net_payload`,
+table's primary key, already as the driver's payload rows (`payload.net_payload`,
 `PAYLOAD_SPARK_SCHEMA`): typed in the call that made them, with no second Python stage after this one.
 
 The cost per micro-batch is one call per touched bucket plus rewriting those buckets' state, so
@@ -48,10 +48,11 @@ from pyspark.sql.types import BinaryType, LongType, StringType, StructField, Str
 
 from service.kafka_to_delta.barrier import released
 from service.kafka_to_delta.materialize.bucket_document import BucketDocument
-from service.kafka_to_delta.materialize.bucket_packing import unpack_changes
 from service.kafka_to_delta.materialize.bulk import StageConfig, arrival, compact_many, is_failed
 from service.kafka_to_delta.materialize.net_changes import net_table, pack_net
+from service.kafka_to_delta.materialize.payload import net_payload
 from service.kafka_to_delta.materialize.rules import Materializer
+from service.kafka_to_delta.rows.ipc import unpack_changes
 from service.kafka_to_delta.rows.names import (
     BUCKET,
     EVENT_TIME,
@@ -59,7 +60,6 @@ from service.kafka_to_delta.rows.names import (
     PACKED_CHANGES,
     PACKED_COLUMN,
 )
-from service.kafka_to_delta.source.partition_changes import net_payload
 
 GROUP_COLUMN = "group_key"  # pandas frames rename columns that start with "_"
 _BUCKET_SCHEMA = StructType([StructField("keys", BinaryType())])

@@ -201,7 +201,7 @@ def materialize(
     with `net_changes.unpack_net`) or, with `key_buckets` 0, per key (`MaterializerProcessor`, NET_SCHEMA).
 
     `payload_key` (the table's primary key; bucket stage only): the bucket stage emits the driver's
-    payload rows (`PAYLOAD_SPARK_SCHEMA`, `partition_changes.net_payload`) instead of packed net rows.
+    payload rows (`PAYLOAD_SPARK_SCHEMA`, `payload.net_payload`) instead of packed net rows.
 
     `initial_state` (`materializer_buckets.SEED_SCHEMA`, bucket stage only): the state the first
     micro-batch of a fresh checkpoint starts from (`service.kafka_to_delta.plan.state_rebuild`).

@@ -6,6 +6,8 @@ streaming source runner) name these without loading the decoders.
 
 from __future__ import annotations
 
+from enum import Enum
+
 
 class KafkaColumn:
     """Columns of the Kafka record batches (`connectors.kafka.range_reader.RAW_SCHEMA`)."""
@@ -119,3 +121,11 @@ PACKED_COLUMN = "net"
 PACKED_NET_SPARK_SCHEMA = f"{PACKED_COLUMN} binary"
 """What the bucket materializer emits: per bucket call one row holding its `NET_SCHEMA` rows as an
 Arrow IPC stream (`pack_net` / `unpack_net`)."""
+
+
+class Stage(str, Enum):
+    """Where a record failed (the `stage` column)."""
+
+    DECODE = "decode"
+    FROM_CHANGELOG = "from_changelog"
+    LATE = "late"

@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from datetime import datetime, timedelta, timezone
-from enum import Enum
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -64,14 +63,6 @@ DEAD_LETTER_SCHEMA = pa.schema([
     ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()), ("timestamp", _TIMESTAMP),
     ("key", pa.binary()), ("value", pa.binary()), ("headers", HEADERS_TYPE), ("stored_at", _TIMESTAMP),
 ])
-
-
-class Stage(str, Enum):
-    """Where a record failed (the `stage` column)."""
-
-    DECODE = "decode"
-    FROM_CHANGELOG = "from_changelog"
-    LATE = "late"
 
 
 class DlqHeader:

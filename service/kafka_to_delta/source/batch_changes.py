@@ -20,9 +20,9 @@ import pyarrow.compute as pc
 
 from connectors.delta.arrow_types import arrow_type, typed_column
 from service.kafka_to_delta.materialize.last_change import last_rows
+from service.kafka_to_delta.materialize.payload import TypeEvidence, payload_table
 from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
 from service.kafka_to_delta.rows.names import FAILED_COLUMNS, Meta, Part
-from service.kafka_to_delta.source.partition_changes import TypeEvidence, payload_table
 from vocabulary.errors import DecodeError, SourceCoordinates
 
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from service.config.settings import settings_from_mapping
-from service.kafka_to_delta.plan.compiled_plan import Kind, Operator, join_operators, pipeline_operators
+from service.kafka_to_delta.plan.compiled_plan import (
+    Kind,
+    Operator,
+    join_operators,
+    pipeline_operators,
+)
 from service.kafka_to_delta.shape import Shape, pipeline_shape, shape_of
 
 _BASE = {"topics": ["t"], "table": "t", "primary_key": ["id"]}

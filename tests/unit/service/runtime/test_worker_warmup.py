@@ -13,8 +13,8 @@ import pytest
 from pyspark import cloudpickle
 
 from service.config.settings import settings_from_mapping
-from service.kafka_to_delta.materialize.bucket_packing import PackedBuckets
 from service.kafka_to_delta.plan.compiled_plan import compile_plan
+from service.kafka_to_delta.source.bucket_packing import PackedBuckets
 from service.kafka_to_delta.source.decode_stage import DecodedRanges, batch_decoder
 from service.kafka_to_delta.source.partition_changes import PartitionReducer
 from service.runtime.worker_warmup import (

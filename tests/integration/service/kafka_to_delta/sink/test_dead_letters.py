@@ -13,12 +13,12 @@ from deltalake import DeltaTable
 from pydantic import ValidationError
 
 from service.config.dead_letters import DeadLetterSettings
+from service.kafka_to_delta.rows.names import Stage
 from service.kafka_to_delta.sink.dead_letters import (
     HEADERS_TYPE,
     DeadLetterError,
     DeadLetterSink,
     DlqHeader,
-    Stage,
 )
 from tests.support.pipeline_harness import read_committed
 from vocabulary.errors import ConfigError

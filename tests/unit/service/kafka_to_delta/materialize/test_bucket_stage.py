@@ -18,12 +18,12 @@ from service.kafka_to_delta.materialize.bucket_stage import GROUP_COLUMN, Bucket
 from service.kafka_to_delta.materialize.bulk import StageConfig
 from service.kafka_to_delta.materialize.key_stage import time_mode
 from service.kafka_to_delta.materialize.net_changes import unpack_net
+from service.kafka_to_delta.materialize.payload import NetPayload
 from service.kafka_to_delta.materialize.rules import MaterializerConfig
 from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
 from service.kafka_to_delta.rows.names import error_group_key
 from service.kafka_to_delta.rows.spark import NET_ARROW_SCHEMA, NET_SCHEMA
 from service.kafka_to_delta.source.batch_changes import batch_changes
-from service.kafka_to_delta.source.partition_changes import NetPayload
 
 BUCKET = 7
 NEVER_LATE = 2**62  # the stage does not drop late rows; TwsTester would, unless told they are never late

@@ -16,12 +16,13 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from connectors.kafka.range_reader import SOURCE_SCHEMA
 from service.config.settings import PipelineSettings
 from service.kafka_to_delta.materialize.net_changes import pack_net, unpack_net
+from service.kafka_to_delta.materialize.payload import NetPayload
 from service.kafka_to_delta.rows.arrow import PAYLOAD_SCHEMA
 from service.kafka_to_delta.rows.names import PACKED_COLUMN, Meta
 from service.kafka_to_delta.rows.spark import NET_SCHEMA
 from service.kafka_to_delta.source.batch_changes import batch_changes
 from service.kafka_to_delta.source.decode_stage import batch_decoder
-from service.kafka_to_delta.source.partition_changes import NetPayload, PartitionReducer
+from service.kafka_to_delta.source.partition_changes import PartitionReducer
 from service.operations.workload import DebeziumWorkload
 from vocabulary.errors import DecodeError
 

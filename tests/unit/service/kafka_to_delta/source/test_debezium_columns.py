@@ -18,14 +18,11 @@ import pytest
 
 from connectors.kafka.range_reader import SOURCE_SCHEMA
 from service.config.settings import PipelineSettings
+from service.kafka_to_delta.materialize.payload import TypeEvidence, payload_table
 from service.kafka_to_delta.rows.arrow import PAYLOAD_SCHEMA
 from service.kafka_to_delta.source.batch_changes import batch_changes
 from service.kafka_to_delta.source.decode_stage import batch_decoder
-from service.kafka_to_delta.source.partition_changes import (
-    PartitionReducer,
-    TypeEvidence,
-    payload_table,
-)
+from service.kafka_to_delta.source.partition_changes import PartitionReducer
 
 FIXED_SEEDS = tuple(range(40))
 RANDOM_SEED = random.SystemRandom().randrange(1_000_000)

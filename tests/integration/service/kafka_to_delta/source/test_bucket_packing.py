@@ -13,7 +13,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import functions as F
 
-from service.kafka_to_delta.materialize.bucket_packing import packed_buckets, spark_bucket
 from service.kafka_to_delta.materialize.bulk import (
     DEFAULT_KEY_BUCKETS,
     LEGACY_KEY_BUCKETS,
@@ -25,6 +24,7 @@ from service.kafka_to_delta.materialize.rules import MaterializerConfig
 from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
 from service.kafka_to_delta.rows.names import PACKED_SPARK_SCHEMA, WATERMARK_COLUMN
 from service.kafka_to_delta.rows.spark import CHANGELOG_SPARK_SCHEMA, NET_ARROW_SCHEMA
+from service.kafka_to_delta.source.bucket_packing import packed_buckets, spark_bucket
 from tests.integration.service.kafka_to_delta.materialize.test_key_stage import change
 
 SEEDS = [3]

@@ -10,7 +10,7 @@ themselves as one Arrow IPC value, which the bucket call reads back with `unpack
 
 The bucket is Spark's own `pmod(xxhash64(group key), N)` (`spark_bucket`): the function the rows
 were bucketed with before they were packed and that the seed of `rebuild-state` still uses, so a
-key always meets its state. `tests/integration/service/kafka_to_delta/materialize/test_bucket_packing.py` checks it against Spark.
+key always meets its state. `tests/integration/service/kafka_to_delta/source/test_bucket_packing.py` checks it against Spark.
 
 Used when the materializer reads the decoded changes directly (no stateful FROM_CHANGELOG stage in
 front, whose rows are one per change) and keeps its state per bucket.
@@ -83,17 +83,6 @@ def packed_buckets(changes: pa.RecordBatch, buckets: int) -> pa.RecordBatch:
         [pa.array(buckets_in_order, pa.int64()), pa.array(out_marks, pa.int64()), pa.array(out_changes, pa.binary())],
         names=[BUCKET, WATERMARK_COLUMN, PACKED_CHANGES],
     )
-
-
-def unpack_changes(values: Iterable[bytes]) -> list[dict]:
-    """The changes of packed values (`STAGE_FIELDS`), as plain Python records (zipped from whole columns:
-    a fifth faster than `Table.to_pylist`)."""
-    records: list[dict] = []
-    for value in values:
-        table = pa.ipc.open_stream(pa.py_buffer(value)).read_all()
-        names = table.column_names
-        records.extend(dict(zip(names, row)) for row in zip(*(column.to_pylist() for column in table.columns)))
-    return records
 
 
 class PackedBuckets:

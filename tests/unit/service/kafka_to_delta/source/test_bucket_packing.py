@@ -10,13 +10,8 @@ import random
 import pyarrow as pa
 
 from service.config.settings import PipelineSettings
-from service.kafka_to_delta.materialize.bucket_packing import (
-    PackedBuckets,
-    packed_buckets,
-    spark_bucket,
-    unpack_changes,
-)
 from service.kafka_to_delta.materialize.bulk import ERROR_PREFIX
+from service.kafka_to_delta.rows.ipc import unpack_changes
 from service.kafka_to_delta.rows.names import (
     BUCKET,
     EVENT_TIME,
@@ -26,6 +21,11 @@ from service.kafka_to_delta.rows.names import (
     WATERMARK_COLUMN,
     Column,
 )
+from service.kafka_to_delta.source.bucket_packing import (
+    PackedBuckets,
+    packed_buckets,
+    spark_bucket,
+)
 from service.kafka_to_delta.source.decode_stage import DecodedRanges
 from tests.unit.service.kafka_to_delta.source.test_decoded_ranges import _records
 
@@ -33,7 +33,7 @@ SEEDS = [1, 2, 3, 5, 8, 13]
 
 
 def test_spark_bucket_matches_values_spark_computed():
-    # `SELECT pmod(xxhash64(s), 16)` as Spark 4.2 printed it; tests/integration/service/kafka_to_delta/materialize/test_bucket_packing.py
+    # `SELECT pmod(xxhash64(s), 16)` as Spark 4.2 printed it; tests/integration/service/kafka_to_delta/source/test_bucket_packing.py
     # compares many more against a live session.
     known = {"[1]": 10, '["perf",[3]]': 11, "": 4, "é": 4}
     assert {s: spark_bucket(s, 16) for s in known} == known

@@ -1,0 +1,171 @@
+"""Net changes -> the payload a range (or a stateful stage) sends to the driver, typed where they are.
+
+A payload is a few Arrow IPC streams (`PAYLOAD_SCHEMA`), not a row per change: part `changes`
+(typed net changes with the `Meta` columns; its schema metadata holds the types the rows
+declared, the kinds the data suggested and the counts) and part `failed` (records that could
+not become changes, with their policy and original bytes). The plain path builds it where it
+reads (`source.partition_changes`), a stateful path after its last stage (`net_payload`); the
+driver reads it back (`payload_table`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from connectors.delta.arrow_types import (
+    inferred_kinds,
+    merge_types,
+    rows_to_table,
+    types_from_kinds,
+)
+from service.kafka_to_delta.formats.debezium_json import loads
+from service.kafka_to_delta.formats.row_fit import misfit
+from service.kafka_to_delta.materialize.fill_unchanged import filled_net
+from service.kafka_to_delta.materialize.net_changes import unpack_net
+from service.kafka_to_delta.rows.arrow import PAYLOAD_SCHEMA
+from service.kafka_to_delta.rows.ipc import ipc_bytes
+from service.kafka_to_delta.rows.names import COUNTERS, FAILED_COLUMNS, Column, Meta, Part
+from vocabulary.changes import ChangeKind
+from vocabulary.errors import DecodeError, SourceCoordinates
+
+TRUNCATE = "TRUNCATE"
+_META_KEY = b"cdc-lakehouse"
+RETRACTIONS = (ChangeKind.UPDATE_BEFORE.value, ChangeKind.DELETE.value)
+
+
+@dataclass
+class TypeEvidence:
+    """What a set of net rows says about column types: declared (schema blocks, Avro) and seen."""
+
+    declared: dict[str, str] = field(default_factory=dict)
+    seen: dict[str, set[str]] = field(default_factory=dict)
+
+    def add(self, other: "TypeEvidence") -> None:
+        """Fold in another range's evidence (its declared types widen, its kinds union)."""
+        self.declared = merge_types(self.declared, other.declared)
+        for column, kinds in other.seen.items():
+            self.seen.setdefault(column, set()).update(kinds)
+
+    def types(self) -> dict[str, str]:
+        """Column types: declared ones win, the data types the rest."""
+        inferred = types_from_kinds(self.seen)
+        return {**self.declared, **{c: kind for c, kind in inferred.items() if c not in self.declared}}
+
+    def to_json(self) -> dict:
+        return {"declared": self.declared, "seen": {c: sorted(k) for c, k in self.seen.items()}}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "TypeEvidence":
+        return cls(dict(data["declared"]), {c: set(k) for c, k in data["seen"].items()})
+
+
+
+def typed_changes(net: pa.Table, primary_key: tuple[str, ...]) -> tuple[pa.Table, TypeEvidence]:
+    """Net changelog rows (JSON row images) -> typed rows plus `Meta` columns, and their type evidence.
+
+    A delete carries its primary key only (from the key), an upsert its whole image.
+    """
+    deletes = pc.is_in(net.column(Column.KIND), pa.array(RETRACTIONS)).to_pylist()
+    rows = [
+        dict(zip(primary_key, loads(key.encode()))) if deleted or text is None else loads(text.encode())
+        for key, text, deleted in zip(net.column(Column.KEY).to_pylist(), net.column(Column.ROW).to_pylist(), deletes)
+    ]
+    evidence = TypeEvidence()
+    declared: dict[str, dict[str, str]] = {}
+    for text in pc.unique(net.column(Column.TYPES).drop_null()).to_pylist():
+        declared[text] = json.loads(text)
+        evidence.declared = merge_types(evidence.declared, declared[text])
+    upserts = [(row, texts) for row, texts, deleted in zip(rows, net.column(Column.TYPES).to_pylist(), deletes)
+               if not deleted]
+    # Only what no schema declared needs the data to type it (the declared types win anyway).
+    undeclared = [row for row, texts in upserts or zip(rows, net.column(Column.TYPES).to_pylist())
+                  if texts is None or not row.keys() <= declared[texts].keys()]
+    evidence.seen = inferred_kinds(undeclared)
+    typed = _table_or_located(rows, evidence.types(), net)
+    kinds = pa.array([ChangeKind.DELETE.value if d else ChangeKind.UPDATE_AFTER.value for d in deletes], pa.string())
+    meta = {name: net.column(source) for name, source in Meta.SOURCE.items()}
+    meta[Meta.KIND] = kinds
+    for name in Meta.ALL:
+        typed = typed.append_column(name, meta[name])
+    return typed, evidence
+
+
+def payload_table(payload: bytes) -> tuple[pa.Table, dict]:
+    """A payload's table and the metadata its range attached."""
+    table = pa.ipc.open_stream(payload).read_all()
+    meta = (table.schema.metadata or {}).get(_META_KEY)
+    return table, json.loads(meta) if meta else {}
+
+
+def payload_batch(typed: pa.Table | None, failed: list[pa.Table], info: dict) -> pa.RecordBatch:
+    """One range's (or one Spark partition's) payload rows."""
+    parts, payloads = [Part.CHANGES], []
+    changes = typed if typed is not None else pa.table({})
+    payloads.append(ipc_bytes(changes.replace_schema_metadata({_META_KEY: json.dumps(info).encode()})))
+    if failed:
+        parts.append(Part.FAILED)
+        payloads.append(ipc_bytes(pa.concat_tables(failed)))
+    return pa.RecordBatch.from_arrays([pa.array(parts, pa.string()), pa.array(payloads, pa.binary())],
+                                      schema=PAYLOAD_SCHEMA)
+
+
+
+def net_payload(net: pa.Table, primary_key: tuple[str, ...]) -> pa.RecordBatch | None:
+    """The payload rows of net rows after a stateful stage (`net_changes.NET_SCHEMA`, at most one per
+    primary key across the whole batch), typed where they are; None when there are none."""
+    if net.num_rows == 0:
+        return None
+    info: dict[str, Any] = {"changes": int(pc.sum(net.column("changes")).as_py() or 0), "truncated": False,
+                            "counters": {c: int(pc.sum(net.column(c)).as_py() or 0) for c in COUNTERS}}
+    failed = net.filter(pc.is_valid(net.column(Column.ERROR)))
+    kind = net.column(Column.KIND)
+    truncates = net.filter(pc.equal(kind, TRUNCATE)).select([Column.TOPIC, Column.PARTITION, Column.OFFSET])
+    if truncates.num_rows:  # applied on the driver: a marker and the changes it wipes may be apart here
+        info["truncated"] = True
+        info["truncates"] = [list(row.values()) for row in truncates.to_pylist()]
+    changes = filled_net(net.filter(pc.and_(pc.is_valid(kind), pc.not_equal(kind, TRUNCATE))))
+    typed = None
+    if changes.num_rows:
+        changes = changes.append_column(Column.CHANGE_INDEX, pa.array(np.zeros(changes.num_rows, np.int32)))
+        typed, evidence = typed_changes(changes, primary_key)
+        info["types"] = evidence.to_json()
+    kept = [failed.select([c for c in FAILED_COLUMNS])] if failed.num_rows else []
+    return payload_batch(typed, kept, info)
+
+
+class NetPayload:
+    """The `mapInArrow` function after a stateful stage that emits net rows (`net_payload` of a whole
+    Spark partition). Picklable."""
+
+    def __init__(self, primary_key: tuple[str, ...]) -> None:
+        self.primary_key = primary_key
+
+    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        received = list(unpack_net(batches))
+        if received:
+            payload = net_payload(pa.Table.from_batches(received), self.primary_key)
+            if payload is not None:
+                yield payload
+
+
+def _table_or_located(rows: list[dict | None], types: dict[str, str], net: pa.Table) -> pa.Table:
+    """`rows_to_table`, or a `DecodeError` naming the first row (of `net`) whose values do not fit
+    `types` (a record without column types where others of its range, or of the rows a stateful
+    stage compacted, declare them), with no values."""
+    try:
+        return rows_to_table(rows, types)
+    except ValueError as exc:
+        reason = str(exc)
+        bad = next((i for i, row in enumerate(rows) if misfit([row], types) is not None), None)
+        if bad is None:
+            raise
+        where = net.slice(bad, 1).select([Column.TOPIC, Column.PARTITION, Column.OFFSET, Column.KEY]).to_pylist()[0]
+        raise DecodeError(f"a record without column types does not fit those other records declare: {reason}",
+                          SourceCoordinates(*where.values())) from None
