@@ -20,13 +20,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from connectors.delta.engines import open_table
 from service.config.settings import PipelineSettings, Settings
 from service.kafka_to_delta.changelog.stage import stateful_changelog
 from service.kafka_to_delta.materialize.bulk import DEFAULT_KEY_BUCKETS, StageConfig
@@ -45,22 +43,22 @@ from service.kafka_to_delta.rows.spark import STREAM_SPARK_SCHEMA
 from service.kafka_to_delta.shape import Shape, pipeline_shape
 from service.kafka_to_delta.sink.bad_records import DeadLetterStore, handle_bad_records
 from service.kafka_to_delta.sink.dead_letters import DeadLetterSink
-from service.kafka_to_delta.sink.merge_sink import MergeOutcome, MergeSink
+from service.kafka_to_delta.sink.merge_sink import MergeOutcome
 from service.kafka_to_delta.source.batch_changes import BatchChanges, batch_changes
 from service.kafka_to_delta.source.bucket_packing import PackedBuckets
 from service.kafka_to_delta.source.changes_source import changes_source, changes_source_name
 from service.kafka_to_delta.source.decode_stage import DecodedRanges, batch_decoder
 from service.kafka_to_delta.source.event_time_progress import EventTimeMaxima
 from service.kafka_to_delta.source.partition_changes import PartitionReducer
+from service.kafka_to_delta.table_query import TableQuery
 from service.observability import metrics
 from service.operations.maintenance import TableMaintenance
 from service.runtime import test_hooks
 from service.runtime.checkpoints import remove_abandoned_writes
-from service.supervisor.batch_pipeline import BatchPipeline, commit_app_id, with_trigger
+from service.supervisor.batch_pipeline import commit_app_id, with_trigger
 from vocabulary import redaction
 
 log = logging.getLogger(__name__)
-_QUERY_ID_TIMEOUT_S = 60.0
 
 
 def app_id(pipeline: PipelineSettings, query_id: str | None) -> str:
@@ -84,41 +82,22 @@ def stage_config(pipeline: PipelineSettings, key_buckets: int = DEFAULT_KEY_BUCK
     )
 
 
-class IngestPipeline(BatchPipeline):
+class IngestPipeline(TableQuery):
     """Runs one `PipelineSettings` as a streaming query into its Delta table."""
 
     def __init__(self, spark: SparkSession, settings: Settings, pipeline: PipelineSettings) -> None:
-        self.spark = spark
-        self.settings = settings
+        self._open_table(spark, settings, pipeline.name, pipeline.table, pipeline.primary_key)
         self.pipeline = pipeline
-        lakehouse = settings.lakehouse
-        self.table = open_table(lakehouse.engine, lakehouse.table_uri(pipeline.table), lakehouse.storage_options, spark)
-        self.sink = MergeSink(self.table, pipeline.primary_key)
         self.maintenance = TableMaintenance(settings, pipeline, spark=spark)
-        self.committed_batches = 0
-        self.last_outcome: MergeOutcome | None = None
-        self.failure: BaseException | None = None
         self.dead_letters: DeadLetterStore | None = None
         if pipeline.dead_letters is not None:
             sink = DeadLetterSink.for_pipeline(settings, pipeline.name, pipeline.dead_letters)
             self.dead_letters = lambda rows, batch_id: sink.store(rows, batch_id, app_id=self.app_id)
         self.materializer_totals: dict[str, int] = {}
         self.event_times = EventTimeMaxima(spark.sparkContext, self.progress_path)
-        self._query_id: str | None = None
         self._query: StreamingQuery | None = None
-        self._started = threading.Event()
         self.shape: Shape = pipeline_shape(pipeline)  # the checkpoint's key bucket count is known at start
         self.seed: Seed | None = None
-
-    @property
-    def name(self) -> str:
-        """The pipeline's name."""
-        return self.pipeline.name
-
-    @property
-    def app_id(self) -> str:
-        """Application id of this pipeline's Delta commits."""
-        return app_id(self.pipeline, self._query_id)
 
     @property
     def progress_path(self) -> str:
@@ -186,8 +165,7 @@ class IngestPipeline(BatchPipeline):
 
     def _process_batch(self, batch: DataFrame, batch_id: int) -> None:
         test_hooks.hold_batch_if_armed(self.pipeline.name, batch_id)
-        if not self._started.wait(_QUERY_ID_TIMEOUT_S):
-            raise RuntimeError("streaming query id not known")
+        self._await_query_id()
         name = self.pipeline.name
         started = time.monotonic()
         prepared = self._prepared(batch)
@@ -270,8 +248,6 @@ class IngestPipeline(BatchPipeline):
             .option("checkpointLocation", checkpoint)
         )
         writer = with_trigger(writer, until_idle, self.settings.trigger_interval_seconds)
-        query = writer.start()
+        query = self._start(writer)
         self._query = query
-        self._query_id = str(query.id)
-        self._started.set()
         return query

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 
@@ -29,7 +28,6 @@ from pyarrow import fs
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from connectors.delta.engines import open_table
 from connectors.kafka import offsets as om
 from connectors.kafka.cluster import ClusterView
 from connectors.kafka.range_reader import RAW_SCHEMA
@@ -50,13 +48,12 @@ from service.kafka_to_delta.joins.snapshot_gate import BuildObservations, GateSt
 from service.kafka_to_delta.rows.names import Column
 from service.kafka_to_delta.sink.bad_records import failed_rows, handle_bad_records
 from service.kafka_to_delta.sink.dead_letters import DeadLetterSink
-from service.kafka_to_delta.sink.merge_sink import MergeSink
+from service.kafka_to_delta.table_query import TableQuery
 from service.observability import metrics
 from service.runtime.checkpoints import remove_abandoned_writes
-from service.supervisor.batch_pipeline import BatchPipeline, commit_app_id, with_trigger
+from service.supervisor.batch_pipeline import with_trigger
 
 log = logging.getLogger(__name__)
-_QUERY_ID_TIMEOUT_S = 60.0
 MISSING = Counter("cdc_enrichment_missing", "Probe records that found no build row, by policy",
                   metrics.PIPELINE + ("policy",))
 HELD = Gauge("cdc_enrichment_held_probes", "Probe records held back while the snapshot gate is closed",
@@ -74,16 +71,13 @@ def batch_end_offsets(checkpoint: str, batch_id: int) -> dict[tuple[str, int], i
     return om.from_map(json.loads(lines[2]))
 
 
-class EnrichmentJoinPipeline(BatchPipeline):
+class EnrichmentJoinPipeline(TableQuery):
     """Runs one `EnrichmentJoinSettings` as a streaming query into its Delta table."""
 
     def __init__(self, spark: SparkSession, settings: Settings, join: EnrichmentJoinSettings) -> None:
-        self.spark = spark
-        self.settings = settings
+        self._open_table(spark, settings, join.name, join.table, join.primary_key)
         self.join = join
         lakehouse = settings.lakehouse
-        self.table = open_table(lakehouse.engine, lakehouse.table_uri(join.table), lakehouse.storage_options, spark)
-        self.sink = MergeSink(self.table, join.primary_key)
         self.checkpoint = settings.checkpoint_dir(join.name)
         state_root = f"{self.checkpoint}/enrichment"
         options = dict(lakehouse.storage_options)
@@ -99,21 +93,7 @@ class EnrichmentJoinPipeline(BatchPipeline):
                                                kafka_config=settings.kafka.client_config())
         self.gate = GateState()
         self.clock: Callable[[], float] = time.time  # processing time, seconds (the build state's TTL)
-        self.committed_batches = 0
         self.missing_total = 0
-        self.failure: BaseException | None = None
-        self._query_id: str | None = None
-        self._started = threading.Event()
-
-    @property
-    def name(self) -> str:
-        """The join's name."""
-        return self.join.name
-
-    @property
-    def app_id(self) -> str:
-        """Application id of the output table's commits; the query id ties it to the checkpoint."""
-        return commit_app_id(self.join.name, self.join.table, self._query_id)
 
     def _end_offsets(self, topic: str) -> dict[int, int]:
         cluster = ClusterView(self.settings.kafka.client_config())
@@ -143,8 +123,7 @@ class EnrichmentJoinPipeline(BatchPipeline):
         return after
 
     def _process_batch(self, batch: DataFrame, batch_id: int) -> None:
-        if not self._started.wait(_QUERY_ID_TIMEOUT_S):
-            raise RuntimeError("streaming query id not known")
+        self._await_query_id()
         raw = batch.toArrow().select(RAW_SCHEMA.names).cast(RAW_SCHEMA)  # the only action on the batch
         build = decode_records(side_records(raw, self.join.right), self.build_decoder)
         handle_bad_records(self.name, failed_rows(build), batch_id, None)
@@ -219,11 +198,7 @@ class EnrichmentJoinPipeline(BatchPipeline):
             .option("checkpointLocation", self.checkpoint)
         )
         writer = with_trigger(writer, until_idle, self.settings.trigger_interval_seconds)
-        self._started.clear()  # a restart by the runner: batches wait for this query's id
-        query = writer.start()
-        self._query_id = str(query.id)
-        self._started.set()
-        return query
+        return self._start(writer)
 
     def close(self) -> None:
         """Release the dead-letter producer, if any."""

@@ -12,7 +12,6 @@ docs/design/joins.md.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
 import pyarrow as pa
@@ -20,7 +19,6 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from connectors.delta.engines import open_table
 from service.config.joins import RegularJoinSettings
 from service.config.settings import Settings
 from service.kafka_to_delta.joins.join_state import TIDY_EVERY_BATCHES, JoinStateStore, state_uri
@@ -36,16 +34,16 @@ from service.kafka_to_delta.joins.regular_join_source import SIDE, sides_stream
 from service.kafka_to_delta.materialize.rules import MaterializerConfig
 from service.kafka_to_delta.rows.names import FAILED_COLUMNS, Column
 from service.kafka_to_delta.sink.bad_records import handle_bad_records
-from service.kafka_to_delta.sink.merge_sink import MergeOutcome, MergeSink
+from service.kafka_to_delta.sink.merge_sink import MergeOutcome
+from service.kafka_to_delta.table_query import TableQuery
 from service.observability import metrics
 from service.runtime import test_hooks
 from service.runtime.checkpoints import remove_abandoned_writes
-from service.supervisor.batch_pipeline import BatchPipeline, commit_app_id, with_trigger
+from service.supervisor.batch_pipeline import with_trigger
 from vocabulary import redaction
 from vocabulary.changes import ChangeKind
 
 log = logging.getLogger(__name__)
-_QUERY_ID_TIMEOUT_S = 60.0
 _CHANGE_KINDS = pa.array([kind.value for kind in ChangeKind])
 
 
@@ -61,40 +59,21 @@ def join_rules(join: RegularJoinSettings) -> JoinRules:
     )
 
 
-class RegularJoinPipeline(BatchPipeline):
+class RegularJoinPipeline(TableQuery):
     """Runs one `RegularJoinSettings` as a streaming query into its Delta table."""
 
     def __init__(self, spark: SparkSession, settings: Settings, join: RegularJoinSettings) -> None:
-        self.spark = spark
-        self.settings = settings
+        self._open_table(spark, settings, join.name, join.table, join.primary_key)
         self.join = join
         lakehouse = settings.lakehouse
-        self.table = open_table(lakehouse.engine, lakehouse.table_uri(join.table), lakehouse.storage_options, spark)
-        self.sink = MergeSink(self.table, join.primary_key)
         self.store = JoinStateStore(state_uri(settings.checkpoint_dir(join.name)), lakehouse.storage_options)
         self.rules = join_rules(join)
         self.state = JoinState()
-        self.committed_batches = 0
         self.expired_rows = 0
-        self.last_outcome: MergeOutcome | None = None
-        self.failure: BaseException | None = None
-        self._query_id: str | None = None
-        self._started = threading.Event()
-
-    @property
-    def name(self) -> str:
-        """The join pipeline's name."""
-        return self.join.name
-
-    @property
-    def app_id(self) -> str:
-        """Application id of this join's Delta commits (output and state); the query id ties it to the checkpoint."""
-        return commit_app_id(self.join.name, self.join.table, self._query_id)
 
     def _process_batch(self, batch: DataFrame, batch_id: int) -> None:
         test_hooks.hold_batch_if_armed(self.name, batch_id)
-        if not self._started.wait(_QUERY_ID_TIMEOUT_S):
-            raise RuntimeError("streaming query id not known")
+        self._await_query_id()
         started = time.monotonic()
         rows = batch.toArrow()
         errors = pc.is_valid(rows.column(Column.ERROR))
@@ -141,11 +120,7 @@ class RegularJoinPipeline(BatchPipeline):
                   .foreachBatch(self.process_batch)
                   .option("checkpointLocation", checkpoint))
         writer = with_trigger(writer, until_idle, self.settings.trigger_interval_seconds)
-        self._started.clear()
-        query = writer.start()
-        self._query_id = str(query.id)
-        self._started.set()
-        return query
+        return self._start(writer)
 
     def close(self) -> None:
         """Nothing to release (the state is committed with every batch)."""

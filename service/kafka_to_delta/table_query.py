@@ -1,0 +1,61 @@
+"""What every streaming query that writes one Delta table shares (the ingest pipeline and both
+joins): its table and MERGE sink, its name and application id, and the query id its batches
+wait for before they commit."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from connectors.delta.engines import open_table
+from service.config.settings import Settings
+from service.kafka_to_delta.sink.merge_sink import MergeOutcome, MergeSink
+from service.supervisor.batch_pipeline import BatchPipeline, commit_app_id
+
+QUERY_ID_TIMEOUT_S = 60.0
+
+
+class TableQuery(BatchPipeline):
+    """Base of a query into one Delta table; `_open_table` is called first by the constructor."""
+
+    def _open_table(self, spark: SparkSession, settings: Settings, name: str, table: str,
+                    primary_key: tuple[str, ...]) -> None:
+        """Open the query's table and its MERGE sink; nothing committed, no query started yet."""
+        self.spark = spark
+        self.settings = settings
+        self._query_name = name
+        self._table_name = table
+        lakehouse = settings.lakehouse
+        self.table = open_table(lakehouse.engine, lakehouse.table_uri(table), lakehouse.storage_options, spark)
+        self.sink = MergeSink(self.table, primary_key)
+        self.committed_batches = 0
+        self.last_outcome: MergeOutcome | None = None
+        self.failure: BaseException | None = None
+        self._query_id: str | None = None
+        self._started = threading.Event()
+
+    @property
+    def name(self) -> str:
+        """The query's name (its pipeline's or join's)."""
+        return self._query_name
+
+    @property
+    def app_id(self) -> str:
+        """Application id of this query's Delta commits; the query id ties it to the checkpoint."""
+        return commit_app_id(self._query_name, self._table_name, self._query_id)
+
+    def _await_query_id(self) -> None:
+        """Block a micro-batch until its query's id is known (it names the batch's commits)."""
+        if not self._started.wait(QUERY_ID_TIMEOUT_S):
+            raise RuntimeError("streaming query id not known")
+
+    def _start(self, writer: Any) -> StreamingQuery:
+        """Start the query `writer` describes; a restart by the runner waits for the new id."""
+        self._started.clear()
+        query = writer.start()
+        self._query_id = str(query.id)
+        self._started.set()
+        return query
