@@ -207,13 +207,7 @@ class IngestPipeline(TableQuery):
 
     def _record(self, outcome: MergeOutcome, changes: int, merge_s: float, reduce_s: float) -> None:
         name = self.pipeline.name
-        self.committed_batches += 1
-        self.last_outcome = outcome
-        metrics.BATCHES.labels(name, "committed" if outcome.upserts + outcome.deletes else "empty").inc()
-        metrics.CHANGES.labels(name).inc(changes)
-        metrics.UPSERTS.labels(name).inc(outcome.upserts)
-        metrics.DELETES.labels(name).inc(outcome.deletes)
-        metrics.LAST_BATCH.labels(name).set(outcome.batch_id)
+        self._count_merge(outcome, changes)
         metrics.STAGE_SECONDS.labels(name, "read_decode_reduce").observe(reduce_s)
         metrics.STAGE_SECONDS.labels(name, "merge").observe(merge_s)
 

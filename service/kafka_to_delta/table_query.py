@@ -12,6 +12,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from connectors.delta.engines import open_table
 from service.config.settings import Settings
+from service.observability import metrics
 from service.kafka_to_delta.sink.merge_sink import MergeOutcome, MergeSink
 from service.supervisor.batch_pipeline import BatchPipeline, commit_app_id
 
@@ -46,6 +47,17 @@ class TableQuery(BatchPipeline):
     def app_id(self) -> str:
         """Application id of this query's Delta commits; the query id ties it to the checkpoint."""
         return commit_app_id(self._query_name, self._table_name, self._query_id)
+
+    def _count_merge(self, outcome: MergeOutcome, changes: int) -> None:
+        """Count a micro-batch whose net changes were merged (or found already merged)."""
+        name = self._query_name
+        self.committed_batches += 1
+        self.last_outcome = outcome
+        metrics.BATCHES.labels(name, "committed" if outcome.upserts + outcome.deletes else "empty").inc()
+        metrics.CHANGES.labels(name).inc(changes)
+        metrics.UPSERTS.labels(name).inc(outcome.upserts)
+        metrics.DELETES.labels(name).inc(outcome.deletes)
+        metrics.LAST_BATCH.labels(name).set(outcome.batch_id)
 
     def _await_query_id(self) -> None:
         """Block a micro-batch until its query's id is known (it names the batch's commits)."""

@@ -98,14 +98,8 @@ class RegularJoinPipeline(TableQuery):
 
     def _record(self, outcome: MergeOutcome, changes: int, step: Step) -> None:
         name = self.name
-        self.committed_batches += 1
+        self._count_merge(outcome, changes)
         self.expired_rows += step.expired
-        self.last_outcome = outcome
-        metrics.BATCHES.labels(name, "committed" if outcome.upserts + outcome.deletes else "empty").inc()
-        metrics.CHANGES.labels(name).inc(changes)
-        metrics.UPSERTS.labels(name).inc(outcome.upserts)
-        metrics.DELETES.labels(name).inc(outcome.deletes)
-        metrics.LAST_BATCH.labels(name).set(outcome.batch_id)
         metrics.CONFLICTS.labels(name, self.join.on_conflict).inc(step.counters.conflicts)
         metrics.ROLLBACKS.labels(name).inc(step.counters.rollbacks)
         metrics.CLEARED_STATE.labels(name).inc(step.counters.cleared_state_warnings)
