@@ -50,3 +50,18 @@ def test_latency_is_the_first_commit_holding_the_event_or_a_later_change(workdir
 
     assert [round(value, 3) for value in latencies(uri, sent)] == [2, 1, 4, 3]
     assert percentile([4.0, 1.0, 3.0, 2.0], 0.5) == 2.0 and percentile([1.0, 2.0, 3.0], 0.95) == 3.0
+
+
+def test_ingest_benchmark_finds_the_runners_ready_line() -> None:
+    """The benchmark times the service from the runner's `kafka: ...` line: a plain-text log record
+    of the runner's own logger, formatted as the service formats it, must match its pattern."""
+    import logging
+
+    from ingest_benchmark import _READY_LINE
+
+    from service.observability.log_format import TEXT_FORMAT
+    from service.supervisor import runner
+
+    record = logging.LogRecord(runner.log.name, logging.INFO, __file__, 1, "kafka: %s", ("{}",), None)
+    line = logging.Formatter(TEXT_FORMAT).format(record)
+    assert _READY_LINE.search(line + "\n"), line
