@@ -14,6 +14,11 @@ InputFormat = Literal["json", "debezium-json", "avro-confluent"]
 StartingOffsets = Literal["earliest", "latest"]
 OnDataLoss = Literal["fail", "earliest"]
 """Offsets deleted before they were read: fail (DataLoss) or resume at the earliest offset left."""
+SchemaChanges = Literal["evolve", "lenient", "ignore", "fail"]
+"""What a source schema change does to the table (`sink.schema_changes`): evolve it (new columns, widened
+types; an incompatible type stops the pipeline), lenient (the same, and values of an incompatible type are
+kept where they fit the table's type), ignore (the table keeps its schema, new columns are dropped) or fail
+(any difference stops the pipeline)."""
 
 # FROM_CHANGELOG (spec 4.1.2).
 ChangelogPreset = Literal["debezium", "debezium-upsert", "flat", "deletion-flag", "upsert-kafka"]

@@ -20,6 +20,7 @@ from service.config.choices import (
     LogFormat,
     OnConflict,
     OnDataLoss,
+    SchemaChanges,
     StartingOffsets,
     UpsertMaterialize,
 )
@@ -141,6 +142,8 @@ class PipelineSettings(SettingsModel):
     idle_timeout_seconds: float | None = Field(default=DEFAULT_IDLE_TIMEOUT_SECONDS, ge=0)
     # Offsets deleted before they were read: fail (DataLoss) or resume at the earliest offset left.
     on_data_loss: OnDataLoss = "fail"
+    # Schema changes of the source (new columns, other types): evolve | lenient | ignore | fail.
+    schema_changes: SchemaChanges = "lenient"
     sequence_by: Names = ()
     tombstone_retention_seconds: float = Field(default=86_400.0, ge=0)
     state_ttl_seconds: float = Field(default=0.0, ge=0)
