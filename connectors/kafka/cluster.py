@@ -38,6 +38,14 @@ class ClusterView:
         config = {k: v for k, v in options.items() if k not in _CONSUMER_ONLY}
         self._admin = AdminClient(config)
 
+    def topic_names(self) -> list[str]:
+        """Every topic the cluster has now."""
+        try:
+            metadata = self._admin.list_topics(timeout=_METADATA_TIMEOUT_S)
+        except KafkaException as error:
+            raise KafkaUnavailable(f"cannot list topics: {error.args[0]}") from None
+        return sorted(name for name, info in metadata.topics.items() if info.error is None)
+
     def partitions(self, topics: list[str]) -> list[TopicPartitionKey]:
         """Every partition of the topics that exist now (a missing topic has none yet)."""
         try:

@@ -50,14 +50,17 @@ class ValueChunk:
     values: list[bytes | None] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
     timestamps: list[int | None] = field(default_factory=list)
+    first_key: bytes | None = None
+    """The first Kafka key of the chunk that is not null."""
 
     @classmethod
     def of_batch(cls, batch: pa.RecordBatch) -> "ValueChunk":
         """The chunk of a batch in `RAW_SCHEMA` (one topic partition)."""
         millis = pc.divide(pc.cast(batch.column("timestamp"), pa.int64()), US_PER_MS)
         topic, partition = (batch.column(c)[0].as_py() if batch.num_rows else None for c in ("topic", "partition"))
+        keys = batch.column("key").drop_null()
         return cls(cast(str, topic), cast(int, partition), batch.column("value").to_pylist(), batch.column("offset").to_pylist(),
-                   millis.to_pylist())
+                   millis.to_pylist(), keys[0].as_py() if len(keys) else None)
 
 
 class _Values:
@@ -68,6 +71,8 @@ class _Values:
         self.chunk = ValueChunk(topic, partition)
 
     def add(self, message, offset: int) -> None:
+        if self.chunk.first_key is None:
+            self.chunk.first_key = message.key()
         self.chunk.values.append(message.value())
         self.chunk.offsets.append(offset)
         ts_ms = message.timestamp()[1]

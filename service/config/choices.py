@@ -19,6 +19,8 @@ SchemaChanges = Literal["evolve", "lenient", "ignore", "fail"]
 types; an incompatible type stops the pipeline), lenient (the same, and values of an incompatible type are
 kept where they fit the table's type), ignore (the table keeps its schema, new columns are dropped) or fail
 (any difference stops the pipeline)."""
+OnTableError = Literal["stop", "quarantine"]
+"""A database source's table whose batch fails for good: stop the service, or set that table aside."""
 
 # FROM_CHANGELOG (spec 4.1.2).
 ChangelogPreset = Literal["debezium", "debezium-upsert", "flat", "deletion-flag", "upsert-kafka"]

@@ -100,8 +100,8 @@ class SchemaRegistrySettings(SettingsModel):
         )
 
 
-def share_registry(data: Any, sections: tuple[str, ...] = ("pipelines", "exports")) -> Any:
-    """Raw settings with the top-level `schema_registry` copied into each pipeline and export
+def share_registry(data: Any, sections: tuple[str, ...] = ("pipelines", "databases", "exports")) -> Any:
+    """Raw settings with the top-level `schema_registry` copied into each pipeline, database and export
     that has neither its own block nor a `schema_registry_url`."""
     if not isinstance(data, dict) or data.get("schema_registry") is None:
         return data

@@ -24,6 +24,7 @@ from service.config.choices import (
     StartingOffsets,
     UpsertMaterialize,
 )
+from service.config.databases import DatabaseSettings
 from service.config.dead_letters import DeadLetterSettings
 from service.config.exports import ExportSettings
 from service.config.from_changelog import FromChangelogSettings
@@ -276,6 +277,8 @@ class Settings(SettingsModel):
     # Scheduled compaction, checkpoints and VACUUM of every pipeline's table (service/operations/maintenance.py).
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
     pipelines: tuple[PipelineSettings, ...] = ()
+    # Database sources (service/config/databases.py): every matching topic into its own table, one query.
+    databases: tuple[DatabaseSettings, ...] = ()
     exports: tuple[ExportSettings, ...] = ()
     # Join pipelines (service/config/joins.py): `type: inner | left` or `type: enrichment`.
     joins: tuple[Annotated[JoinSettings, Field(discriminator="type")], ...] = ()
@@ -289,9 +292,10 @@ class Settings(SettingsModel):
     def _unique_names(self) -> "Settings":
         # Names key checkpoints, Spark query names and Kafka transactional ids: one namespace.
         names = [p.name for p in self.pipelines] + [j.name for j in self.joins] + [e.name for e in self.exports]
+        names += [d.name for d in self.databases]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
-            raise ValueError(f"pipeline, join and export names must be unique; repeated: {', '.join(dupes)}")
+            raise ValueError(f"pipeline, database, join and export names must be unique; repeated: {', '.join(dupes)}")
         return self
 
     def maintenance_of(self, pipeline: PipelineSettings) -> MaintenanceSettings:

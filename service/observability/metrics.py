@@ -36,6 +36,10 @@ STATE_ROWS = Gauge(
     PIPELINE,
 )
 STATE_BYTES = Gauge("cdc_state_memory_bytes", "Memory used by the pipeline's state store", PIPELINE)
+QUARANTINED = Gauge(
+    "cdc_table_quarantined", "1 while a database source's table is set aside after a terminal error",
+    PIPELINE + ("table",),
+)
 RESTARTS = Counter("cdc_pipeline_restarts", "Restarts after transient failures", PIPELINE)
 LAST_BATCH = Gauge("cdc_last_committed_batch", "Id of the last batch committed to Delta", PIPELINE)
 LAG_RECORDS = Gauge(

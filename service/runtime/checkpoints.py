@@ -10,6 +10,7 @@ service per checkpoint), so every such leftover is an abandoned write and is rem
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from pathlib import Path
@@ -47,3 +48,17 @@ def remove_abandoned_writes(checkpoint: str) -> list[str]:
         log.warning("checkpoint %s: removed %d abandoned write(s) of a killed run: %s",
                     checkpoint, len(removed), ", ".join(sorted(removed)))
     return removed
+
+
+def batch_start_offsets(checkpoint: str, batch_id: int) -> dict | None:
+    """The source offsets a micro-batch started from (its predecessor's end in the offset log, for a
+    query with one source); None for the first batch or a checkpoint this process cannot read."""
+    folder = local_path(checkpoint)
+    if folder is None or batch_id <= 0:
+        return None
+    entry = folder / "offsets" / str(batch_id - 1)
+    try:
+        lines = entry.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return None
+    return json.loads(lines[2]) if len(lines) > 2 and lines[2] not in ("", "-") else None

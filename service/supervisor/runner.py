@@ -29,6 +29,7 @@ from pyspark.sql.streaming import StreamingQuery
 from service.config.settings import Settings
 from service.delta_to_kafka.exports import export_pipeline
 from service.delta_to_kafka.pipeline import ExportPipeline
+from service.kafka_to_delta.database.query import DatabaseQuery
 from service.kafka_to_delta.joins import join_pipeline
 from service.kafka_to_delta.pipeline import IngestPipeline
 from service.kafka_to_delta.plan.compiled_plan import compile_plan, join_operators
@@ -69,7 +70,7 @@ def _close(entry: "_Supervised") -> None:
 class _Supervised:
     """One pipeline, its current query and its run of failures."""
 
-    pipeline: IngestPipeline | ExportPipeline
+    pipeline: IngestPipeline | DatabaseQuery | ExportPipeline
     query: StreamingQuery | None = None
     failures: int = 0
     batches_at_failure: int = 0
@@ -81,7 +82,7 @@ class Runner:
     """Owns the Spark session and the streaming queries of one service process."""
 
     def __init__(self, settings: Settings) -> None:
-        if not settings.pipelines and not settings.joins and not settings.exports:
+        if not settings.pipelines and not settings.databases and not settings.joins and not settings.exports:
             raise ConfigError("no pipelines or exports configured: nothing to run")
         self.settings = settings
         redaction.configure(settings.log_values)
@@ -95,7 +96,7 @@ class Runner:
         self.endpoint: ThreadingHTTPServer | None = None  # /metrics, /healthz, /readyz (with metrics_port)
 
     @property
-    def pipelines(self) -> list[IngestPipeline | ExportPipeline]:
+    def pipelines(self) -> list[IngestPipeline | DatabaseQuery | ExportPipeline]:
         """The ingest pipelines and exports this runner drives."""
         return [s.pipeline for s in self.supervised]
 
@@ -125,11 +126,15 @@ class Runner:
             entry = _Supervised(IngestPipeline(self._spark, self.settings, config))
             self.supervised.append(entry)
             self._start(entry)
+        for database in self.settings.databases:
+            entry = _Supervised(DatabaseQuery(self._spark, self.settings, database))
+            self.supervised.append(entry)
+            self._start(entry)
         for join in self.settings.joins:
             entry = _Supervised(join_pipeline(self._spark, self.settings, join))
             self.supervised.append(entry)
             self._start(entry)
-        if not (until_idle and (self.settings.pipelines or self.settings.joins)):
+        if not (until_idle and (self.settings.pipelines or self.settings.databases or self.settings.joins)):
             self._start_exports()
         self._sources_planned(None)
 
@@ -140,7 +145,7 @@ class Runner:
     def _warmup_modules(self) -> tuple[str, ...]:
         """What the Python workers import ahead of the first batch, chosen from the compiled plan and the
         input formats (`worker_warmup`)."""
-        formats = [p.format for p in self.settings.pipelines]
+        formats = [p.format for p in self.settings.pipelines] + [d.format for d in self.settings.databases]
         formats += [side.format for join in self.settings.joins for side in (join.left, join.right)]
         return warmup_modules(compile_plan(self.settings), formats)
 
@@ -228,7 +233,8 @@ class Runner:
         max_age = health.max_progress_age(self.settings.readiness_stale_triggers,
                                           self.settings.trigger_interval_seconds, self._idle_progress_s)
         started = {entry.pipeline.name: entry for entry in list(self.supervised)}
-        names = [p.name for p in self.settings.pipelines] + [j.name for j in self.settings.joins]
+        names = [p.name for p in self.settings.pipelines] + [d.name for d in self.settings.databases]
+        names += [j.name for j in self.settings.joins]
         names += [e.name for e in self.settings.exports]
         return health.Readiness(tuple(
             health.query_health(name, None, restarting=False, finished=False, max_age_s=max_age)

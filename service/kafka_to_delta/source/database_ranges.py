@@ -1,0 +1,227 @@
+"""A database source's Spark source: every matching topic, each range reduced where it is read.
+
+`spark.readStream.format(database_source_name(database))` plans like the Kafka source, over the
+topics the database's pattern routes to a table (`DatabaseSettings.routes`, listed again every
+`topic_refresh_seconds`: a new topic is read from its earliest offset, a vanished one is
+reported). Each Kafka range is decoded and reduced to its net changes as on a pipeline's plain
+path (`partition_changes.PartitionReducer`), with the primary key of its table: the table's
+override, else the fields of the range's first Kafka key (Debezium keys a table's topic by its
+primary key). Output rows are the plain path's payload rows with the table they belong to.
+
+Small ranges are packed: one Spark task reads several ranges in turn (a database of hundreds of
+mostly quiet tables would otherwise cost a task per partition per micro-batch); a task holds
+up to `_PACK_ROWS` records, and there are at least as many tasks as cores when there is data.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import pickle
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from pyspark import cloudpickle
+from pyspark.sql.datasource import DataSource, InputPartition
+
+from connectors.kafka.source import KafkaRange, KafkaSource, KafkaStreamReader
+from service.config.databases import DatabaseSettings
+from service.kafka_to_delta.source import quarantine
+from service.runtime.memory_release import release_memory
+from vocabulary.errors import DecodeError, SourceCoordinates
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from connectors.kafka.range_reader import ValueChunk
+    from service.kafka_to_delta.source.partition_changes import PartitionReducer
+
+log = logging.getLogger(__name__)
+TABLE_COLUMN = "table"
+DATABASE_SPARK_SCHEMA = f"{TABLE_COLUMN} string, topic string, primary_key string, part string, payload binary"
+_NAME_PREFIX = "cdc_database_"
+_PACK_ROWS = 50_000
+
+
+class PackedRanges(InputPartition):
+    """Several Kafka ranges read by one task, in turn."""
+
+    def __init__(self, ranges: list[KafkaRange]) -> None:
+        super().__init__([r.value for r in ranges])
+        self.ranges = ranges
+
+
+def pack(ranges: list[KafkaRange], min_tasks: int, pack_rows: int = _PACK_ROWS) -> list[PackedRanges]:
+    """Ranges into tasks: the largest first into the emptiest task, a task full at `pack_rows`
+    records (a range larger than that alone); at least `min_tasks` tasks when there are as many
+    ranges. Deterministic: a replay plans the same tasks."""
+    if not ranges:
+        return []
+    ordered = sorted(ranges, key=lambda r: (-(r.end - r.start), r.topic, r.partition, r.start))
+    total = sum(r.end - r.start for r in ranges)
+    count = max(min(min_tasks, len(ranges)), -(-total // pack_rows))
+    count = min(count, len(ranges))
+    tasks: list[list[KafkaRange]] = [[] for _ in range(count)]
+    sizes = [0] * count
+    for kafka_range in ordered:
+        emptiest = min(range(count), key=lambda i: (sizes[i], i))
+        tasks[emptiest].append(kafka_range)
+        sizes[emptiest] += kafka_range.end - kafka_range.start
+    return [PackedRanges(sorted(task, key=lambda r: (r.topic, r.partition, r.start))) for task in tasks if task]
+
+
+def key_fields(key: bytes | None, decode: Callable[[bytes], tuple[Any, Any]]) -> tuple[str, ...] | None:
+    """The field names of a Kafka key (Debezium's key is the row's primary key), or None."""
+    if key is None:
+        return None
+    try:
+        document, _ = decode(key)
+    except Exception:  # noqa: BLE001 - an undecodable key names no fields; the caller says what to set
+        return None
+    if isinstance(document, dict) and document:
+        return tuple(document)
+    return None
+
+
+class TableReducers:
+    """Per range: its table, its primary key and its payload rows (`DATABASE_SPARK_SCHEMA`). Picklable."""
+
+    def __init__(self, database: DatabaseSettings) -> None:
+        self.database = database
+        self._reducers: dict[tuple[str, ...], PartitionReducer] = {}
+
+    def __getstate__(self) -> dict:
+        return {"database": self.database, "_reducers": {}}
+
+    def _reducer(self, primary_key: tuple[str, ...]) -> "PartitionReducer":
+        if primary_key not in self._reducers:
+            from service.kafka_to_delta.source.database_decoder import table_decoder
+            from service.kafka_to_delta.source.partition_changes import PartitionReducer
+
+            self._reducers[primary_key] = PartitionReducer(table_decoder(self.database, primary_key), primary_key)
+        return self._reducers[primary_key]
+
+    def primary_key(self, table: str, kafka_range: KafkaRange, first_key: bytes | None) -> tuple[str, ...]:
+        """The table's override, else the fields of the range's first key; none: a `DecodeError`."""
+        override = self.database.override(table).primary_key
+        if override:
+            return tuple(override)
+        from service.kafka_to_delta.source.database_decoder import key_decoder
+
+        found = key_fields(first_key, key_decoder(self.database))
+        if found is None:
+            where = SourceCoordinates(kafka_range.topic, kafka_range.partition, kafka_range.start)
+            raise DecodeError(
+                f"database {self.database.name}, table {table}: the records have no key with named fields, so "
+                f"the primary key is unknown; set `tables: {{{table}: {{primary_key: [...]}}}}`", where)
+        return found
+
+    def __call__(self, kafka_range: KafkaRange, table: str, read: Callable[[], Iterable["pa.RecordBatch"]],
+                 read_values: Callable[[], Iterable["ValueChunk"]]) -> Iterator["pa.RecordBatch"]:
+        import pyarrow as pa  # where ranges are read only
+
+        values: Iterable[ValueChunk] | None = None
+        first_key = None
+        if not self.database.override(table).primary_key:  # the first key names the key's fields
+            chunks = iter(read_values())
+            first = next(chunks, None)
+            values = [] if first is None else itertools.chain([first], chunks)
+            first_key = None if first is None else first.first_key
+        primary_key = self.primary_key(table, kafka_range, first_key)
+        once = [values]
+
+        def values_once() -> Iterable[ValueChunk]:  # the chunks already begun, then a new read
+            begun, once[0] = once[0], None
+            return read_values() if begun is None else begun
+
+        for batch in self._reducer(primary_key)(read, values_once):
+            rows = batch.num_rows
+            yield pa.RecordBatch.from_arrays(
+                [pa.array([table] * rows, pa.string()), pa.array([kafka_range.topic] * rows, pa.string()),
+                 pa.array([",".join(primary_key)] * rows, pa.string()), *batch.columns],
+                names=[TABLE_COLUMN, "topic", "primary_key", *batch.schema.names])
+
+
+class DatabaseStreamReader(KafkaStreamReader):
+    """Plans the database's topics like the Kafka source; reads packed ranges through `TableReducers`."""
+
+    def __init__(self, options: dict[str, str], database: DatabaseSettings, reducers: bytes, min_tasks: int) -> None:
+        super().__init__({**options, "topics": options.get("topics") or "-"})
+        self.database = database
+        self.reducers = reducers
+        self.min_tasks = min_tasks
+        self.quarantine_file = {k.lower(): v for k, v in options.items()}.get("quarantinefile", "")
+        self._listed_at = 0.0
+        self._routes: dict[str, str] = {}
+
+    def __getstate__(self) -> dict:
+        return {**super().__getstate__(), "_routes": dict(self._routes)}
+
+    def _watermarks(self) -> dict[tuple[str, int], tuple[int, int]]:
+        now = time.monotonic()
+        if now - self._listed_at >= self.database.topic_refresh_seconds or not self._routes:
+            self._refresh_routes()
+            self._listed_at = now
+        self.topics = sorted(self._routes)
+        return super()._watermarks()
+
+    def _refresh_routes(self) -> None:
+        routes = self.database.routes(self.cluster.topic_names())
+        for topic in sorted(set(self._routes) - set(routes)):
+            log.warning("database %s: topic %s of table %s is gone; the table keeps what it has",
+                        self.database.name, topic, self._routes[topic])
+        for topic in sorted(set(routes) - set(self._routes)):
+            log.info("database %s: topic %s -> table %s", self.database.name, topic, routes[topic])
+        self._routes = routes
+
+    def partitions(self, start: dict, end: dict) -> list[PackedRanges]:  # type: ignore[override]
+        skipped, rewound = quarantine.topic_states(quarantine.read(self.quarantine_file))
+        if rewound:  # a table tried again after quarantine: its topics from where it stopped
+            start = {**start, **{topic: {p: o for p, o in offsets.items()} or
+                                 {p: 0 for p in end.get(topic, {})} for topic, offsets in rewound.items()}}
+        ranges = [r for r in super().partitions(start, end) if r.topic not in skipped]
+        return pack(ranges, self.min_tasks)
+
+    def read(self, partition: InputPartition) -> Iterator:  # type: ignore[override]
+        from connectors.kafka.range_reader import read_values
+
+        reducers: TableReducers = pickle.loads(self.reducers)
+        packed = partition if isinstance(partition, PackedRanges) else PackedRanges([partition])  # type: ignore[list-item]
+        for kafka_range in packed.ranges:
+            table = self._routes.get(kafka_range.topic) or self.database.table_of(kafka_range.topic)
+            if table is None:
+                continue
+            yield from reducers(
+                kafka_range, table,
+                lambda r=kafka_range: KafkaStreamReader.read(self, r),
+                lambda r=kafka_range: read_values(self.client, r.topic, r.partition, r.start, r.end),
+            )
+        release_memory()
+
+
+def database_source_name(database: str) -> str:
+    """The format name of one database source."""
+    return _NAME_PREFIX + re.sub(r"[^A-Za-z0-9_]", "_", database)
+
+
+def database_source(database: DatabaseSettings, min_tasks: int) -> type[DataSource]:
+    """A data source class for one database (register it with `spark.dataSource.register`)."""
+    format_name = database_source_name(database.name)
+    pickled = cloudpickle.dumps(TableReducers(database))
+
+    class DatabaseSource(KafkaSource):
+        """Every table of the database, each range as its table's net changes."""
+
+        @classmethod
+        def name(cls) -> str:
+            return format_name
+
+        def schema(self) -> str:
+            return DATABASE_SPARK_SCHEMA
+
+        def streamReader(self, schema) -> DatabaseStreamReader:
+            return DatabaseStreamReader(dict(self.options), database, pickled, min_tasks)
+
+    return DatabaseSource
