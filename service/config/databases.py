@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from service.config.base import NAME_PATTERN, Name, Names, SettingsModel
-from service.config.choices import InputFormat, OnDataLoss, OnTableError, StartingOffsets
+from service.config.choices import InputFormat, OnDataLoss, OnTableError, SchemaChanges, StartingOffsets
 from service.config.dead_letters import DeadLetterSettings
 from service.config.from_changelog import FromChangelogSettings
 from service.config.maintenance import MaintenanceSettings
@@ -55,6 +55,8 @@ class DatabaseSettings(SettingsModel):
     starting_offsets: StartingOffsets = "earliest"
     max_offsets_per_trigger: int | None = Field(default=DEFAULT_DATABASE_MAX_OFFSETS, ge=1)
     on_data_loss: OnDataLoss = "fail"
+    # A table's source schema change (as a pipeline's `schema_changes`), for every table of the database.
+    schema_changes: SchemaChanges = "lenient"
     # A table whose batch fails for good: stop the service, or quarantine that table alone.
     on_table_error: OnTableError = "stop"
     topic_refresh_seconds: float = Field(default=DEFAULT_TOPIC_REFRESH_SECONDS, gt=0)

@@ -309,10 +309,13 @@ def test_readme_links_every_page_of_the_manual():
     assert not unlinked, f"README.md does not link {unlinked}"
 
 
-def test_readme_minimal_config_is_valid():
-    (config,) = _code_blocks(_section(README.read_text(), "A minimal configuration"), "yaml")
-    settings = settings_from_mapping(_yaml(config), "README.md")
-    assert settings.pipelines
+def test_readme_minimal_configs_are_valid():
+    one_table, database = _code_blocks(_section(README.read_text(), "A minimal configuration"), "yaml")
+    assert settings_from_mapping(_yaml(one_table), "README.md").pipelines
+    (source,) = settings_from_mapping(_yaml(database), "README.md").databases
+    assert len(database.strip().splitlines()) < 15  # a whole database in under 15 lines
+    assert source.routes(["dbserver1.public.orders", "dbserver1.inventory.customers", "other.public.x"]) == {
+        "dbserver1.inventory.customers": "inventory_customers", "dbserver1.public.orders": "public_orders"}
 
 
 def test_complete_example_config_is_valid(monkeypatch):

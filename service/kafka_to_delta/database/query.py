@@ -53,7 +53,7 @@ def table_pipeline(database: DatabaseSettings, table: str, topics: list[str],
         name=f"{database.name}.{table}", topics=tuple(topics), table=table, primary_key=primary_key,
         format=database.format, schema_registry=database.schema_registry,
         from_changelog=database.from_changelog, dead_letters=database.dead_letters,
-        on_data_loss=database.on_data_loss, maintenance=database.override(table).maintenance,
+        on_data_loss=database.on_data_loss, schema_changes=database.schema_changes, maintenance=database.override(table).maintenance,
     )
 
 
@@ -122,7 +122,7 @@ class DatabaseQuery(BatchPipeline):
                 engine_table = open_table(lakehouse.engine, lakehouse.table_uri(table), lakehouse.storage_options,
                                           self.spark)
                 pipeline = table_pipeline(self.database, table, topics, primary_key)
-                state = TableState(table, primary_key, engine_table, MergeSink(engine_table, primary_key),
+                state = TableState(table, primary_key, engine_table, MergeSink(engine_table, primary_key, self.database.schema_changes),
                                    TableMaintenance(self.settings, pipeline, spark=self.spark))
                 self.tables[table] = state
             elif state.primary_key != primary_key:
