@@ -8,8 +8,10 @@ together even when the process dies between the two.
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Transaction
+from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from connectors.delta.merge_plan import DELETE_FLAG, plan_merge
@@ -32,6 +34,19 @@ class DeltaCommitConflict(DeltaWriteError):
 
 class DeltaSchemaError(TerminalError):
     """The batch cannot be written to the table's schema."""
+
+
+def to_widen(current: pa.Schema, columns: dict[str, pa.DataType]) -> dict[str, pa.DataType]:
+    """The columns of `columns` the table (schema `current`) has, with another type: a widening
+    repeated (a replayed batch) finds none."""
+    return {name: kind for name, kind in columns.items()
+            if name in current.names and current.field(name).type != kind}
+
+
+def widen_info(columns: dict[str, pa.DataType], app_id: str, batch_id: int) -> dict[str, str]:
+    """Commit info of a widening: the new types and the batch that asked for it."""
+    return {"cdc.widened": json.dumps({name: str(kind) for name, kind in columns.items()}),
+            "cdc.app_id": app_id, "cdc.batch_id": str(int(batch_id))}
 
 
 class DeltaRsTable:
@@ -121,6 +136,28 @@ class DeltaRsTable:
             merger.execute()
         except DeltaError as error:
             raise DeltaWriteError(f"MERGE into {self.uri} failed: {error}") from None
+
+    def widen(self, columns: dict[str, pa.DataType], app_id: str, batch_id: int) -> None:
+        """Give `columns` the wider types they map to, in one commit before the batch's MERGE (see
+        `to_widen`). delta-rs has no in-place type change: the table is rewritten with the columns cast
+        (streamed, one overwrite commit). The commit carries no application transaction, so a batch
+        replayed after it still merges; it names (app id, batch id) in its commit info only."""
+        table = self._existing("widen")
+        current = pa.schema(table.schema().to_arrow())
+        wanted = to_widen(current, columns)
+        if not wanted:
+            return
+        target = pa.schema([f.with_type(wanted.get(f.name, f.type)) for f in current])
+        scanned = table.to_pyarrow_dataset().scanner().to_reader()
+        rows = pa.RecordBatchReader.from_batches(target, (batch.cast(target) for batch in scanned))
+        commit = CommitProperties(custom_metadata=widen_info(wanted, app_id, batch_id))
+        try:
+            write_deltalake(table, rows, mode="overwrite", schema_mode="overwrite", commit_properties=commit,
+                            post_commithook_properties=_POST_COMMIT)
+        except CommitFailedError as error:
+            raise DeltaCommitConflict(f"widening columns of {self.uri} conflicted: {error}") from None
+        except DeltaError as error:
+            raise DeltaWriteError(f"widening columns {sorted(wanted)} of {self.uri} failed: {error}") from None
 
     # --- maintenance (service/operations/maintenance.py decides when, and checks the exports first) ---
 

@@ -31,6 +31,7 @@ with `DeltaSparkUnavailable` naming what is missing.
 
 from __future__ import annotations
 
+import json
 import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator, Sequence, TypeVar
@@ -41,6 +42,7 @@ from py4j.java_gateway import JavaClass, JavaObject, JVMView
 from py4j.protocol import Py4JError, Py4JJavaError
 from pyspark.errors import AnalysisException, PySparkException
 from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql.functions import col
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from connectors.delta.delta_rs import (
@@ -49,6 +51,8 @@ from connectors.delta.delta_rs import (
     DeltaRsTable,
     DeltaSchemaError,
     DeltaWriteError,
+    to_widen,
+    widen_info,
 )
 from connectors.delta.merge_plan import MergePlan, plan_merge
 from connectors.maven_jars import COMPONENTS, JarsUnavailable, is_resolved, lib_jars
@@ -128,6 +132,11 @@ def _refuse_unstorable(uri: str, names: Sequence[str]) -> None:
             "',;{}()=' in a column name without column mapping, whose change feed delta-rs cannot read, and "
             "Delta 4.4's MERGE writes a wrong change feed for a backtick); rename them or use lakehouse.engine delta-rs"
         )
+
+
+def _quoted(name: str) -> str:
+    """A column name as one identifier (dots and the like taken literally)."""
+    return "`" + name.replace("`", "``") + "`"
 
 
 def txn_conf(app_id: str, batch_id: int) -> dict[str, str]:
@@ -258,6 +267,30 @@ class DeltaSparkTable:
             with self._transaction(app_id, batch_id):
                 self._run(f"MERGE into {self.uri}",
                           lambda: self._builder(plan, self._session.createDataFrame(changes), truncate).execute())
+
+    def widen(self, columns: dict[str, pa.DataType], app_id: str, batch_id: int) -> None:
+        """Give `columns` the wider types they map to, in one commit before the batch's MERGE: the table
+        is rewritten with the columns cast (an overwrite with `overwriteSchema`). Not Delta's in-place
+        type widening: its `typeWidening` reader feature makes the table unreadable to delta-rs (1.x),
+        which reads this engine's change feeds for exports and its tables for `rebuild-state`. No
+        application transaction: a batch replayed after this commit still merges, and widens nothing."""
+        current = self.schema()
+        if current is None:
+            raise DeltaSchemaError(f"widen of {self.uri}: the table does not exist")
+        wanted = to_widen(current, columns)
+        if not wanted:
+            return
+        spark_types = from_arrow_schema(pa.schema([pa.field(name, kind) for name, kind in wanted.items()]))
+        with self._lock:
+            self._keep_log_on_commit()
+            frame = self._session.read.format("delta").load(self.uri)
+            frame = frame.select(*[
+                col(_quoted(name)).cast(spark_types[name].dataType).alias(name) if name in wanted else col(_quoted(name))
+                for name in frame.columns
+            ])
+            writer = (frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+                      .option("userMetadata", json.dumps(widen_info(wanted, app_id, batch_id))))
+            self._run(f"widen columns {sorted(wanted)} of {self.uri}", lambda: writer.save(self.uri))
 
     def load_cdf(self, starting_version: int, ending_version: int | None = None) -> pa.Table:
         """Change-feed rows of versions [starting_version, ending_version] (to the latest if None)."""

@@ -42,6 +42,10 @@ class DeltaEngineTable(Protocol):
     def truncate(self, app_id: str, batch_id: int) -> None:
         """Delete every row in one commit under the application transaction (app_id, batch_id)."""
 
+    def widen(self, columns: dict[str, pa.DataType], app_id: str, batch_id: int) -> None:
+        """Give the table's `columns` the wider types they map to, in one commit without the application
+        transaction (a replayed batch must still merge); a column already of its type is left alone."""
+
     def merge(
         self, changes: pa.Table, primary_key: tuple[str, ...], app_id: str, batch_id: int, truncate: bool = False
     ) -> None:

@@ -86,7 +86,7 @@ class IngestPipeline(TableQuery):
     """Runs one `PipelineSettings` as a streaming query into its Delta table."""
 
     def __init__(self, spark: SparkSession, settings: Settings, pipeline: PipelineSettings) -> None:
-        self._open_table(spark, settings, pipeline.name, pipeline.table, pipeline.primary_key)
+        self._open_table(spark, settings, pipeline.name, pipeline.table, pipeline.primary_key, pipeline.schema_changes)
         self.pipeline = pipeline
         self.maintenance = TableMaintenance(settings, pipeline, spark=spark)
         self.dead_letters: DeadLetterStore | None = None

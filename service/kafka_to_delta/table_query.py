@@ -11,6 +11,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from connectors.delta.engines import open_table
+from service.config.choices import SchemaChanges
 from service.config.settings import Settings
 from service.observability import metrics
 from service.kafka_to_delta.sink.merge_sink import MergeOutcome, MergeSink
@@ -23,15 +24,16 @@ class TableQuery(BatchPipeline):
     """Base of a query into one Delta table; `_open_table` is called first by the constructor."""
 
     def _open_table(self, spark: SparkSession, settings: Settings, name: str, table: str,
-                    primary_key: tuple[str, ...]) -> None:
-        """Open the query's table and its MERGE sink; nothing committed, no query started yet."""
+                    primary_key: tuple[str, ...], schema_changes: SchemaChanges = "lenient") -> None:
+        """Open the query's table and its MERGE sink (`schema_changes`: its policy for source schema
+        changes); nothing committed, no query started yet."""
         self.spark = spark
         self.settings = settings
         self._query_name = name
         self._table_name = table
         lakehouse = settings.lakehouse
         self.table = open_table(lakehouse.engine, lakehouse.table_uri(table), lakehouse.storage_options, spark)
-        self.sink = MergeSink(self.table, primary_key)
+        self.sink = MergeSink(self.table, primary_key, schema_changes)
         self.committed_batches = 0
         self.last_outcome: MergeOutcome | None = None
         self.failure: BaseException | None = None

@@ -18,10 +18,11 @@ from connectors.delta.arrow_types import infer_types, merge_types, rows_to_table
 from connectors.delta.delta_rs import DELETE_FLAG, DeltaSchemaError
 from connectors.delta.engines import DeltaEngineTable
 from connectors.delta.merge_plan import keep_flag
+from service.config.choices import SchemaChanges
 from service.kafka_to_delta.materialize.fill_unchanged import filled_net
 from service.kafka_to_delta.rows.names import Meta
+from service.kafka_to_delta.sink.schema_changes import conform
 from vocabulary.changes import ChangeKind
-from vocabulary.errors import SourceCoordinates
 
 log = logging.getLogger(__name__)
 
@@ -46,51 +47,17 @@ def _batch_types(net: pa.Table, rows: list[dict]) -> dict[str, str]:
     return {**types, **{column: kind for column, kind in inferred.items() if column not in types}}
 
 
-def _conform(batch: pa.Table, existing: pa.Schema | None, table_uri: str, meta: pa.Table | None = None) -> pa.Table:
-    """Cast the batch to the table's column types; new columns stay (schema evolution). `meta`: the
-    rows' `Meta` columns, to name the first record whose value does not fit."""
-    if existing is None:
-        return batch
-    columns, fields = [], []
-    for field in existing:
-        if field.name in batch.column_names:
-            try:
-                column = batch.column(field.name).cast(field.type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                where = "" if meta is None else _first_misfit(batch.column(field.name), field.type, meta)
-                raise DeltaSchemaError(
-                    f"{table_uri}: column {field.name!r} has type {batch.schema.field(field.name).type} "
-                    f"in this batch but {field.type} in the table{where}"
-                ) from None
-        else:
-            column = pa.nulls(batch.num_rows, field.type)
-        columns.append(column)
-        fields.append(pa.field(field.name, field.type))
-    for field in batch.schema:
-        if field.name not in existing.names:
-            columns.append(batch.column(field.name))
-            fields.append(field)
-    return pa.Table.from_arrays(columns, schema=pa.schema(fields))
-
-
-def _first_misfit(column: pa.ChunkedArray, target: pa.DataType, meta: pa.Table) -> str:
-    """Where the first value of `column` that cannot be cast to `target` came from (no value shown)."""
-    for index in range(len(column)):
-        try:
-            column.slice(index, 1).cast(target)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            row = meta.slice(index, 1).select([Meta.TOPIC, Meta.PARTITION, Meta.OFFSET, Meta.KEY]).to_pylist()[0]
-            return f" (first at {SourceCoordinates(*row.values())})"
-    return ""
-
-
-def _with_keep_flags(batch: pa.Table, unchanged: pa.ChunkedArray | pa.Array, primary_key: tuple[str, ...]) -> pa.Table:
+def _with_keep_flags(batch: pa.Table, unchanged: pa.ChunkedArray | pa.Array, primary_key: tuple[str, ...],
+                     only_batch_columns: bool = False) -> pa.Table:
     """One `_cdc_keep__<column>` flag per column some row left unchanged (a TOAST placeholder);
-    `unchanged`: per row, the JSON list of such columns or null."""
+    `unchanged`: per row, the JSON list of such columns or null; `only_batch_columns`: no flag for a
+    column the batch lacks (`schema_changes: ignore` dropped it)."""
     if unchanged.null_count == len(unchanged):
         return batch
     per_row = [set(json.loads(text)) if text else set() for text in unchanged.to_pylist()]
     columns = sorted(set().union(*per_row) - set(primary_key))
+    if only_batch_columns:
+        columns = [column for column in columns if column in batch.column_names]
     for column in columns:
         if column not in batch.column_names:
             batch = batch.append_column(column, pa.nulls(batch.num_rows, pa.string()))
@@ -99,11 +66,14 @@ def _with_keep_flags(batch: pa.Table, unchanged: pa.ChunkedArray | pa.Array, pri
 
 
 class MergeSink:
-    """Writes net changes of one pipeline into one Delta table, idempotently per batch."""
+    """Writes net changes of one pipeline into one Delta table, idempotently per batch; a source schema
+    change is handled per `schema_changes` (`sink.schema_changes`)."""
 
-    def __init__(self, table: DeltaEngineTable, primary_key: tuple[str, ...]) -> None:
+    def __init__(self, table: DeltaEngineTable, primary_key: tuple[str, ...],
+                 schema_changes: SchemaChanges = "lenient") -> None:
         self.table = table
         self.primary_key = primary_key
+        self.schema_changes = schema_changes
 
     def already_committed(self, app_id: str, batch_id: int) -> bool:
         """True when this batch's commit is already in the table (a replay)."""
@@ -156,10 +126,16 @@ class MergeSink:
         if missing:
             raise DeltaSchemaError(f"{self.table.uri}: primary key column(s) {missing} not in the data")
         existing = self.table.schema()
-        typed = _conform(data, existing, self.table.uri, meta)
+        conformed = conform(data, existing, self.table.uri, self.schema_changes, meta)
+        typed = conformed.batch
         if existing is None:
             self.table.create(typed.schema)
-        typed = _with_keep_flags(typed.append_column(DELETE_FLAG, deletes), unchanged, self.primary_key)
+        elif conformed.widen:
+            log.info("table %s: widening %s (schema_changes: %s)", self.table.uri,
+                     {name: str(kind) for name, kind in conformed.widen.items()}, self.schema_changes)
+            self.table.widen(conformed.widen, app_id, batch_id)
+        typed = _with_keep_flags(typed.append_column(DELETE_FLAG, deletes), unchanged, self.primary_key,
+                                 only_batch_columns=existing is not None and self.schema_changes == "ignore")
         if truncate:
             self.table.merge(typed, self.primary_key, app_id, batch_id, truncate=True)
         else:

@@ -4,13 +4,13 @@ The batch's column types come from its records' schema blocks (or their values);
 own. Per column, `conform` casts the batch to the table's type, keeps a new column, or asks for the
 table's column to be widened before the MERGE (`Conformed.widen`), as the policy says:
 
-| change in the source                  | evolve              | lenient               | ignore              | fail  |
-|---------------------------------------|---------------------|-----------------------|---------------------|-------|
-| new column (ADD, or a RENAME's name)  | added by the MERGE  | added by the MERGE    | dropped             | stop  |
-| column no longer sent (DROP, RENAME)  | kept, nulls         | kept, nulls           | kept, nulls         | kept, nulls |
-| wider type (`widens`)                 | table widened       | table widened         | cast, stop on misfit| stop  |
-| narrower type                         | cast (always fits)  | cast (always fits)    | cast (always fits)  | stop  |
-| other type (int -> text, scale down)  | stop                | cast, stop on misfit  | cast, stop on misfit| stop  |
+| change in the source                 | evolve             | lenient                     | ignore               | fail        |
+|--------------------------------------|--------------------|-----------------------------|----------------------|-------------|
+| new column (ADD, or a RENAME's name) | added by the MERGE | added by the MERGE          | dropped              | stop        |
+| column no longer sent (DROP, RENAME) | kept, nulls        | kept, nulls                 | kept, nulls          | kept, nulls |
+| wider type (`widens`)                | table widened      | widened if a value needs it | cast, stop on misfit | stop        |
+| narrower type                        | cast (always fits) | cast (always fits)          | cast (always fits)   | stop        |
+| other type (int -> text, scale down) | stop               | cast, stop on misfit        | cast, stop on misfit | stop        |
 
 A column the batch lacks cannot be told from a dropped one (a partial delete, an unchanged TOAST
 value), so every policy keeps it in the table. A column whose values are all null in the batch
@@ -18,7 +18,9 @@ says nothing about its type and fits any. Every stop is a `DeltaSchemaError` nam
 column, both types and, when the rows' `Meta` columns are given, the first record concerned (topic,
 partition, offset, key; never a value). Widening loses nothing, so `lenient` applies it like
 `evolve`; a value that does not fit stops the pipeline rather than dropping the record (the sink
-holds net changes, not the records' bytes a dead letter needs).
+holds net changes, not the records' bytes a dead letter needs). `evolve` widens as soon as the
+source's type is wider; `lenient` only once a value needs it (widening rewrites the table, and
+records without a schema block type every integer as int64).
 """
 
 from __future__ import annotations
@@ -100,6 +102,16 @@ def first_misfit(column: pa.ChunkedArray, target: pa.DataType, meta: pa.Table | 
     return ""
 
 
+def _fitting(column: pa.ChunkedArray, target: pa.DataType) -> pa.ChunkedArray | None:
+    """`column` cast to `target` when every value survives the cast unchanged, else None (a float64
+    value cast to float32 may lose digits without an error: it is cast back and compared)."""
+    try:
+        narrowed = column.cast(target)
+    except _CAST_ERRORS:
+        return None
+    return narrowed if narrowed.cast(column.type).equals(column) else None
+
+
 class _Batch:
     """One batch being conformed to one table under one policy."""
 
@@ -112,8 +124,8 @@ class _Batch:
     def stop(self, name: str, table_type: pa.DataType, why: str, where: str) -> DeltaSchemaError:
         kind = self.batch.schema.field(name).type
         return DeltaSchemaError(
-            f"table {self.table}: column {name!r} has type {kind} in this batch but {table_type} in the table; "
-            f"{why} (schema_changes: {self.policy}){where}"
+            f"table {self.table}: column {name!r} has type {kind} in this batch but {table_type} in the table"
+            f"{where}; {why} (schema_changes: {self.policy})"
         )
 
     def cast(self, name: str, target: pa.DataType, why: str) -> pa.ChunkedArray:
@@ -134,6 +146,10 @@ class _Batch:
         if widens(table_type, kind):
             if self.policy == "ignore":
                 return self.cast(name, table_type, "a value does not fit the table's type"), None
+            if self.policy == "lenient":
+                narrowed = _fitting(column, table_type)
+                if narrowed is not None:
+                    return narrowed, None
             return column, kind
         if widens(kind, table_type):
             return column.cast(table_type), None

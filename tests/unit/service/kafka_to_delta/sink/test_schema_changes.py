@@ -82,6 +82,15 @@ def test_evolve_and_lenient_widen_decimals_and_floats(policy):
     assert conformed.batch.column("amount").to_pylist()[0] == Decimal("1234567890.12")
 
 
+def test_evolve_widens_for_a_wider_source_type_and_lenient_once_a_value_needs_it():
+    data = batch(v=pa.array([5, 6], pa.int64()), ratio=pa.array([0.5, 0.25], pa.float64()))
+    existing = pa.schema([("id", pa.int32()), ("v", pa.int32()), ("ratio", pa.float32())])
+    assert conform(data, existing, TABLE, "evolve").widen == {"v": pa.int64(), "ratio": pa.float64()}
+    lenient = conform(data, existing, TABLE, "lenient")
+    assert lenient.widen == {} and lenient.batch.schema == existing
+    assert lenient.batch.column("v").to_pylist() == [5, 6] and lenient.batch.column("ratio").to_pylist() == [0.5, 0.25]
+
+
 @pytest.mark.parametrize("policy", ["evolve", "lenient"])
 def test_new_columns_are_kept_for_the_merge_to_add(policy):
     data = batch(v=pa.array([1, 2], pa.int32()), email=pa.array(["a", "b"]))
