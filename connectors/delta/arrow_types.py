@@ -143,19 +143,32 @@ def infer_types(rows: list[dict]) -> dict[str, str]:
     return types_from_kinds(inferred_kinds(rows))
 
 
+def _widen_decimals(old: str, new: str) -> str:
+    """Two decimal types (a source column's precision or scale changed): one holding both, as long as
+    it fits 128 bits; else the old one."""
+    old_match, new_match = DECIMAL_PATTERN.match(old), DECIMAL_PATTERN.match(new)
+    if old_match is None or new_match is None:
+        return old
+    (old_precision, old_scale), (new_precision, new_scale) = map(int, old_match.groups()), map(int, new_match.groups())
+    scale = max(old_scale, new_scale)
+    precision = max(old_precision - old_scale, new_precision - new_scale) + scale
+    return decimal_type_name(precision, scale) if precision <= MAX_DECIMAL128_PRECISION else old
+
+
 def _widen(old: str, new: str) -> str:
     numeric = TypeName.INTEGERS + TypeName.FLOATS
     if old in TypeName.INTEGERS and new in TypeName.INTEGERS:
         return TypeName.INT64
     if old in numeric and new in numeric:
         return TypeName.FLOAT64
-    return old
+    return _widen_decimals(old, new)
 
 
 def merge_types(old: dict[str, str], new: dict[str, str]) -> dict[str, str]:
     """Union of two type maps: old columns first, new ones appended.
 
-    A conflict widens integers to int64 and integer/float mixtures to float64; any other
+    A conflict widens integers to int64, integer/float mixtures to float64 and two decimals to one
+    holding both (records from before and after a source column's type change); any other
     conflict keeps the old type.
     """
     merged = dict(old)

@@ -328,3 +328,11 @@ def test_merge_types():
     }
     assert merge_types(old, old) == old
     assert merge_types({}, new) == new
+
+
+def test_merge_types_widens_decimals_to_hold_both():
+    assert merge_types({"m": "decimal(8,2)"}, {"m": "decimal(12,2)"}) == {"m": "decimal(12,2)"}
+    assert merge_types({"m": "decimal(12,2)"}, {"m": "decimal(8,2)"}) == {"m": "decimal(12,2)"}
+    assert merge_types({"m": "decimal(8,2)"}, {"m": "decimal(8,4)"}) == {"m": "decimal(10,4)"}
+    assert merge_types({"m": "decimal(38,2)"}, {"m": "decimal(38,4)"}) == {"m": "decimal(38,2)"}  # no 128-bit type holds both
+    assert merge_types({"m": "decimal(8,2)"}, {"m": "string"}) == {"m": "decimal(8,2)"}

@@ -105,3 +105,30 @@ def test_fail_stops_naming_the_column(engine, tmp_path):
         sink.apply(_net(({"id": 2, "v": BIG, "amount": _amount("2.00")}, {**INT_TYPES, "v": "int64"})), APP, 1)
     assert table.last_batch(APP) == 0 and table.schema().field("v").type == pa.int32()
     assert [row["id"] for row in _sorted(read(uri))] == [1]
+
+
+def _envelope(row: dict, qty_type: str, precision: int) -> dict:
+    """A Debezium envelope (JSON with its schema block) of `items (id int, qty, amount numeric(precision,2))`."""
+    fields = [{"field": "id", "type": "int32"}, {"field": "qty", "type": qty_type, "optional": True},
+              {"field": "amount", "type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal",
+               "parameters": {"scale": "2", "connect.decimal.precision": str(precision)}}]
+    image = {"type": "struct", "optional": True, "fields": fields}
+    schema = {"type": "struct", "fields": [{**image, "field": "before"}, {**image, "field": "after"},
+                                           {"field": "op", "type": "string"}]}
+    return {"schema": schema, "payload": {"op": "c", "before": None, "after": row}}
+
+
+def test_records_from_before_and_after_the_change_in_one_batch(tmp_path):
+    from tests.integration.service.kafka_to_delta.sink.test_merge_sink import _typed
+
+    uri = str(tmp_path / "t")
+    sink = MergeSink(DeltaRsTable(uri), ("id",))
+    sink.apply_typed(_typed([(1, _envelope({"id": 1, "qty": 5, "amount": _amount("1.50")}, "int32", 8))], 0), APP, 0)
+    before = _envelope({"id": 2, "qty": 6, "amount": _amount("2.50")}, "int32", 8)
+    after = _envelope({"id": 3, "qty": BIG, "amount": _amount("1234567890.12")}, "int64", 12)
+    sink.apply_typed(_typed([(2, before), (3, after)], 1), APP, 1)
+    read_back = DeltaTable(uri).to_pyarrow_table()
+    assert read_back.schema.field("qty").type == pa.int64()
+    assert read_back.schema.field("amount").type == pa.decimal128(12, 2)
+    assert [(row["id"], row["qty"], str(row["amount"])) for row in _sorted(read_back)] == [
+        (1, 5, "1.50"), (2, 6, "2.50"), (3, BIG, "1234567890.12")]
