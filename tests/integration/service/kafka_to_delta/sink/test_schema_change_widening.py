@@ -132,3 +132,16 @@ def test_records_from_before_and_after_the_change_in_one_batch(tmp_path):
     assert read_back.schema.field("amount").type == pa.decimal128(12, 2)
     assert [(row["id"], row["qty"], str(row["amount"])) for row in _sorted(read_back)] == [
         (1, 5, "1.50"), (2, 6, "2.50"), (3, BIG, "1234567890.12")]
+
+
+def test_ignore_keeps_the_tables_schema(tmp_path):
+    uri = str(tmp_path / "t")
+    sink = MergeSink(DeltaRsTable(uri), ("id",), schema_changes="ignore")
+    sink.apply(_net(({"id": 1, "v": 7, "amount": _amount("1.00")}, INT_TYPES)), APP, 0)
+    added = {**WIDE_TYPES, "note": "string"}
+    sink.apply(_net(({"id": 2, "v": 8, "amount": _amount("2.00"), "note": "n"}, added)), APP, 1)
+    read_back = DeltaTable(uri).to_pyarrow_table()
+    assert read_back.schema.names == ["id", "v", "amount"] and read_back.schema.field("v").type == pa.int32()
+    assert [(row["id"], row["v"]) for row in _sorted(read_back)] == [(1, 7), (2, 8)]
+    with pytest.raises(DeltaSchemaError, match=r"column 'v' has type int64 in this batch but int32 in the table"):
+        sink.apply(_net(({"id": 3, "v": BIG, "amount": _amount("3.00")}, WIDE_TYPES)), APP, 2)
