@@ -66,8 +66,19 @@ def validate(config: Path = typer.Argument(..., help="YAML config file")) -> Non
         settings = load_settings(config)
     except CdcLakehouseError as error:
         _fail(error)
-    typer.echo(f"{config}: valid, {len(settings.pipelines)} pipeline(s), {len(settings.joins)} join(s), "
-               f"{len(settings.exports)} export(s)")
+    typer.echo(f"{config}: valid, {len(settings.pipelines)} pipeline(s), {len(settings.databases)} database(s), "
+               f"{len(settings.joins)} join(s), {len(settings.exports)} export(s)")
+    for line in _database_tables(settings):
+        typer.echo(line)
+
+
+def _database_tables(settings) -> list[str]:
+    """Per database source: the tables its pattern matches on the cluster now (or why they are unknown)."""
+    if not settings.databases:
+        return []
+    from service.operations.routes import matched_tables
+
+    return matched_tables(settings)
 
 
 @app.command(name="plan")
@@ -90,7 +101,7 @@ def plan_command(
     else:
         output.write_text(document + "\n")
         typer.echo(f"plan written to {output}")
-    for line in summary(settings):
+    for line in summary(settings) + _database_tables(settings):
         typer.echo(line)
 
 
@@ -135,7 +146,8 @@ def status(
     typer.echo(f"{'pipeline':<20}{'lag':>10}{'checkpoint batch':>18}{'delta batch':>13}{'version':>9}  table")
     for item in pipelines:
         shown = _cells(item.checkpoint_batch, item.delta_batch, item.table_version)
-        typer.echo(f"{item.name:<20}{item.lag:>10}{shown[0]:>18}{shown[1]:>13}{shown[2]:>9}  {item.table_uri}")
+        typer.echo(f"{item.name:<20}{item.lag:>10}{shown[0]:>18}{shown[1]:>13}{shown[2]:>9}  {item.table_uri}"
+                   + (f"  [{item.quarantined}]" if item.quarantined else ""))
     if exports:
         typer.echo(f"\n{'export':<20}{'lag':>10}{'checkpoint batch':>18}{'published':>11}{'version':>9}  table -> topic")
         for export in exports:

@@ -21,6 +21,7 @@ from connectors.delta.delta_rs import DeltaRsTable
 from connectors.kafka import offsets as om
 from connectors.kafka.cluster import ClusterView
 from connectors.kafka.transactional_producer import TransactionalProducer
+from service.config.databases import DatabaseSettings
 from service.config.exports import ExportSettings
 from service.config.settings import PipelineSettings, Settings
 from service.delta_to_kafka.export_position import (
@@ -28,6 +29,7 @@ from service.delta_to_kafka.export_position import (
     TRANSACTIONAL_ID_PREFIX,
     ExportPosition,
 )
+from service.runtime import quarantine
 from service.supervisor.batch_pipeline import commit_app_id
 from vocabulary.errors import ConfigError
 
@@ -43,6 +45,8 @@ class PipelineStatus:
     table_version: int | None
     committed: dict[str, dict[str, int]] = field(default_factory=dict)
     end: dict[str, dict[str, int]] = field(default_factory=dict)
+    quarantined: str | None = None
+    """A database source's table set aside: at which batch and why."""
 
     @property
     def lag(self) -> int:
@@ -54,7 +58,8 @@ class PipelineStatus:
         """JSON-friendly form."""
         return {"kind": "pipeline", "pipeline": self.name, "table": self.table_uri, "table_version": self.table_version,
                 "checkpoint_batch": self.checkpoint_batch, "delta_batch": self.delta_batch,
-                "lag": self.lag, "committed_offsets": self.committed, "end_offsets": self.end}
+                "lag": self.lag, "committed_offsets": self.committed, "end_offsets": self.end,
+                "quarantined": self.quarantined}
 
 
 def _last_batch(directory: Path) -> int | None:
@@ -86,6 +91,28 @@ def pipeline_status(settings: Settings, pipeline: PipelineSettings, cluster: Clu
     delta_batch = table.last_batch(commit_app_id(pipeline.name, pipeline.table, query_id)) if query_id else None
     topics_only = om.to_map(om.from_map(committed))  # without the source's reserved keys (watermarks)
     return PipelineStatus(pipeline.name, table.uri, batch, delta_batch, table.version(), topics_only, end)
+
+
+def database_status(settings: Settings, database: DatabaseSettings, cluster: ClusterView) -> list[PipelineStatus]:
+    """Status of each table of a database source (named `<database>.<table>`), from the topics it matches now."""
+    checkpoint = settings.checkpoint_dir(database.name)
+    query_id, batch, committed = _checkpoint(checkpoint)
+    set_aside = quarantine.read(f"{checkpoint.removeprefix('file://').rstrip('/')}/{quarantine.FILE_NAME}")
+    routes = database.routes(cluster.topic_names())
+    marks = cluster.watermarks(cluster.partitions(sorted(routes)))
+    done = om.from_map(committed)
+    found = []
+    for topic, name in sorted(routes.items(), key=lambda item: item[1]):
+        table = DeltaRsTable(settings.lakehouse.table_uri(name), settings.lakehouse.storage_options)
+        delta_batch = table.last_batch(commit_app_id(database.name, name, query_id)) if query_id else None
+        entry = set_aside.get(name)
+        why = None if entry is None else f"{entry.get('state')} at batch {entry.get('batch_id')}: {entry.get('reason')}"
+        found.append(PipelineStatus(
+            f"{database.name}.{name}", table.uri, batch, delta_batch, table.version(),
+            om.to_map({tp: offset for tp, offset in done.items() if tp[0] == topic}),
+            om.to_map({tp: high for tp, (_, high) in marks.items() if tp[0] == topic}), why,
+        ))
+    return found
 
 
 @dataclass(frozen=True)
@@ -140,10 +167,11 @@ def export_status(settings: Settings, export: ExportSettings, cluster: ClusterVi
 
 
 def status(settings: Settings) -> list[PipelineStatus | ExportStatus]:
-    """Status of every configured pipeline, then of every export."""
+    """Status of every configured pipeline and database table, then of every export."""
     cluster = ClusterView(settings.kafka.client_config())
     try:
         found: list[PipelineStatus | ExportStatus] = [pipeline_status(settings, p, cluster) for p in settings.pipelines]
+        found += [table for d in settings.databases for table in database_status(settings, d, cluster)]
         return found + [export_status(settings, e, cluster) for e in settings.exports]
     finally:
         cluster.close()

@@ -236,13 +236,20 @@ class Runner:
         names = [p.name for p in self.settings.pipelines] + [d.name for d in self.settings.databases]
         names += [j.name for j in self.settings.joins]
         names += [e.name for e in self.settings.exports]
-        return health.Readiness(tuple(
+        queries = tuple(
             health.query_health(name, None, restarting=False, finished=False, max_age_s=max_age)
             if name not in started else
             health.query_health(name, started[name].query, restarting=started[name].restart_at is not None,
                                 finished=started[name].finished, max_age_s=max_age)
             for name in names
-        ))
+        )
+        set_aside = tuple(  # a database's quarantined tables: each named, with why
+            health.PipelineHealth(f"{entry.pipeline.name}.{table}", False,
+                                  f"quarantined at batch {why.get('batch_id')}: {why.get('reason')}")
+            for entry in list(self.supervised) if isinstance(entry.pipeline, DatabaseQuery)
+            for table, why in sorted(entry.pipeline.quarantined().items())
+        )
+        return health.Readiness(queries + set_aside)
 
     def stop(self) -> None:
         """Stop every query, letting an in-flight batch finish within a grace period."""

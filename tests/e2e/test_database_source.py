@@ -5,12 +5,14 @@ that table alone, and a restart after the fix resumes it exactly."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 
 import pytest
 
 from service.operations.workload import DebeziumWorkload, Event, create_topics, produce
 from tests.support.pipeline_harness import (
+    CLI,
     kill_group,
     run_cli,
     start_cli,
@@ -63,6 +65,20 @@ def test_database_tables_equal_replay_new_topics_picked_up_reruns_idempotent(kaf
     assert table_rows(workdir / "tables" / "public_invoices") == later["invoices"].expected_rows()
     assert {n: table_version(workdir / "tables" / f"public_{n}") for n in ("orders", "customers")} == versions
 
+    # validate lists the tables matched now; status has a line per table, lag 0.
+    validate = subprocess.run([CLI, "validate", str(config)], capture_output=True, text=True, timeout=120)
+    assert validate.returncode == 0 and "3 table(s) matched now" in validate.stdout, validate.stdout
+    status = subprocess.run([CLI, "status", str(config), "--json"], capture_output=True, text=True, timeout=120)
+    rows = {row["pipeline"]: row for row in json.loads(status.stdout)}
+    assert set(rows) == {f"db_{unique}.public_{n}" for n in ("orders", "customers", "invoices")}, status.stdout
+    assert all(row["lag"] == 0 and row["delta_batch"] is not None for row in rows.values()), status.stdout
+
+    # A topic already written to one table routed to another is refused before anything runs.
+    moved = _config(workdir, kafka_bootstrap, [_database(unique, exclude=["public_items"], table_name="x_{table}")])
+    refused = run_cli(moved, "--until-idle")
+    assert refused.returncode != 0 and "routes topics already written to other tables" in refused.stderr, \
+        refused.stderr[-3000:]
+
 
 def test_topic_created_while_running_is_picked_up(kafka_bootstrap, unique, workdir):
     workloads = _workloads(unique, ["first"])
@@ -97,6 +113,8 @@ def test_a_quarantined_table_does_not_hold_the_others_and_resumes_exactly(kafka_
     assert table_rows(workdir / "tables" / "public_good") == workloads["good"].expected_rows()
     quarantine = json.loads((workdir / "checkpoints" / f"db_{unique}" / "quarantine.json").read_text())
     assert quarantine["public_bad"]["state"] == "quarantined" and "DecodeError" in quarantine["public_bad"]["reason"]
+    status = subprocess.run([CLI, "status", str(config)], capture_output=True, text=True, timeout=120)
+    assert f"db_{unique}.public_bad" in status.stdout and "[quarantined at batch" in status.stdout, status.stdout
 
     # The other tables go on while it is set aside.
     good = workloads["good"]

@@ -9,7 +9,7 @@ MERGEs of different tables run side by side (`parallel_merges`).
 
 A terminal error of one table (a value its column cannot take, a bad record under FAIL) stops
 the service (`on_table_error: stop`) or quarantines that table (`quarantine`): its offsets stop
-advancing (`source.quarantine`), the other tables go on, and the next start of the service tries
+advancing (`runtime.quarantine`), the other tables go on, and the next start of the service tries
 it again from the offsets where it stopped.
 """
 
@@ -30,10 +30,11 @@ from pyspark.sql.streaming import StreamingQuery
 from connectors.delta.engines import DeltaEngineTable, open_table
 from service.config.databases import DatabaseSettings
 from service.config.settings import PipelineSettings, Settings
+from service.kafka_to_delta.plan.table_routes import check_routes, store_routes, stored_routes
 from service.kafka_to_delta.sink.bad_records import DeadLetterStore, handle_bad_records
 from service.kafka_to_delta.sink.dead_letters import DeadLetterSink
 from service.kafka_to_delta.sink.merge_sink import MergeOutcome, MergeSink
-from service.kafka_to_delta.source import quarantine
+from service.runtime import quarantine
 from service.kafka_to_delta.source.batch_changes import batch_changes
 from service.kafka_to_delta.source.database_ranges import TABLE_COLUMN, database_source, database_source_name
 from service.observability import metrics
@@ -87,6 +88,7 @@ class DatabaseQuery(BatchPipeline):
         self._query_id: str | None = None
         self._started = threading.Event()
         self._lock = threading.Lock()
+        self._routes: dict[str, str] = {}
         self.dead_letters: DeadLetterStore | None = None
         if database.dead_letters is not None:
             sink = DeadLetterSink.for_pipeline(settings, database.name, database.dead_letters)
@@ -125,6 +127,8 @@ class DatabaseQuery(BatchPipeline):
                 state = TableState(table, primary_key, engine_table, MergeSink(engine_table, primary_key, self.database.schema_changes),
                                    TableMaintenance(self.settings, pipeline, spark=self.spark))
                 self.tables[table] = state
+                self._routes.update({topic: table for topic in topics})
+                store_routes(self.checkpoint, self._routes)
             elif state.primary_key != primary_key:
                 raise DecodeError(f"database {self.database.name}, table {table}: the Kafka key's fields changed "
                                   f"from ({', '.join(state.primary_key)}) to ({', '.join(primary_key)}); a primary "
@@ -220,6 +224,8 @@ class DatabaseQuery(BatchPipeline):
     def start(self, until_idle: bool) -> StreamingQuery:
         """Start the streaming query; quarantined tables are tried again from where they stopped."""
         remove_abandoned_writes(self.checkpoint)
+        check_routes(self.database, self.checkpoint)
+        self._routes = stored_routes(self.checkpoint)
         entries = quarantine.read(self.quarantine_file)
         if entries:
             for table, entry in entries.items():

@@ -28,9 +28,9 @@ from pyspark.sql.datasource import DataSource, InputPartition
 
 from connectors.kafka.source import KafkaRange, KafkaSource, KafkaStreamReader
 from service.config.databases import DatabaseSettings
-from service.kafka_to_delta.source import quarantine
+from service.runtime import quarantine
 from service.runtime.memory_release import release_memory
-from vocabulary.errors import DecodeError, SourceCoordinates
+from vocabulary.errors import ConfigError, DecodeError, SourceCoordinates
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -43,7 +43,7 @@ TABLE_COLUMN = "table"
 DATABASE_SPARK_SCHEMA = f"{TABLE_COLUMN} string, topic string, primary_key string, part string, payload binary"
 _NAME_PREFIX = "cdc_database_"
 RESUME_KEY = "$resume"
-"""The offset's entry naming the tables read again after quarantine (`source.quarantine`)."""
+"""The offset's entry naming the tables read again after quarantine (`runtime.quarantine`)."""
 _PACK_ROWS = 50_000
 
 
@@ -170,7 +170,10 @@ class DatabaseStreamReader(KafkaStreamReader):
         return super()._watermarks()
 
     def _refresh_routes(self) -> None:
-        routes = self.database.routes(self.cluster.topic_names())
+        try:
+            routes = self.database.routes(self.cluster.topic_names())
+        except ValueError as error:  # two topics naming one table: the configuration must tell them apart
+            raise ConfigError(str(error)) from None
         for topic in sorted(set(self._routes) - set(routes)):
             log.warning("database %s: topic %s of table %s is gone; the table keeps what it has",
                         self.database.name, topic, self._routes[topic])

@@ -56,8 +56,9 @@ NOT_CONFIGURATION: dict[tuple[str, str], str] = {
     ("connectors/kafka/apache_broker.py", "file"):
         "the local broker's own server.properties (written by it) and its log file",
     ("connectors/kafka/local_broker.py", "file"): "the local broker's log file (written)",
-    ("service/kafka_to_delta/source/quarantine.py", "file"):
+    ("service/runtime/quarantine.py", "file"):
         "a database source's quarantined tables, written by its own query (state)",
+    ("service/kafka_to_delta/plan/table_routes.py", "file"): "the tables a database source's query wrote (state)",
     ("service/runtime/checkpoints.py", "file"): "a streaming query's offset log (where a batch began)",
 }
 """(module, kind) -> why that module's reads are not configuration."""

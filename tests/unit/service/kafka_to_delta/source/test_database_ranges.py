@@ -9,7 +9,7 @@ import pytest
 
 from connectors.kafka.source import KafkaRange
 from service.kafka_to_delta.formats.debezium_json import json_key
-from service.kafka_to_delta.source import quarantine
+from service.runtime import quarantine
 from service.kafka_to_delta.source.database_ranges import key_fields, pack
 
 SEEDS = [0, 1, 2, 3, random.randrange(1 << 30)]
