@@ -14,7 +14,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
-from connectors.delta.merge_plan import DELETE_FLAG, plan_merge
+from connectors.delta.merge_plan import DELETE_FLAG, inserted_rows, plan_merge
 from vocabulary.errors import TerminalError, TransientError
 
 __all__ = ["DELETE_FLAG", "DeltaCommitConflict", "DeltaRsTable", "DeltaSchemaError", "DeltaWriteError"]
@@ -99,6 +99,22 @@ class DeltaRsTable:
             self.uri, schema, mode="ignore", configuration=CDF_ENABLED,
             storage_options=self.storage_options,
         )
+
+    def create_with(self, changes: pa.Table, primary_key: tuple[str, ...], app_id: str, batch_id: int) -> None:
+        """Create the table holding the batch's live rows (`merge`'s input), in one commit under the
+        application transaction: no empty first version, no MERGE scan. A table that exists by then
+        (another writer was first) is MERGEd into."""
+        if self._open() is None:
+            commit = CommitProperties(app_transactions=[Transaction(app_id, int(batch_id))])
+            try:
+                write_deltalake(self.uri, inserted_rows(changes), mode="error", configuration=CDF_ENABLED,
+                                storage_options=self.storage_options, commit_properties=commit,
+                                post_commithook_properties=_POST_COMMIT)
+                return
+            except DeltaError:
+                if self._open() is None:
+                    raise
+        self.merge(changes, primary_key, app_id, batch_id)
 
     def truncate(self, app_id: str, batch_id: int) -> None:
         """Delete every row, committed with the batch's application transaction."""

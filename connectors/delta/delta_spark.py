@@ -54,7 +54,7 @@ from connectors.delta.delta_rs import (
     to_widen,
     widen_info,
 )
-from connectors.delta.merge_plan import MergePlan, plan_merge
+from connectors.delta.merge_plan import DELETE_FLAG, KEEP_FLAG_PREFIX, MergePlan, plan_merge
 from connectors.maven_jars import COMPONENTS, JarsUnavailable, is_resolved, lib_jars
 from vocabulary.errors import TerminalError
 
@@ -240,6 +240,12 @@ class DeltaSparkTable:
         for key, value in {**CDF_ENABLED, **NO_LOG_CLEANUP_ON_COMMIT}.items():
             builder = builder.property(key, value)
         self._run(f"create {self.uri}", builder.execute)
+
+    def create_with(self, changes: pa.Table, primary_key: tuple[str, ...], app_id: str, batch_id: int) -> None:
+        """Create the table (without the merge flags' columns), then MERGE the batch into it."""
+        flags = [n for n in changes.column_names if n == DELETE_FLAG or n.startswith(KEEP_FLAG_PREFIX)]
+        self.create(changes.drop_columns(flags).schema)
+        self.merge(changes, primary_key, app_id, batch_id)
 
     def truncate(self, app_id: str, batch_id: int) -> None:
         """Delete every row, committed with the batch's application transaction."""

@@ -39,6 +39,10 @@ class DeltaEngineTable(Protocol):
     def create(self, schema: pa.Schema) -> None:
         """Create the table (change data feed on) unless it exists."""
 
+    def create_with(self, changes: pa.Table, primary_key: tuple[str, ...], app_id: str, batch_id: int) -> None:
+        """Create the table holding what a `merge` of `changes` into an empty table would leave, under
+        the application transaction (app_id, batch_id); an existing table is MERGEd into."""
+
     def truncate(self, app_id: str, batch_id: int) -> None:
         """Delete every row in one commit under the application transaction (app_id, batch_id)."""
 

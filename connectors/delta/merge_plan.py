@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Literal, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from vocabulary.errors import TerminalError
 
@@ -161,3 +162,17 @@ def plan_merge(source: pa.Schema, primary_key: Sequence[str], target: pa.Schema 
     new_columns = tuple(source.field(c) for c in data if c not in existing)
     predicate = " AND ".join(f"{_target(c)} = {_source(c)}" for c in primary_key)
     return MergePlan(predicate, clauses, data, kept, new_columns)
+
+
+def inserted_rows(changes: pa.Table) -> pa.Table:
+    """What a MERGE of `changes` into an empty table inserts, computed in Arrow: the rows not flagged
+    for deletion, a kept column as NULL (an insert has no stored value to keep), without the flags."""
+    live = changes.filter(pc.invert(pc.fill_null(changes.column(DELETE_FLAG), False)))
+    for name in [n for n in live.column_names if n.startswith(KEEP_FLAG_PREFIX)]:
+        column = name[len(KEEP_FLAG_PREFIX):]
+        index = live.schema.get_field_index(column)
+        values = live.column(column)
+        kept = pc.fill_null(live.column(name), False)
+        live = live.set_column(index, live.schema.field(column), pc.if_else(kept, pa.nulls(len(live), values.type), values))
+    flags = [DELETE_FLAG] + [n for n in live.column_names if n.startswith(KEEP_FLAG_PREFIX)]
+    return live.drop_columns(flags)

@@ -124,7 +124,8 @@ class DatabaseQuery(BatchPipeline):
                 engine_table = open_table(lakehouse.engine, lakehouse.table_uri(table), lakehouse.storage_options,
                                           self.spark)
                 pipeline = table_pipeline(self.database, table, topics, primary_key)
-                state = TableState(table, primary_key, engine_table, MergeSink(engine_table, primary_key, self.database.schema_changes),
+                sink = MergeSink(engine_table, primary_key, self.database.schema_changes, one_commit_create=True)
+                state = TableState(table, primary_key, engine_table, sink,
                                    TableMaintenance(self.settings, pipeline, spark=self.spark))
                 self.tables[table] = state
                 self._routes.update({topic: table for topic in topics})

@@ -70,10 +70,13 @@ class MergeSink:
     change is handled per `schema_changes` (`sink.schema_changes`)."""
 
     def __init__(self, table: DeltaEngineTable, primary_key: tuple[str, ...],
-                 schema_changes: SchemaChanges = "lenient") -> None:
+                 schema_changes: SchemaChanges = "lenient", one_commit_create: bool = False) -> None:
+        """`one_commit_create`: a new table is created holding its first batch in one commit (no empty
+        first version); a database source's tables are, a pipeline's table keeps its empty version 0."""
         self.table = table
         self.primary_key = primary_key
         self.schema_changes = schema_changes
+        self.one_commit_create = one_commit_create
 
     def already_committed(self, app_id: str, batch_id: int) -> bool:
         """True when this batch's commit is already in the table (a replay)."""
@@ -128,7 +131,7 @@ class MergeSink:
         existing = self.table.schema()
         conformed = conform(data, existing, self.table.uri, self.schema_changes, meta)
         typed = conformed.batch
-        if existing is None:
+        if existing is None and not self.one_commit_create:
             self.table.create(typed.schema)
         elif conformed.widen:
             log.info("table %s: widening %s (schema_changes: %s)", self.table.uri,
@@ -136,7 +139,9 @@ class MergeSink:
             self.table.widen(conformed.widen, app_id, batch_id)
         typed = _with_keep_flags(typed.append_column(DELETE_FLAG, deletes), unchanged, self.primary_key,
                                  only_batch_columns=existing is not None and self.schema_changes == "ignore")
-        if truncate:
+        if existing is None and self.one_commit_create:  # a truncate of a new table deletes nothing
+            self.table.create_with(typed, self.primary_key, app_id, batch_id)
+        elif truncate:
             self.table.merge(typed, self.primary_key, app_id, batch_id, truncate=True)
         else:
             self.table.merge(typed, self.primary_key, app_id, batch_id)
