@@ -37,6 +37,12 @@ class HalfEngine:
     def create(self, schema: pa.Schema) -> None:
         pass
 
+    def widen(self, columns: dict[str, pa.DataType], app_id: str, batch_id: int) -> None:
+        pass
+
+    def create_with(self, changes: pa.Table, primary_key: tuple[str, ...], app_id: str, batch_id: int) -> None:
+        pass
+
     def merge(self, changes: pa.Table, primary_key: tuple[str, ...], app_id: str, batch_id: int) -> None:
         pass
 
