@@ -307,3 +307,32 @@ def rows_to_table(rows: list[dict | None], types: dict[str, str]) -> pa.Table:
     ]
     schema = pa.schema([pa.field(name, array.type) for name, array in zip(types, arrays)])
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+_INTEGER_WIDTH = {pa.int8(): 8, pa.int16(): 16, pa.int32(): 32, pa.int64(): 64}
+
+
+def plain_type(kind: pa.DataType) -> pa.DataType:
+    """One type per family of Arrow representations Delta stores alike."""
+    if pa.types.is_large_string(kind) or pa.types.is_string_view(kind):
+        return pa.string()
+    if pa.types.is_large_binary(kind) or pa.types.is_binary_view(kind):
+        return pa.binary()
+    return kind
+
+
+def widens(old: pa.DataType, new: pa.DataType) -> bool:
+    """Whether a column of type `old` can become `new` without losing a value, as a Delta type change:
+    a wider integer, float32 -> float64, a decimal with more integer and fraction digits (Delta's rule:
+    scale up by at most as much as precision). Date -> timestamp is not one (the values change)."""
+    old, new = plain_type(old), plain_type(new)
+    if old == new:
+        return False
+    if old in _INTEGER_WIDTH and new in _INTEGER_WIDTH:
+        return _INTEGER_WIDTH[new] > _INTEGER_WIDTH[old]
+    if old == pa.float32() and new == pa.float64():
+        return True
+    if pa.types.is_decimal128(old) and pa.types.is_decimal128(new):
+        return (new.precision <= MAX_DECIMAL128_PRECISION and new.scale >= old.scale
+                and new.precision - new.scale >= old.precision - old.scale)
+    return False

@@ -14,6 +14,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
+from connectors.delta.arrow_types import plain_type, widens
 from connectors.delta.merge_plan import DELETE_FLAG, inserted_rows, plan_merge
 from vocabulary.errors import TerminalError, TransientError
 
@@ -36,11 +37,17 @@ class DeltaSchemaError(TerminalError):
     """The batch cannot be written to the table's schema."""
 
 
-def to_widen(current: pa.Schema, columns: dict[str, pa.DataType]) -> dict[str, pa.DataType]:
-    """The columns of `columns` the table (schema `current`) has, with another type: a widening
-    repeated (a replayed batch) finds none."""
-    return {name: kind for name, kind in columns.items()
-            if name in current.names and current.field(name).type != kind}
+def to_widen(uri: str, current: pa.Schema, columns: dict[str, pa.DataType]) -> dict[str, pa.DataType]:
+    """The columns of `columns` the table at `uri` (schema `current`) has with a narrower type: a widening
+    repeated (a replayed batch) finds none. Any other type change is refused (`DeltaSchemaError`)."""
+    wanted = {}
+    for name, kind in columns.items():
+        if name not in current.names or plain_type(current.field(name).type) == plain_type(kind):
+            continue
+        if not widens(current.field(name).type, kind):
+            raise DeltaSchemaError(f"table {uri}: column {name!r} cannot change from {current.field(name).type} to {kind}")
+        wanted[name] = kind
+    return wanted
 
 
 def widen_info(columns: dict[str, pa.DataType], app_id: str, batch_id: int) -> dict[str, str]:
@@ -160,7 +167,7 @@ class DeltaRsTable:
         replayed after it still merges; it names (app id, batch id) in its commit info only."""
         table = self._existing("widen")
         current = pa.schema(table.schema().to_arrow())
-        wanted = to_widen(current, columns)
+        wanted = to_widen(self.uri, current, columns)
         if not wanted:
             return
         target = pa.schema([f.with_type(wanted.get(f.name, f.type)) for f in current])

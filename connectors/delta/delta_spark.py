@@ -283,7 +283,7 @@ class DeltaSparkTable:
         current = self.schema()
         if current is None:
             raise DeltaSchemaError(f"widen of {self.uri}: the table does not exist")
-        wanted = to_widen(current, columns)
+        wanted = to_widen(self.uri, current, columns)
         if not wanted:
             return
         spark_types = from_arrow_schema(pa.schema([pa.field(name, kind) for name, kind in wanted.items()]))

@@ -30,14 +30,13 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from connectors.delta.arrow_types import plain_type, widens
 from connectors.delta.delta_rs import DeltaSchemaError
 from service.config.choices import SchemaChanges
 from service.kafka_to_delta.rows.names import Meta
 from vocabulary.errors import SourceCoordinates
 
 _CAST_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)
-_INTEGER_WIDTH = {pa.int8(): 8, pa.int16(): 16, pa.int32(): 32, pa.int64(): 64}
-_MAX_DELTA_DECIMAL_PRECISION = 38
 
 
 @dataclass(frozen=True)
@@ -46,32 +45,6 @@ class Conformed:
 
     batch: pa.Table
     widen: dict[str, pa.DataType] = field(default_factory=dict)
-
-
-def _plain(kind: pa.DataType) -> pa.DataType:
-    """One type per family of Arrow representations Delta stores alike."""
-    if pa.types.is_large_string(kind) or pa.types.is_string_view(kind):
-        return pa.string()
-    if pa.types.is_large_binary(kind) or pa.types.is_binary_view(kind):
-        return pa.binary()
-    return kind
-
-
-def widens(old: pa.DataType, new: pa.DataType) -> bool:
-    """Whether a column of type `old` can become `new` without losing a value, as a Delta type change:
-    a wider integer, float32 -> float64, a decimal with more integer and fraction digits (Delta's rule:
-    scale up by at most as much as precision). Date -> timestamp is not one (the values change)."""
-    old, new = _plain(old), _plain(new)
-    if old == new:
-        return False
-    if old in _INTEGER_WIDTH and new in _INTEGER_WIDTH:
-        return _INTEGER_WIDTH[new] > _INTEGER_WIDTH[old]
-    if old == pa.float32() and new == pa.float64():
-        return True
-    if pa.types.is_decimal128(old) and pa.types.is_decimal128(new):
-        return (new.precision <= _MAX_DELTA_DECIMAL_PRECISION and new.scale >= old.scale
-                and new.precision - new.scale >= old.precision - old.scale)
-    return False
 
 
 def _coordinates(meta: pa.Table | None, index: int) -> str:
@@ -139,7 +112,7 @@ class _Batch:
         """The batch's column for table column `name`, and the type to widen the table's column to."""
         column = self.batch.column(name)
         kind = column.type
-        if _plain(kind) == _plain(table_type) or column.null_count == len(column) or pa.types.is_null(kind):
+        if plain_type(kind) == plain_type(table_type) or column.null_count == len(column) or pa.types.is_null(kind):
             return column.cast(table_type), None
         if self.policy == "fail":
             raise self.stop(name, table_type, "the source changed the column's type", _first_value(column, self.meta))

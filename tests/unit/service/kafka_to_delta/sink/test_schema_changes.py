@@ -163,3 +163,13 @@ def test_string_representations_are_one_type():
     data = batch(name=pa.array(["a", "b"], pa.large_string()))
     conformed = conform(data, EXISTING, TABLE, "fail")
     assert conformed.batch.schema.field("name").type == pa.string()
+
+
+def test_the_engines_widen_only_to_a_wider_type():
+    from connectors.delta.delta_rs import to_widen
+
+    current = pa.schema([("v", pa.int32()), ("s", pa.string())])
+    assert to_widen(TABLE, current, {"v": pa.int64(), "s": pa.large_string(), "gone": pa.int64()}) == {"v": pa.int64()}
+    assert to_widen(TABLE, pa.schema([("v", pa.int64())]), {"v": pa.int64()}) == {}  # repeated: nothing
+    with pytest.raises(DeltaSchemaError, match="table mem://t: column 'v' cannot change from int64 to int32"):
+        to_widen(TABLE, pa.schema([("v", pa.int64())]), {"v": pa.int32()})
