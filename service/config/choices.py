@@ -16,9 +16,9 @@ OnDataLoss = Literal["fail", "earliest"]
 """Offsets deleted before they were read: fail (DataLoss) or resume at the earliest offset left."""
 SchemaChanges = Literal["evolve", "lenient", "ignore", "fail"]
 """What a source schema change does to the table (`sink.schema_changes`): evolve it (new columns, widened
-types; an incompatible type stops the pipeline), lenient (never loses a value: widens once a value needs it,
-keeps values of another type where they fit the table's type, else stops), ignore (the table keeps its schema, new columns are dropped) or fail
-(any difference stops the pipeline)."""
+types; an incompatible type stops the pipeline), lenient (never loses a value: widens once a value needs
+it, keeps values of another type where they fit the table's type, else stops), ignore (the table keeps its
+schema, new columns are dropped) or fail (any difference stops the pipeline)."""
 OnTableError = Literal["stop", "quarantine"]
 """A database source's table whose batch fails for good: stop the service, or set that table aside."""
 
