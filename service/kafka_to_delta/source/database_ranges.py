@@ -129,8 +129,10 @@ class TableReducers:
         if not self.database.override(table).primary_key:  # the first key names the key's fields
             chunks = iter(read_values())
             first = next(chunks, None)
-            values = [] if first is None else itertools.chain([first], chunks)
-            first_key = None if first is None else first.first_key
+            if first is None:  # no record in the range (transaction markers only): nothing to decode
+                return
+            values = itertools.chain([first], chunks)
+            first_key = first.first_key
         primary_key = self.primary_key(table, kafka_range, first_key)
         once = [values]
 
