@@ -49,7 +49,9 @@ def run(
     try:
         settings = load_settings(config)
         if plan is not None:
-            settings = apply_plan(settings, read_plan(plan), source=str(plan))
+            from service.kafka_to_delta.database.tables import expanded
+
+            settings = apply_plan(expanded(settings), read_plan(plan), source=str(plan))
     except CdcLakehouseError as error:
         _fail(error)
     configure_logging(verbose, settings.log_format)
@@ -89,10 +91,11 @@ def plan_command(
     """Every stateful operator of every pipeline: its key, its state TTLs (plan JSON), and a summary."""
     import json
 
+    from service.kafka_to_delta.database.tables import expanded
     from service.kafka_to_delta.plan.compiled_plan import compile_plan, summary
 
     try:
-        settings = load_settings(config)
+        settings = expanded(load_settings(config))  # a database table with state is a pipeline of its own
     except CdcLakehouseError as error:
         _fail(error)
     document = json.dumps(compile_plan(settings), indent=2)
@@ -115,7 +118,9 @@ def rebuild_state_command(
     from service.kafka_to_delta.plan.state_rebuild import rebuild_state, spark_state_reader
 
     try:
-        settings = load_settings(config)
+        from service.kafka_to_delta.database.tables import expanded
+
+        settings = expanded(load_settings(config))  # a database table with state is a pipeline of its own
         report = rebuild_state(settings, pipeline, read_state=spark_state_reader(settings))
     except CdcLakehouseError as error:
         _fail(error)
@@ -135,7 +140,9 @@ def status(
     from service.operations.status import status as read_status
 
     try:
-        found = read_status(load_settings(config))
+        from service.kafka_to_delta.database.tables import expanded
+
+        found = read_status(expanded(load_settings(config)))
     except CdcLakehouseError as error:
         _fail(error)
     if as_json:

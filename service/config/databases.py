@@ -22,22 +22,65 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from service.config.base import NAME_PATTERN, Name, Names, SettingsModel
-from service.config.choices import InputFormat, OnDataLoss, OnTableError, SchemaChanges, StartingOffsets
+from service.config.choices import (
+    Compaction,
+    InputFormat,
+    OnConflict,
+    OnDataLoss,
+    OnTableError,
+    SchemaChanges,
+    StartingOffsets,
+    UpsertMaterialize,
+)
 from service.config.dead_letters import DeadLetterSettings
 from service.config.from_changelog import FromChangelogSettings
 from service.config.maintenance import MaintenanceSettings
 from service.config.registry import SchemaRegistrySettings
 
 DEFAULT_TOPIC_REFRESH_SECONDS = 10.0
+DEFAULT_IDLE_TIMEOUT_SECONDS = 0.0
 DEFAULT_DATABASE_MAX_OFFSETS = 200_000
 _INTERNAL_TOPIC = "__"
 
 
 class TableOverride(SettingsModel):
-    """What one table of a database source sets for itself."""
+    """What one table of a database source sets for itself.
+
+    `primary_key`, `maintenance` and a `from_changelog` without state (its own bad-record policies)
+    keep the table in the database's query. A table that needs state (the keyed-state materializer:
+    `upsert_key`, `sequence_by`, `on_conflict`, `upsert_materialize: force`, `compaction`; a stateful
+    FROM_CHANGELOG or ORDER BY) runs as its own query, the pipeline `<database>.<table>`, with every
+    guarantee, plan operator and upgrade check of a pipeline; it needs its `primary_key`.
+    """
 
     primary_key: Names | None = None
     maintenance: MaintenanceSettings | None = None
+    from_changelog: FromChangelogSettings | None = None
+    upsert_key: Names | None = None
+    upsert_materialize: UpsertMaterialize = "auto"
+    on_conflict: OnConflict | None = None
+    compaction: Compaction | None = None
+    sequence_by: Names = ()
+    watermark_delay_seconds: float | None = Field(default=None, ge=0)
+    idle_timeout_seconds: float | None = Field(default=DEFAULT_IDLE_TIMEOUT_SECONDS, ge=0)
+    state_ttl_seconds: float = Field(default=0.0, ge=0)
+    materializer_state_ttl_seconds: float | None = Field(default=None, ge=0)
+    tombstone_retention_seconds: float = Field(default=86_400.0, ge=0)
+
+    @property
+    def own_query(self) -> bool:
+        """Whether the table needs state, so runs as its own pipeline."""
+        changelog = self.from_changelog
+        return (self.upsert_key is not None or self.upsert_materialize == "force" or self.on_conflict is not None
+                or self.compaction is not None or bool(self.sequence_by)
+                or (changelog is not None and (changelog.stateful or changelog.order_by is not None)))
+
+    @model_validator(mode="after")
+    def _keyed(self) -> "TableOverride":
+        if self.own_query and not self.primary_key:
+            raise ValueError("a table with state (materializer, stateful FROM_CHANGELOG, ORDER BY) runs as its own "
+                             "pipeline and needs its `primary_key`")
+        return self
 
 
 class DatabaseSettings(SettingsModel):
@@ -115,6 +158,10 @@ class DatabaseSettings(SettingsModel):
                                  f"{table!r}; make table_name tell them apart or exclude one")
             seen[table] = topic
         return routed
+
+    def shared_routes(self, topics: list[str]) -> dict[str, str]:
+        """`routes` without the tables that run as their own query."""
+        return {topic: table for topic, table in self.routes(topics).items() if not self.override(table).own_query}
 
     def override(self, table: str) -> TableOverride:
         """The table's own settings (empty when it has none)."""

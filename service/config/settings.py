@@ -24,7 +24,7 @@ from service.config.choices import (
     StartingOffsets,
     UpsertMaterialize,
 )
-from service.config.databases import DatabaseSettings
+from service.config.databases import DEFAULT_IDLE_TIMEOUT_SECONDS, DatabaseSettings
 from service.config.dead_letters import DeadLetterSettings
 from service.config.exports import ExportSettings
 from service.config.from_changelog import FromChangelogSettings
@@ -40,7 +40,6 @@ _SECRET_HINTS = ("password", "secret", "token", "jaas", "key.pem", "credentials"
 
 DEFAULT_MAX_OFFSETS_PER_TRIGGER = 200_000
 DEFAULT_READINESS_STALE_TRIGGERS = 30
-DEFAULT_IDLE_TIMEOUT_SECONDS = 0.0
 RETRACT_SOURCE_DELAY_SECONDS = 5.0
 NO_ON_CONFLICT = (
     "pipeline {name}: {why}, so two sources can claim one row of table {table!r}; choose what happens "

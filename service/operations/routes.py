@@ -26,7 +26,9 @@ def matched_tables(settings: Settings) -> list[str]:
                 continue
             lines.append(f"database {database.name}: {len(routes)} table(s) matched now, no state "
                          "(last change per key per micro-batch, one MERGE per table)")
-            lines += [f"  {table:<32} <- {topic}" for topic, table in sorted(routes.items(), key=lambda r: r[1])]
+            lines += [f"  {table:<32} <- {topic}" + (f"  (own query: pipeline {database.name}.{table})"
+                                                      if database.override(table).own_query else "")
+                      for topic, table in sorted(routes.items(), key=lambda r: r[1])]
         return lines
     finally:
         cluster.close()

@@ -98,7 +98,7 @@ def database_status(settings: Settings, database: DatabaseSettings, cluster: Clu
     checkpoint = settings.checkpoint_dir(database.name)
     query_id, batch, committed = _checkpoint(checkpoint)
     set_aside = quarantine.read(f"{checkpoint.removeprefix('file://').rstrip('/')}/{quarantine.FILE_NAME}")
-    routes = database.routes(cluster.topic_names())
+    routes = database.shared_routes(cluster.topic_names())  # a table with its own query is a pipeline
     marks = cluster.watermarks(cluster.partitions(sorted(routes)))
     done = om.from_map(committed)
     found = []

@@ -29,7 +29,8 @@ from pyspark.sql.streaming import StreamingQuery
 
 from connectors.delta.engines import DeltaEngineTable, open_table
 from service.config.databases import DatabaseSettings
-from service.config.settings import PipelineSettings, Settings
+from service.config.settings import Settings
+from service.kafka_to_delta.database.tables import table_pipeline
 from service.kafka_to_delta.plan.table_routes import check_routes, store_routes, stored_routes
 from service.kafka_to_delta.sink.bad_records import DeadLetterStore, handle_bad_records
 from service.kafka_to_delta.sink.dead_letters import DeadLetterSink
@@ -45,17 +46,6 @@ from vocabulary.errors import DecodeError, TerminalError
 
 log = logging.getLogger(__name__)
 QUERY_ID_TIMEOUT_S = 60.0
-
-
-def table_pipeline(database: DatabaseSettings, table: str, topics: list[str],
-                   primary_key: tuple[str, ...]) -> PipelineSettings:
-    """One table of a database as the pipeline it stands for (its name: `<database>.<table>`)."""
-    return PipelineSettings(
-        name=f"{database.name}.{table}", topics=tuple(topics), table=table, primary_key=primary_key,
-        format=database.format, schema_registry=database.schema_registry,
-        from_changelog=database.from_changelog, dead_letters=database.dead_letters,
-        on_data_loss=database.on_data_loss, schema_changes=database.schema_changes, maintenance=database.override(table).maintenance,
-    )
 
 
 @dataclass

@@ -92,18 +92,22 @@ class TableReducers:
 
     def __init__(self, database: DatabaseSettings) -> None:
         self.database = database
-        self._reducers: dict[tuple[str, ...], PartitionReducer] = {}
+        self._reducers: dict[tuple[str, ...], PartitionReducer] = {}  # (table with its own decoding, *key)
 
     def __getstate__(self) -> dict:
         return {"database": self.database, "_reducers": {}}
 
-    def _reducer(self, primary_key: tuple[str, ...]) -> "PartitionReducer":
-        if primary_key not in self._reducers:
+    def _reducer(self, table: str, primary_key: tuple[str, ...]) -> "PartitionReducer":
+        """The reducer of a table: the database's decoding, or the table's own `from_changelog`."""
+        changelog = self.database.override(table).from_changelog
+        cache_key = (table if changelog is not None else "", *primary_key)
+        if cache_key not in self._reducers:
             from service.kafka_to_delta.source.database_decoder import table_decoder
             from service.kafka_to_delta.source.partition_changes import PartitionReducer
 
-            self._reducers[primary_key] = PartitionReducer(table_decoder(self.database, primary_key), primary_key)
-        return self._reducers[primary_key]
+            decoder = table_decoder(self.database, primary_key, changelog)
+            self._reducers[cache_key] = PartitionReducer(decoder, primary_key)
+        return self._reducers[cache_key]
 
     def primary_key(self, table: str, kafka_range: KafkaRange, first_key: bytes | None) -> tuple[str, ...]:
         """The table's override, else the fields of the range's first key; none: a `DecodeError`."""
@@ -140,7 +144,7 @@ class TableReducers:
             begun, once[0] = once[0], None
             return read_values() if begun is None else begun
 
-        for batch in self._reducer(primary_key)(read, values_once):
+        for batch in self._reducer(table, primary_key)(read, values_once):
             rows = batch.num_rows
             yield pa.RecordBatch.from_arrays(
                 [pa.array([table] * rows, pa.string()), pa.array([kafka_range.topic] * rows, pa.string()),
@@ -173,7 +177,7 @@ class DatabaseStreamReader(KafkaStreamReader):
 
     def _refresh_routes(self) -> None:
         try:
-            routes = self.database.routes(self.cluster.topic_names())
+            routes = self.database.shared_routes(self.cluster.topic_names())
         except ValueError as error:  # two topics naming one table: the configuration must tell them apart
             raise ConfigError(str(error)) from None
         for topic in sorted(set(self._routes) - set(routes)):
