@@ -144,3 +144,23 @@ def _wait(condition, log, timeout: float = 240.0) -> None:
             pass
         time.sleep(1)
     raise AssertionError(f"condition not met in {timeout}s; log tail: {log.read_text()[-3000:]}")
+
+
+def test_a_table_with_state_runs_as_its_own_pipeline_beside_the_shared_query(kafka_bootstrap, unique, workdir):
+    workloads = _workloads(unique, ["plain", "ordered"])
+    workloads["ordered"] = DebeziumWorkload(f"dbs.{unique}.public.ordered", 2, "always", seed=5, with_timestamp=True)
+    _load(kafka_bootstrap, workloads, 900, 200)
+    database = _database(unique, tables={"public_ordered": {
+        "primary_key": ["id"], "sequence_by": ["updated_at"], "on_conflict": "deduplicate",
+        "upsert_materialize": "force"}})
+    config = _config(workdir, kafka_bootstrap, [database])
+    plan = subprocess.run([CLI, "plan", str(config)], capture_output=True, text=True, timeout=120)
+    assert plan.returncode == 0 and f"db_{unique}.public_ordered/materializer" in plan.stdout, plan.stdout[-3000:]
+    assert f"(own query: pipeline db_{unique}.public_ordered)" in plan.stdout, plan.stdout[-3000:]
+    result = run_cli(config, "--until-idle")
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name, workload in workloads.items():
+        assert table_rows(workdir / "tables" / f"public_{name}") == workload.expected_rows(), name
+    output = result.stdout + result.stderr
+    assert f"pipeline db_{unique}.public_ordered: batch 0 ->" in output, output[-3000:]
+    assert f"db_{unique}: batch 0 -> 1 table(s)" in output, output[-3000:]
