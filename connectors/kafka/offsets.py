@@ -57,6 +57,45 @@ def cap_rows(
     return {tp: start.get(tp, available[tp]) + shares[tp] for tp in available}
 
 
+def cap_rows_by_topic(
+    start: Mapping[tuple[str, int], int],
+    available: Mapping[tuple[str, int], int],
+    max_rows: int | None,
+) -> dict[tuple[str, int], int]:
+    """End offsets that admit at most `max_rows` records, touching as few topics as they can.
+
+    For a source of many topics each written on its own (one Delta table per topic), where each
+    topic a micro-batch touches costs a commit: whole topics are admitted, smallest backlog first,
+    so a backlog slightly over the limit does not spread a second batch over every topic. The topic
+    with the largest backlog is served first with up to a quarter of the limit (it always makes
+    progress), the next topic that does not fit whole gets what is left (`cap_rows` over its
+    partitions). Deterministic for the same offsets.
+    """
+    backlog = {tp: max(0, end - start.get(tp, end)) for tp, end in available.items()}
+    if max_rows is None or sum(backlog.values()) <= max_rows:
+        return dict(available)
+    topics: dict[str, int] = {}
+    for (topic, _), lag in backlog.items():
+        topics[topic] = topics.get(topic, 0) + lag
+    admitted: dict[str, int] = {}
+    largest = max(sorted(topics), key=lambda t: topics[t])
+    admitted[largest] = min(topics[largest], max(1, max_rows // 4))
+    budget = max_rows - admitted[largest]
+    for topic in sorted((t for t in topics if t != largest and topics[t]), key=lambda t: (topics[t], t)):
+        take = min(topics[topic], budget)
+        if take <= 0:
+            break
+        admitted[topic] = take
+        budget -= take
+    if budget > 0:
+        admitted[largest] = min(topics[largest], admitted[largest] + budget)
+    end = {tp: start.get(tp, available[tp]) for tp in available}
+    for topic, rows in admitted.items():
+        parts = {tp: available[tp] for tp in available if tp[0] == topic}
+        end.update(cap_rows(start, parts, rows) if rows < topics[topic] else parts)
+    return end
+
+
 Span = tuple[tuple[str, int], int, int]
 """One partition's offsets to read: `((topic, partition), first, stop)`, stop exclusive."""
 

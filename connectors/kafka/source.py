@@ -115,6 +115,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.on_data_loss not in _DATA_LOSS:
             raise ConfigError(f"the cdc_kafka source option 'onDataLoss' must be one of {_DATA_LOSS}")
         self.target: dict[tuple[str, int], int] | None = None
+        self.admit = om.cap_rows  # admission without event-time alignment (a subclass may choose another)
         self._cluster: ClusterView | None = None
         self._marks: dict[tuple[str, int], tuple[int, int]] = {}
 
@@ -174,7 +175,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         available = {tp: max(end, begin[tp]) for tp, end in available.items()}
         max_rows = getattr(limit, "max_rows", None) if isinstance(limit, ReadMaxRows) else None
         if self.progress_file is None:
-            return om.to_map(om.cap_rows(begin, available, max_rows))
+            return om.to_map(self.admit(begin, available, max_rows))
         progress = wm.Progress.from_json(start.get(wm.PROGRESS_KEY)).advanced(
             self.progress_file.read(), {tp: available[tp] > begin[tp] for tp in available}, _now_ms()
         )

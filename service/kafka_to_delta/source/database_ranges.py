@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark import cloudpickle
 from pyspark.sql.datasource import DataSource, InputPartition
 
+from connectors.kafka import offsets as om
 from connectors.kafka.source import KafkaRange, KafkaSource, KafkaStreamReader
 from service.config.databases import DatabaseSettings
 from service.runtime import quarantine
@@ -161,6 +162,7 @@ class DatabaseStreamReader(KafkaStreamReader):
         self.reducers = reducers
         self.min_tasks = min_tasks
         self.quarantine_file = {k.lower(): v for k, v in options.items()}.get("quarantinefile", "")
+        self.admit = om.cap_rows_by_topic  # each table a micro-batch touches costs a commit
         self._listed_at = 0.0
         self._routes: dict[str, str] = {}
 

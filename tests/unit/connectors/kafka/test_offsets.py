@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from connectors.kafka import offsets as om
 from connectors.kafka.offsets import cap_rows, from_map, split_spans, to_map
 
 
@@ -71,3 +72,48 @@ def test_pieces_cover_each_partition_exactly_in_order(sizes, min_pieces, min_row
     assert len(pieces) <= max(len(spans), min_pieces)
     if len(pieces) < min_pieces:  # stopped early only because no piece could be cut again
         assert all(b - a < 2 * min_rows for _, a, b in pieces)
+
+
+def _topics(backlogs: dict[str, int], partitions: int = 2) -> tuple[dict, dict]:
+    start = {(t, p): 100 for t in backlogs for p in range(partitions)}
+    available = {(t, p): 100 + lag // partitions + (p < lag % partitions) for t, lag in backlogs.items()
+                 for p in range(partitions)}
+    return start, available
+
+
+def _admitted(start: dict, end: dict) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for (topic, partition), stop in end.items():
+        found[topic] = found.get(topic, 0) + stop - start[(topic, partition)]
+    return {t: n for t, n in found.items() if n}
+
+
+def test_cap_rows_by_topic_admits_whole_topics_smallest_first():
+    backlogs = {f"t{i:03d}": 1_070 for i in range(200)}  # 214,000 records, limit 200,000
+    start, available = _topics(backlogs)
+    admitted = _admitted(start, om.cap_rows_by_topic(start, available, 200_000))
+    assert sum(admitted.values()) == 200_000
+    assert sum(n == 1_070 for n in admitted.values()) >= 185  # whole topics; at most one cut
+    assert sum(0 < n < 1_070 for n in admitted.values()) <= 2
+    # The proportional cap touches every topic in both batches.
+    assert len(_admitted(start, om.cap_rows(start, available, 200_000))) == 200
+
+
+def test_cap_rows_by_topic_always_serves_the_largest_backlog():
+    start, available = _topics({"big": 1_000_000, **{f"s{i}": 1_000 for i in range(300)}})
+    admitted = _admitted(start, om.cap_rows_by_topic(start, available, 200_000))
+    assert admitted["big"] >= 50_000 and sum(admitted.values()) == 200_000
+    start, available = _topics({"a": 10, "b": 20})
+    assert om.cap_rows_by_topic(start, available, None) == available
+    assert om.cap_rows_by_topic(start, available, 1_000) == available
+
+
+@given(st.dictionaries(st.sampled_from([f"t{i}" for i in range(12)]), st.integers(0, 5_000), min_size=1),
+       st.integers(1, 20_000))
+def test_cap_rows_by_topic_stays_within_bounds_and_makes_progress(backlogs, max_rows):
+    start, available = _topics(backlogs)
+    end = om.cap_rows_by_topic(start, available, max_rows)
+    assert set(end) == set(available)
+    assert all(start[tp] <= end[tp] <= available[tp] for tp in end)
+    admitted = sum(end[tp] - start[tp] for tp in end)
+    assert admitted == min(max_rows, sum(available[tp] - start[tp] for tp in end))
