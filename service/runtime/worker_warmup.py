@@ -40,19 +40,23 @@ READER_MODULES = (
 """What a worker that reads and decodes Kafka ranges imports."""
 FORMAT_MODULES = {"avro-confluent": ("connectors.schema_registry.avro_codec", "connectors.schema_registry.client")}
 """What a worker imports besides `READER_MODULES` to decode an input format."""
+DATABASE_MODULES = ("service.kafka_to_delta.source.database_ranges", "service.kafka_to_delta.source.database_decoder")
+"""What a worker imports besides `READER_MODULES` to read a database source's ranges."""
 OPERATOR_MODULES = {"materializer": ("service.kafka_to_delta.source.bucket_packing",)}
 """What a worker imports besides `READER_MODULES` for a kind of stateful operator of the plan (the
 bucket materializer's changes are packed per bucket where they are read)."""
 
 
-def warmup_modules(plan: Mapping[str, Any], formats: Iterable[str]) -> tuple[str, ...]:
-    """The modules warmed workers import for the queries of `plan` (a compiled plan document) reading
-    `formats`: none when the plan names no pipeline reading Kafka (exports only)."""
-    if not plan.get("pipelines"):
+def warmup_modules(plan: Mapping[str, Any], formats: Iterable[str], databases: bool = False) -> tuple[str, ...]:
+    """The modules warmed workers import for the queries of `plan` (a compiled plan document) and the
+    database sources (`databases`) reading `formats`: none when nothing reads Kafka (exports only)."""
+    if not plan.get("pipelines") and not databases:
         return ()
     kinds = sorted({str(node.get("kind")) for node in plan.get("nodes", ())})
     extra = [name for kind in kinds for name in OPERATOR_MODULES.get(kind, ())]
     extra += [name for found in sorted(set(formats)) for name in FORMAT_MODULES.get(found, ())]
+    if databases:
+        extra += list(DATABASE_MODULES)
     return READER_MODULES + tuple(dict.fromkeys(extra))
 
 

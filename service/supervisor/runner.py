@@ -150,7 +150,7 @@ class Runner:
         input formats (`worker_warmup`)."""
         formats = [p.format for p in self.settings.pipelines] + [d.format for d in self.settings.databases]
         formats += [side.format for join in self.settings.joins for side in (join.left, join.right)]
-        return warmup_modules(compile_plan(self.settings), formats)
+        return warmup_modules(compile_plan(self.settings), formats, databases=bool(self.settings.databases))
 
     def _start_exports(self) -> None:
         assert self._spark is not None, "start() creates the session first"

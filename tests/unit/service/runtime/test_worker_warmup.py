@@ -82,3 +82,29 @@ def test_a_warmed_worker_loads_nothing_more_to_unpickle_a_reader(shape: str, for
     done = subprocess.run([sys.executable, "-c", _WORKER, json.dumps(modules), str(path), json.dumps(_WATCHED)],
                           capture_output=True, text=True, timeout=120, check=True)
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [], "warm-up misses what the reader loads"
+
+
+_DATABASE_WORKER = """
+import importlib, json, pickle, sys
+modules, path, watched = json.loads(sys.argv[1]), sys.argv[2], tuple(json.loads(sys.argv[3]))
+for name in modules:
+    importlib.import_module(name)
+before = set(sys.modules)
+reducers = pickle.loads(open(path, "rb").read())
+reducers._reducer("public_orders", ("id",))  # what reading a range builds
+print(json.dumps(sorted(m for m in set(sys.modules) - before if m.split(".")[0] in watched)))
+"""
+
+
+def test_a_database_source_warms_its_readers_and_decoders(tmp_path: Path) -> None:
+    from service.kafka_to_delta.source.database_ranges import TableReducers
+    from service.runtime.worker_warmup import DATABASE_MODULES
+
+    settings = settings_from_mapping({"databases": [{"name": "inv", "topic_pattern": r"db\.(?P<table>\w+)"}]})
+    modules = warmup_modules(compile_plan(settings), ["json"], databases=True)
+    assert set(DATABASE_MODULES) <= set(modules) and all(importlib.util.find_spec(n) for n in DATABASE_MODULES)
+    path = tmp_path / "reducers.pickle"
+    path.write_bytes(cloudpickle.dumps(TableReducers(settings.databases[0])))
+    done = subprocess.run([sys.executable, "-c", _DATABASE_WORKER, json.dumps(modules), str(path),
+                           json.dumps(_WATCHED)], capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [], "warm-up misses what the reader loads"
