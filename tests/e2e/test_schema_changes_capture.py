@@ -12,7 +12,9 @@ captured once (module fixture `captured`) in two phases with one `--until-idle` 
 
 Then `lenient` and `evolve` run again (exit 0): their tables equal `SELECT *` of the source for every
 column the source has, with its types (bigint, numeric(12,2)); the dropped and renamed-away columns
-stay, null in every row rewritten since. `fail` runs alone and stops (exit 1) naming the column.
+stay, null in every row rewritten since. A `lenient` pipeline written by delta-spark runs the same
+way (its own runs; its table read back with delta-rs, as exports read it). `fail` runs alone and stops
+(exit 1) naming the column.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ SOURCE_TYPES = {"id": pa.int32(), "qty": pa.int64(), "amount": pa.decimal128(12,
                 "note": pa.string()}
 GONE = ("label", "gone")
 POLICIES = ("lenient", "evolve")
+SPARK = "spark_lenient"
+"""The pipeline written by delta-spark (its own runs): `lenient`, table `items_spark_lenient`."""
 STRING_READS = (pa.large_string(), pa.string_view())
 
 
@@ -78,13 +82,13 @@ class Captured:
     second: dict[str, object]  # "lenient+evolve" / "fail" -> the CompletedProcess of that run
 
 
-def _pipelines(topic: str, policies: tuple[str, ...]) -> list[dict]:
-    return [{"name": f"sc_{policy}", "topics": [topic], "table": f"items_{policy}", "primary_key": ["id"],
-             "schema_changes": policy} for policy in policies]
+def _pipelines(topic: str, names: tuple[str, ...]) -> list[dict]:
+    return [{"name": f"sc_{name}", "topics": [topic], "table": f"items_{name}", "primary_key": ["id"],
+             "schema_changes": name.rsplit("_", 1)[-1]} for name in names]
 
 
-def _ingest(workdir: Path, bootstrap: str, topic: str, policies: tuple[str, ...], name: str):
-    config = write_config(workdir / f"{name}.yaml", bootstrap, workdir, _pipelines(topic, policies))
+def _ingest(workdir: Path, bootstrap: str, topic: str, names: tuple[str, ...], run: str, engine: str = "delta-rs"):
+    config = write_config(workdir / f"{run}.yaml", bootstrap, workdir, _pipelines(topic, names), engine=engine)
     return run_cli(config, "--until-idle")
 
 
@@ -114,6 +118,11 @@ def _delta(workdir: Path, policy: str) -> pa.Table:
     return DeltaTable(str(workdir / "tables" / f"items_{policy}")).to_pyarrow_table().sort_by("id")
 
 
+def _commit_info(commit: dict) -> dict:
+    """A commit's own entries: delta-rs writes them into the commit info, delta-spark as its userMetadata."""
+    return json.loads(commit["userMetadata"]) if commit.get("userMetadata") else commit
+
+
 @pytest.fixture(scope="module")
 def captured(postgres: PostgresCluster, kafka_bootstrap: str, tmp_path_factory) -> Captured:  # noqa: F811
     workdir = tmp_path_factory.mktemp("schema_changes_capture")
@@ -130,9 +139,10 @@ def captured(postgres: PostgresCluster, kafka_bootstrap: str, tmp_path_factory) 
         engine.wait_streaming()
         _run_sql(postgres, workdir, "phase_1", PHASE_1, dbname)
         _wait_produced(engine, marker, 1)
-        first = _ingest(workdir, kafka_bootstrap, topic, (*POLICIES, "fail"), "first")
-        assert first.returncode == 0, first.stderr[-3000:]
-        after_phase_1 = {policy: _delta(workdir, policy).to_pylist() for policy in (*POLICIES, "fail")}
+        for run in (_ingest(workdir, kafka_bootstrap, topic, (*POLICIES, "fail"), "first"),
+                    _ingest(workdir, kafka_bootstrap, topic, (SPARK,), "first_spark", "delta-spark")):
+            assert run.returncode == 0, run.stderr[-3000:]
+        after_phase_1 = {name: _delta(workdir, name).to_pylist() for name in (*POLICIES, SPARK, "fail")}
         source_after_phase_1 = _source(postgres, dbname)[1]
         _run_sql(postgres, workdir, "phase_2", PHASE_2, dbname)
         engine.wait_captured()
@@ -140,26 +150,28 @@ def captured(postgres: PostgresCluster, kafka_bootstrap: str, tmp_path_factory) 
         engine.stop()
         postgres.drop_replication_slot(properties["slot.name"])
     second = {"lenient+evolve": _ingest(workdir, kafka_bootstrap, topic, POLICIES, "second"),
+              SPARK: _ingest(workdir, kafka_bootstrap, topic, (SPARK,), "second_spark", "delta-spark"),
               "fail": _ingest(workdir, kafka_bootstrap, topic, ("fail",), "third")}
     return Captured(dbname, workdir, after_phase_1, source_after_phase_1, second)
 
 
-@pytest.mark.parametrize("policy", [*POLICIES, "fail"])
+@pytest.mark.parametrize("policy", [*POLICIES, SPARK, "fail"])
 def test_before_the_changes_every_table_equals_select_star(captured: Captured, policy: str):
     assert captured.after_phase_1[policy] == captured.source_after_phase_1
     assert captured.source_after_phase_1[5] == {"id": 6, "qty": 60, "amount": Decimal("123456.78"), "label": "f",
                                                 "gone": "g6"}
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", [*POLICIES, SPARK])
 def test_after_the_changes_the_table_equals_select_star_for_the_columns_the_source_has(
         captured: Captured, postgres: PostgresCluster, policy: str):  # noqa: F811
-    run = captured.second["lenient+evolve"]
+    run = captured.second[SPARK if policy == SPARK else "lenient+evolve"]
     assert run.returncode == 0, run.stderr[-3000:]
     names, expected = _source(postgres, captured.dbname)
     assert names == list(SOURCE_TYPES)
     delta = _delta(captured.workdir, policy)
-    assert delta.column_names == ["id", "qty", "amount", *GONE, "title", "note"]
+    # The new columns come after the old ones, in an order the engine's schema merge chooses.
+    assert delta.column_names[:5] == ["id", "qty", "amount", *GONE] and set(delta.column_names[5:]) == {"title", "note"}
     assert delta.select(names).to_pylist() == expected
     assert {row["id"]: (row["qty"], row["amount"]) for row in expected}[7] == (BIG_QTY, Decimal("1234567890.12"))
     types = {f.name: pa.string() if f.type in STRING_READS else f.type for f in delta.schema}
@@ -167,7 +179,7 @@ def test_after_the_changes_the_table_equals_select_star_for_the_columns_the_sour
     # Every row left was rewritten after the drop and the rename: the old columns stay, null.
     assert delta.select(list(GONE)).to_pylist() == [{"label": None, "gone": None}] * len(expected)
     history = DeltaTable(str(captured.workdir / "tables" / f"items_{policy}")).history()
-    widened = [json.loads(commit["cdc.widened"]) for commit in history if "cdc.widened" in commit]
+    widened = [json.loads(info["cdc.widened"]) for info in map(_commit_info, history) if "cdc.widened" in info]
     assert widened == [{"qty": "int64", "amount": "decimal128(12, 2)"}]  # one rewrite, before the batch's MERGE
 
 
