@@ -23,4 +23,4 @@ def table_decoder(database: DatabaseSettings, primary_key: tuple[str, ...],
 def key_decoder(database: DatabaseSettings) -> Callable[[bytes], tuple[Any, Any]]:
     """Kafka key bytes -> (document, types), in the database's format."""
     decoder = value_decoder(database.format, database.schema_registry)
-    return json_key if decoder is None else decoder.decode
+    return json_key if decoder is None else decoder

@@ -15,6 +15,7 @@ up to `_PACK_ROWS` records, and there are at least as many tasks as cores when t
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import pickle
@@ -216,11 +217,9 @@ class DatabaseStreamReader(KafkaStreamReader):
             table = self._routes.get(kafka_range.topic) or self.database.table_of(kafka_range.topic)
             if table is None:
                 continue
-            yield from reducers(
-                kafka_range, table,
-                lambda r=kafka_range: KafkaStreamReader.read(self, r),
-                lambda r=kafka_range: read_values(self.client, r.topic, r.partition, r.start, r.end),
-            )
+            yield from reducers(kafka_range, table, functools.partial(KafkaStreamReader.read, self, kafka_range),
+                                functools.partial(read_values, self.client, kafka_range.topic, kafka_range.partition,
+                                                  kafka_range.start, kafka_range.end))
         release_memory()
 
 
