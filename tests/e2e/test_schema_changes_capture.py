@@ -13,8 +13,9 @@ captured once (module fixture `captured`) in two phases with one `--until-idle` 
 Then `lenient` and `evolve` run again (exit 0): their tables equal `SELECT *` of the source for every
 column the source has, with its types (bigint, numeric(12,2)); the dropped and renamed-away columns
 stay, null in every row rewritten since. A `lenient` pipeline written by delta-spark runs the same
-way (its own runs; its table read back with delta-rs, as exports read it). `fail` runs alone and stops
-(exit 1) naming the column.
+way (its own runs; its table read back with delta-rs, as exports read it), and so does a database
+source over the capture's topics (its own runs, primary key from the Kafka key, table `items_db`).
+`fail` runs alone and stops (exit 1) naming the column.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ GONE = ("label", "gone")
 POLICIES = ("lenient", "evolve")
 SPARK = "spark_lenient"
 """The pipeline written by delta-spark (its own runs): `lenient`, table `items_spark_lenient`."""
+DATABASE = "db"
+"""A database source over the capture's topics (its own runs; `lenient`, the default): table `items_db`."""
 STRING_READS = (pa.large_string(), pa.string_view())
 
 
@@ -89,6 +92,13 @@ def _pipelines(topic: str, names: tuple[str, ...]) -> list[dict]:
 
 def _ingest(workdir: Path, bootstrap: str, topic: str, names: tuple[str, ...], run: str, engine: str = "delta-rs"):
     config = write_config(workdir / f"{run}.yaml", bootstrap, workdir, _pipelines(topic, names), engine=engine)
+    return run_cli(config, "--until-idle")
+
+
+def _ingest_database(workdir: Path, bootstrap: str, prefix: str, run: str):
+    pattern = prefix.replace(".", r"\.") + r"\.(?P<schema>[^.]+)\.(?P<table>[^.]+)"
+    database = {"name": f"sc_{DATABASE}", "topic_pattern": pattern, "table_name": "{table}_" + DATABASE}
+    config = write_config(workdir / f"{run}.yaml", bootstrap, workdir, [], databases=[database])
     return run_cli(config, "--until-idle")
 
 
@@ -140,9 +150,10 @@ def captured(postgres: PostgresCluster, kafka_bootstrap: str, tmp_path_factory) 
         _run_sql(postgres, workdir, "phase_1", PHASE_1, dbname)
         _wait_produced(engine, marker, 1)
         for run in (_ingest(workdir, kafka_bootstrap, topic, (*POLICIES, "fail"), "first"),
-                    _ingest(workdir, kafka_bootstrap, topic, (SPARK,), "first_spark", "delta-spark")):
+                    _ingest(workdir, kafka_bootstrap, topic, (SPARK,), "first_spark", "delta-spark"),
+                    _ingest_database(workdir, kafka_bootstrap, prefix, "first_db")):
             assert run.returncode == 0, run.stderr[-3000:]
-        after_phase_1 = {name: _delta(workdir, name).to_pylist() for name in (*POLICIES, SPARK, "fail")}
+        after_phase_1 = {name: _delta(workdir, name).to_pylist() for name in (*POLICIES, SPARK, DATABASE, "fail")}
         source_after_phase_1 = _source(postgres, dbname)[1]
         _run_sql(postgres, workdir, "phase_2", PHASE_2, dbname)
         engine.wait_captured()
@@ -151,21 +162,22 @@ def captured(postgres: PostgresCluster, kafka_bootstrap: str, tmp_path_factory) 
         postgres.drop_replication_slot(properties["slot.name"])
     second = {"lenient+evolve": _ingest(workdir, kafka_bootstrap, topic, POLICIES, "second"),
               SPARK: _ingest(workdir, kafka_bootstrap, topic, (SPARK,), "second_spark", "delta-spark"),
+              DATABASE: _ingest_database(workdir, kafka_bootstrap, prefix, "second_db"),
               "fail": _ingest(workdir, kafka_bootstrap, topic, ("fail",), "third")}
     return Captured(dbname, workdir, after_phase_1, source_after_phase_1, second)
 
 
-@pytest.mark.parametrize("policy", [*POLICIES, SPARK, "fail"])
+@pytest.mark.parametrize("policy", [*POLICIES, SPARK, DATABASE, "fail"])
 def test_before_the_changes_every_table_equals_select_star(captured: Captured, policy: str):
     assert captured.after_phase_1[policy] == captured.source_after_phase_1
     assert captured.source_after_phase_1[5] == {"id": 6, "qty": 60, "amount": Decimal("123456.78"), "label": "f",
                                                 "gone": "g6"}
 
 
-@pytest.mark.parametrize("policy", [*POLICIES, SPARK])
+@pytest.mark.parametrize("policy", [*POLICIES, SPARK, DATABASE])
 def test_after_the_changes_the_table_equals_select_star_for_the_columns_the_source_has(
         captured: Captured, postgres: PostgresCluster, policy: str):  # noqa: F811
-    run = captured.second[SPARK if policy == SPARK else "lenient+evolve"]
+    run = captured.second[policy if policy in (SPARK, DATABASE) else "lenient+evolve"]
     assert run.returncode == 0, run.stderr[-3000:]
     names, expected = _source(postgres, captured.dbname)
     assert names == list(SOURCE_TYPES)
