@@ -18,6 +18,7 @@ from tests.support.pipeline_harness import (
     start_cli,
     table_rows,
     table_version,
+    wait_for_table,
     write_config,
 )
 
@@ -84,15 +85,16 @@ def test_topic_created_while_running_is_picked_up(kafka_bootstrap, unique, workd
     workloads = _workloads(unique, ["first"])
     _load(kafka_bootstrap, workloads, 400, 100)
     config = _config(workdir, kafka_bootstrap, [_database(unique, topic_refresh_seconds=2)])
-    process = start_cli(config, log=workdir / "run.log")
+    log = workdir / "run.log"
+    process = start_cli(config, log=log)
     try:
-        _wait(lambda: table_rows(workdir / "tables" / "public_first") == workloads["first"].expected_rows(),
-              workdir / "run.log")
+        first = workdir / "tables" / "public_first"
+        wait_for_table(first, lambda: table_rows(first) == workloads["first"].expected_rows(), process, log)
         later = _workloads(unique, ["second"], seed=3)
         _load(kafka_bootstrap, later, 400, 100)
         started = time.monotonic()
-        _wait(lambda: table_rows(workdir / "tables" / "public_second") == later["second"].expected_rows(),
-              workdir / "run.log")
+        second = workdir / "tables" / "public_second"
+        wait_for_table(second, lambda: table_rows(second) == later["second"].expected_rows(), process, log)
         assert time.monotonic() - started < 120
     finally:
         kill_group(process)
@@ -132,18 +134,6 @@ def test_a_quarantined_table_does_not_hold_the_others_and_resumes_exactly(kafka_
     assert table_rows(workdir / "tables" / "public_bad") == bad.expected_rows()
     assert table_rows(workdir / "tables" / "public_good") == good.expected_rows()
     assert not json.loads((workdir / "checkpoints" / f"db_{unique}" / "quarantine.json").read_text())
-
-
-def _wait(condition, log, timeout: float = 240.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if condition():
-                return
-        except Exception:  # noqa: BLE001 - the table may not exist yet
-            pass
-        time.sleep(1)
-    raise AssertionError(f"condition not met in {timeout}s; log tail: {log.read_text()[-3000:]}")
 
 
 def test_a_table_with_state_runs_as_its_own_pipeline_beside_the_shared_query(kafka_bootstrap, unique, workdir):

@@ -7,11 +7,8 @@ from __future__ import annotations
 import json
 
 import pyarrow as pa
-import pytest
-from deltalake import DeltaTable
 
 from connectors.delta.delta_rs import DeltaRsTable
-from connectors.delta.delta_spark import DeltaSparkTable
 from service.kafka_to_delta.sink.merge_sink import MergeSink
 from vocabulary.changes import ChangeKind
 
@@ -28,13 +25,6 @@ def _net(rows: list[tuple[str, dict]], unchanged: dict[int, list[str]] | None = 
         "unchanged": [json.dumps(unchanged[row["id"]]) if row["id"] in unchanged else None for _, row in rows],
     })
 
-
-@pytest.fixture(params=["delta-rs", "delta-spark"])
-def engine(request: pytest.FixtureRequest):
-    if request.param == "delta-rs":
-        return DeltaRsTable, lambda uri: DeltaTable(uri).to_pyarrow_table()
-    spark = request.getfixturevalue("spark")
-    return (lambda uri: DeltaSparkTable(spark, uri)), (lambda uri: spark.read.format("delta").load(uri).toArrow())
 
 
 def test_first_batch_creates_the_table_in_one_commit_then_merges(engine, tmp_path):

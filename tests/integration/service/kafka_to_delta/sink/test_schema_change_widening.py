@@ -11,7 +11,6 @@ import pytest
 from deltalake import DeltaTable
 
 from connectors.delta.delta_rs import DeltaRsTable, DeltaSchemaError
-from connectors.delta.delta_spark import DeltaSparkTable
 from service.kafka_to_delta.sink.merge_sink import MergeSink
 from vocabulary.changes import ChangeKind
 
@@ -39,14 +38,6 @@ def _amount(text: str) -> str:
     unscaled = int(Decimal(text).scaleb(2))
     return base64.b64encode(unscaled.to_bytes((unscaled.bit_length() + 8) // 8, "big", signed=True)).decode()
 
-
-@pytest.fixture(params=["delta-rs", "delta-spark"])
-def engine(request: pytest.FixtureRequest):
-    """(open a table, read a table back with that engine's reader)."""
-    if request.param == "delta-rs":
-        return DeltaRsTable, lambda uri: DeltaTable(uri).to_pyarrow_table()
-    spark = request.getfixturevalue("spark")
-    return (lambda uri: DeltaSparkTable(spark, uri)), (lambda uri: spark.read.format("delta").load(uri).toArrow())
 
 
 def _sorted(table: pa.Table) -> list[dict]:
