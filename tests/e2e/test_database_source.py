@@ -56,6 +56,7 @@ def test_database_tables_equal_replay_new_topics_picked_up_reruns_idempotent(kaf
         assert table_rows(workdir / "tables" / f"public_{name}") == workloads[name].expected_rows(), name
     assert not (workdir / "tables" / "public_items").exists()
     assert f"db_{unique}: batch 0 -> 2 table(s)" in first.stdout + first.stderr
+    assert f"table public_orders from topic(s) dbs.{unique}.public.orders, primary key (id)" in first.stderr
     versions = {n: table_version(workdir / "tables" / f"public_{n}") for n in ("orders", "customers")}
 
     # A table created later: picked up from its earliest offset; the others unchanged by a re-run.

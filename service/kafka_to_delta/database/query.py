@@ -120,6 +120,8 @@ class DatabaseQuery(BatchPipeline):
                 self.tables[table] = state
                 self._routes.update({topic: table for topic in topics})
                 store_routes(self.checkpoint, self._routes)
+                log.info("database %s: table %s from topic(s) %s, primary key (%s)", self.name, table,
+                         ", ".join(sorted(topics)), ", ".join(primary_key))
             elif state.primary_key != primary_key:
                 raise DecodeError(f"database {self.database.name}, table {table}: the Kafka key's fields changed "
                                   f"from ({', '.join(state.primary_key)}) to ({', '.join(primary_key)}); a primary "
