@@ -13,16 +13,44 @@ from pyspark.sql.streaming import StreamingQuery
 from connectors.delta.engines import open_table
 from service.config.choices import SchemaChanges
 from service.config.settings import Settings
-from service.observability import metrics
 from service.kafka_to_delta.sink.merge_sink import MergeOutcome, MergeSink
+from service.observability import metrics
 from service.supervisor.batch_pipeline import BatchPipeline, commit_app_id
 
 QUERY_ID_TIMEOUT_S = 60.0
 
 
-class TableQuery(BatchPipeline):
-    """Base of a query into one Delta table; `_open_table` is called first by the constructor."""
+def count_merged(name: str, outcome: MergeOutcome, changes: int) -> None:
+    """The metrics of one micro-batch of a table whose net changes were merged, under the label `name`."""
+    metrics.BATCHES.labels(name, "committed" if outcome.upserts + outcome.deletes else "empty").inc()
+    metrics.CHANGES.labels(name).inc(changes)
+    metrics.UPSERTS.labels(name).inc(outcome.upserts)
+    metrics.DELETES.labels(name).inc(outcome.deletes)
+    metrics.LAST_BATCH.labels(name).set(outcome.batch_id)
 
+
+class QueryIdentity:
+    """The id of a streaming query, which names its Delta commits: a micro-batch waits for it."""
+
+    _query_id: str | None = None
+    _started: threading.Event
+
+    def _await_query_id(self) -> None:
+        """Block a micro-batch until its query's id is known (it names the batch's commits)."""
+        if not self._started.wait(QUERY_ID_TIMEOUT_S):
+            raise RuntimeError("streaming query id not known")
+
+    def _start(self, writer: Any) -> StreamingQuery:
+        """Start the query `writer` describes; a restart by the runner waits for the new id."""
+        self._started.clear()
+        query = writer.start()
+        self._query_id = str(query.id)
+        self._started.set()
+        return query
+
+
+class TableQuery(QueryIdentity, BatchPipeline):
+    """Base of a query into one Delta table; `_open_table` is called first by the constructor."""
     def _open_table(self, spark: SparkSession, settings: Settings, name: str, table: str,
                     primary_key: tuple[str, ...], schema_changes: SchemaChanges = "lenient") -> None:
         """Open the query's table and its MERGE sink (`schema_changes`: its policy for source schema
@@ -52,24 +80,6 @@ class TableQuery(BatchPipeline):
 
     def _count_merge(self, outcome: MergeOutcome, changes: int) -> None:
         """Count a micro-batch whose net changes were merged (or found already merged)."""
-        name = self._query_name
         self.committed_batches += 1
         self.last_outcome = outcome
-        metrics.BATCHES.labels(name, "committed" if outcome.upserts + outcome.deletes else "empty").inc()
-        metrics.CHANGES.labels(name).inc(changes)
-        metrics.UPSERTS.labels(name).inc(outcome.upserts)
-        metrics.DELETES.labels(name).inc(outcome.deletes)
-        metrics.LAST_BATCH.labels(name).set(outcome.batch_id)
-
-    def _await_query_id(self) -> None:
-        """Block a micro-batch until its query's id is known (it names the batch's commits)."""
-        if not self._started.wait(QUERY_ID_TIMEOUT_S):
-            raise RuntimeError("streaming query id not known")
-
-    def _start(self, writer: Any) -> StreamingQuery:
-        """Start the query `writer` describes; a restart by the runner waits for the new id."""
-        self._started.clear()
-        query = writer.start()
-        self._query_id = str(query.id)
-        self._started.set()
-        return query
+        count_merged(self._query_name, outcome, changes)

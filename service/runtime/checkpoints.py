@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import tempfile
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 log = logging.getLogger(__name__)
@@ -62,3 +65,13 @@ def batch_start_offsets(checkpoint: str, batch_id: int) -> dict | None:
     except FileNotFoundError:
         return None
     return json.loads(lines[2]) if len(lines) > 2 and lines[2] not in ("", "-") else None
+
+
+def write_json(path: Path, document: Any) -> None:
+    """Replace the file at `path` with `document` as JSON, atomically: a reader in another process
+    never sees half a file. Its folder is made when missing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    with os.fdopen(handle, "w", encoding="utf-8") as out:
+        json.dump(document, out, indent=1, sort_keys=True)
+    os.replace(temporary, path)

@@ -13,9 +13,10 @@ Written by the driver, read by the source's planner: each write replaces the fil
 from __future__ import annotations
 
 import json
-import os
-import tempfile
+from pathlib import Path
 from typing import Any
+
+from service.runtime.checkpoints import write_json
 
 FILE_NAME = "quarantine.json"
 QUARANTINED = "quarantined"
@@ -33,12 +34,7 @@ def read(path: str) -> dict[str, dict[str, Any]]:
 
 def write(path: str, entries: dict[str, dict[str, Any]]) -> None:
     """Replace the file with `entries` (atomically: the planner never reads half a file)."""
-    folder = os.path.dirname(path) or "."
-    os.makedirs(folder, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".quarantine-")
-    with os.fdopen(handle, "w", encoding="utf-8") as out:
-        json.dump(entries, out, indent=1, sort_keys=True)
-    os.replace(temporary, path)
+    write_json(Path(path), entries)
 
 
 def topic_states(entries: dict[str, dict[str, Any]]) -> tuple[set[str], dict[str, dict[str, int]]]:

@@ -35,17 +35,21 @@ from service.kafka_to_delta.plan.table_routes import check_routes, store_routes,
 from service.kafka_to_delta.sink.bad_records import DeadLetterStore, handle_bad_records
 from service.kafka_to_delta.sink.dead_letters import DeadLetterSink
 from service.kafka_to_delta.sink.merge_sink import MergeOutcome, MergeSink
-from service.runtime import quarantine
 from service.kafka_to_delta.source.batch_changes import batch_changes
-from service.kafka_to_delta.source.database_ranges import TABLE_COLUMN, database_source, database_source_name
+from service.kafka_to_delta.source.database_ranges import (
+    TABLE_COLUMN,
+    database_source,
+    database_source_name,
+)
+from service.kafka_to_delta.table_query import QueryIdentity, count_merged
 from service.observability import metrics
 from service.operations.maintenance import TableMaintenance
+from service.runtime import quarantine
 from service.runtime.checkpoints import batch_start_offsets, remove_abandoned_writes
 from service.supervisor.batch_pipeline import BatchPipeline, commit_app_id, with_trigger
 from vocabulary.errors import DecodeError, TerminalError
 
 log = logging.getLogger(__name__)
-QUERY_ID_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -64,7 +68,7 @@ class TableState:
     topics: set[str] = field(default_factory=set)
 
 
-class DatabaseQuery(BatchPipeline):
+class DatabaseQuery(QueryIdentity, BatchPipeline):
     """Runs one `DatabaseSettings` as one streaming query into one Delta table per source table."""
 
     def __init__(self, spark: SparkSession, settings: Settings, database: DatabaseSettings) -> None:
@@ -130,8 +134,7 @@ class DatabaseQuery(BatchPipeline):
             return state
 
     def _process_batch(self, batch: DataFrame, batch_id: int) -> None:
-        if not self._started.wait(QUERY_ID_TIMEOUT_S):
-            raise RuntimeError("streaming query id not known")
+        self._await_query_id()
         started = time.monotonic()
         payloads = batch.toArrow()
         read = time.monotonic()
@@ -170,10 +173,7 @@ class DatabaseQuery(BatchPipeline):
             state.committed_batches += 1
             state.last_outcome = outcome
             state.rows += prepared.count
-            metrics.CHANGES.labels(label).inc(prepared.count)
-            metrics.UPSERTS.labels(label).inc(outcome.upserts)
-            metrics.DELETES.labels(label).inc(outcome.deletes)
-            metrics.LAST_BATCH.labels(label).set(batch_id)
+            count_merged(label, outcome, prepared.count)
             state.maintenance.after_batch()
             if entries.get(table, {}).get("state") == quarantine.RESUMING:
                 log.info("database %s: table %s resumed after quarantine", self.name, table)
@@ -244,12 +244,8 @@ class DatabaseQuery(BatchPipeline):
             .foreachBatch(self.process_batch).option("checkpointLocation", self.checkpoint)
         )
         writer = with_trigger(writer, until_idle, self.settings.trigger_interval_seconds)
-        self._started.clear()
-        query = writer.start()
-        self._query_id = str(query.id)
-        self._started.set()
-        self._query = query
-        return query
+        self._query = self._start(writer)
+        return self._query
 
 
 def _by_table(payloads: pa.Table) -> dict[str, pa.Table]:

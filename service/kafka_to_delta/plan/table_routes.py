@@ -11,11 +11,9 @@ anything runs. A topic no longer matched (excluded) is fine: its table keeps wha
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 
 from service.config.databases import DatabaseSettings
-from service.runtime.checkpoints import local_path
+from service.runtime.checkpoints import local_path, write_json
 from vocabulary.errors import ConfigError
 
 ROUTES_FILE = "tables.json"
@@ -32,13 +30,8 @@ def stored_routes(checkpoint: str) -> dict[str, str]:
 def store_routes(checkpoint: str, routes: dict[str, str]) -> None:
     """Record the tables written so far (atomically)."""
     folder = local_path(checkpoint)
-    if folder is None:
-        return
-    folder.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".tables-")
-    with os.fdopen(handle, "w", encoding="utf-8") as out:
-        json.dump(routes, out, indent=1, sort_keys=True)
-    os.replace(temporary, folder / ROUTES_FILE)
+    if folder is not None:
+        write_json(folder / ROUTES_FILE, routes)
 
 
 def check_routes(database: DatabaseSettings, checkpoint: str) -> None:
