@@ -1,0 +1,491 @@
+"""Realistic benchmark: the service against the naive pipeline on realistic inputs, one row per input.
+
+Inputs (rows, `--rows`):
+- workload-compact / workload-spaced: performance_benchmark's workload (`DebeziumWorkload`, half the
+  envelopes with the Connect schema block, 4 partitions), compact JSON and the same records with
+  `json.dumps`' usual spaces (", " and ": ");
+- capture-{schemas,plain}-p{1,4}: a real Debezium capture (embedded engine, PostgreSQL;
+  testbed/realistic_capture.py) of one table with numeric(12,2), timestamptz, date, jsonb, uuid, an
+  enum, text[] and a TOASTed text column, `--changes` changes (snapshot and streamed), captured with
+  (`schemas`) and without (`plain`) the Connect schema blocks into topics of one partition, then
+  copied, keyed as captured (murmur2, as Kafka's Java producer), into topics of four;
+- capture-avro-p{1,4}: the same capture as Confluent Avro through a real Apicurio registry. SHORTCUT:
+  the Debezium Avro converter (Confluent's AvroConverter) is not on Maven Central, so the captured
+  Connect records are converted in Python the way it maps Connect schemas (testbed/connect_avro.py).
+
+Per row (`--sections`):
+- steady: the naive pipeline (`perf_naive.py` for the workload rows, `realistic_naive.py` for the
+  captures) and `cdc-lakehouse run --until-idle` with the service defaults on the same topic; events/s
+  of the naive pipeline, steady events/s of the service (batches 2..N, performance_benchmark's
+  definition), their ratio, the row's service rate against the best row's; whether the service's
+  table (and the naive one) equals the replay (workload) or `SELECT *` of the source table (captures,
+  values compared after one normalisation of representation, testbed/realistic_capture.py);
+  peak RSS of the service's process tree; the range decode statistics (the `cdc_ranges` counter
+  scraped from the service's /metrics every 0.5 s, last value before exit; the fallback reasons
+  from its log);
+- materializer: `upsert_materialize: force`, `max_offsets_per_trigger` `--materializer-batch`: steady events/s;
+- freshness: the service with a 1 s trigger; the row's records (deletes and tombstones left out: a
+  deleted row image cannot tell which delete it came from) replayed into a fresh topic, the first
+  `--warm-up-events` before it starts, then `--rate` events/s for `--rate-seconds`; p50/p95 event-to-Delta
+  latency (perf_freshness.py: the clock is the revision in each row image's `email`).
+
+    .venv/bin/python bench/realistic_benchmark.py --changes 20000 --rate-seconds 10      # a quick look
+    .venv/bin/python bench/realistic_benchmark.py --json /tmp/realistic.json             # the defaults
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import threading
+import uuid
+from collections import Counter
+from contextlib import ExitStack
+from pathlib import Path
+
+import requests
+import yaml
+from confluent_kafka import Consumer, Producer, TopicPartition
+from deltalake import DeltaTable
+from ingest_benchmark import MAX_RESPONSE_BYTES, TABLE, delete_topic, run_pipeline
+from ingest_benchmark import write_config as ingest_config
+from materializer_benchmark import write_config as variant_config
+from perf_freshness import Service, phase, wait_drained, warm_up
+from perf_naive import run_naive
+from performance_benchmark import (
+    CLI,
+    FIRST_COMMIT_TIMEOUT_S,
+    attempt,
+    check_replay,
+    load,
+    service_figures,
+)
+from realistic_naive import AvroPayloads, json_payload, run_naive_changes
+
+from connectors.kafka.local_broker import LocalBroker, free_port
+from connectors.schema_registry.client import SchemaRegistryClient
+from service.config.settings import DEFAULT_MAX_OFFSETS_PER_TRIGGER
+from service.operations.workload import DebeziumWorkload, Event, create_topics, produce
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `testbed`, `tests`
+
+from testbed.connect_avro import ConnectAvroConverter  # noqa: E402
+from testbed.realistic_capture import CapturedTopics, capture, compare_with_source  # noqa: E402
+
+ROWS = ("workload-compact", "workload-spaced", "capture-schemas-p1", "capture-schemas-p4", "capture-plain-p1",
+        "capture-plain-p4", "capture-avro-p1", "capture-avro-p4")
+SECTIONS = ("steady", "materializer", "freshness")
+_RANGES = re.compile(r'^cdc_ranges_total\{(?=[^}]*decode="(\w+)")[^}]*\} ([0-9.e+]+)$', re.M)
+_FALLBACK = re.compile(r"pipeline bench: (\d+) Kafka range\(s\) decoded record by record, e\.g\. (.*)$", re.M)
+_CLOCK = re.compile(r"\.(\d+)@")
+_SCRAPE_S = 0.5
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command line flags."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated inputs out of {','.join(ROWS)}")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"out of {','.join(SECTIONS)}")
+    parser.add_argument("--changes", type=int, default=300_000, help="changes of the capture; events of the workload")
+    parser.add_argument("--keys", type=int, default=100_000, help="the workload's distinct keys")
+    parser.add_argument("--naive-window", type=int, default=50_000, help="records per MERGE of the naive pipeline")
+    parser.add_argument("--materializer-batch", type=int, default=10_000, help="max_offsets_per_trigger")
+    parser.add_argument("--rate", type=float, default=5_000, help="freshness: steady input events/s")
+    parser.add_argument("--rate-seconds", type=float, default=30, help="freshness: seconds of steady input")
+    parser.add_argument("--warm-up-events", type=int, default=1_000, help="freshness: the small first input")
+    parser.add_argument("--drain-seconds", type=float, default=180, help="freshness: wait for the table at most")
+    parser.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP"),
+                        help="a running broker (default $KAFKA_BOOTSTRAP; else an embedded LocalBroker)")
+    parser.add_argument("--registry", default=os.environ.get("SCHEMA_REGISTRY_URL"),
+                        help="a running Confluent-compatible registry (default: Apicurio started here)")
+    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    args = parser.parse_args(argv)
+    args.row_list = [r.strip() for r in args.rows.split(",") if r.strip()]
+    args.section_list = [s.strip() for s in args.sections.split(",") if s.strip()]
+    if set(args.row_list) - set(ROWS) or set(args.section_list) - set(SECTIONS):
+        parser.error(f"rows out of {ROWS}, sections out of {SECTIONS}")
+    return args
+
+
+# --- the inputs -------------------------------------------------------------------------------
+
+class Input:
+    """One row's topic, how to read it and how to check a table built from it."""
+
+    def __init__(self, name: str, topic: str, partitions: int, records: int, fmt: str = "json",
+                 workload: DebeziumWorkload | None = None, source_rows: list[dict] | None = None) -> None:
+        self.name, self.topic, self.partitions, self.records = name, topic, partitions, records
+        self.format, self.workload, self.source_rows = fmt, workload, source_rows
+        self.bytes_per_record = 0.0
+
+    def check(self, uri: str) -> str | None:
+        """None when the table at `uri` equals the replay / SELECT *; else what differs."""
+        if self.workload is not None:
+            try:
+                check_replay(uri, self.workload)
+                return None
+            except SystemExit as failure:
+                return str(failure)[:300]
+        rows = DeltaTable(uri).to_pyarrow_table().to_pylist()
+        return compare_with_source(rows, self.source_rows)
+
+
+def _consumer(bootstrap: str) -> Consumer:
+    return Consumer({"bootstrap.servers": bootstrap, "group.id": f"realistic-{uuid.uuid4().hex}",
+                     "enable.auto.commit": False, "enable.partition.eof": False,
+                     "receive.message.max.bytes": MAX_RESPONSE_BYTES})
+
+
+def read_topic(bootstrap: str, topic: str, partitions: int, limit: int | None = None):
+    """Every record (partition order kept, partitions one after the other) as confluent Messages."""
+    consumer = _consumer(bootstrap)
+    try:
+        for partition in range(partitions):
+            end = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[1]
+            if limit is not None:
+                end = min(end, limit)
+            if end == 0:
+                continue
+            consumer.assign([TopicPartition(topic, partition, 0)])
+            done = 0
+            while done < end:
+                for message in consumer.consume(10_000, timeout=5.0):
+                    if message.error():
+                        raise SystemExit(f"FAILED: consumer error {message.error()}")
+                    done = message.offset() + 1
+                    yield message
+    finally:
+        consumer.close()
+
+
+def copy_topic(bootstrap: str, source: str, target: str, partitions: int, convert=None) -> tuple[int, int]:
+    """Copy a one-partition topic into `target` keyed as captured (murmur2); (records, value bytes)."""
+    create_topics(bootstrap, [target], partitions)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True,
+                         "partitioner": "murmur2_random", "batch.num.messages": 10_000})
+    count = size = 0
+    for message in read_topic(bootstrap, source, 1):
+        key, value = message.key(), message.value()
+        if convert is not None:
+            key, value = convert(key, value)
+        while True:
+            try:
+                producer.produce(target, value=value, key=key, headers=message.headers())
+                break
+            except BufferError:
+                producer.poll(0.1)
+        count, size = count + 1, size + len(value or b"")
+    if producer.flush(120):
+        raise SystemExit(f"FAILED: records to {target} not acknowledged")
+    return count, size
+
+
+def workload_inputs(args, bootstrap: str, rows: list[str]) -> tuple[dict[str, Input], list[str]]:
+    """The workload's topics: compact and spaced JSON, 4 partitions each."""
+    out, topics = {}, []
+    workload = DebeziumWorkload("unused", 4, schema="mixed", seed=11)
+    events = workload.generate(args.changes, args.keys)
+    for name in rows:
+        topic = f"bench.realistic.{name}.{uuid.uuid4().hex[:8]}"
+        create_topics(bootstrap, [topic], 4)
+        topics.append(topic)
+        spaced = name.endswith("spaced")
+
+        def respell(event: Event, topic: str = topic, spaced: bool = spaced) -> Event:
+            if not spaced:
+                return Event(topic, event.partition, event.key, event.value)
+            value = None if event.value is None else json.dumps(json.loads(event.value)).encode()
+            return Event(topic, event.partition, json.dumps(json.loads(event.key)).encode(), value)
+
+        respelled = [respell(event) for event in events]
+        produced = produce(bootstrap, respelled)
+        found = out[name] = Input(name, topic, 4, produced, workload=workload)
+        found.bytes_per_record = sum(len(e.value or b"") for e in respelled) / produced
+        print(f"{name}: {produced:,} records in {topic}, {found.bytes_per_record:,.0f} B/value", flush=True)
+    return out, topics
+
+
+def capture_inputs(args, bootstrap: str, rows: list[str], tmp: Path, registry: str | None) -> tuple[dict, list, dict]:
+    """The capture's topics (see the module docstring)."""
+    captured: CapturedTopics = capture(bootstrap, args.changes, tmp)
+    topics = [captured.with_schemas, captured.without_schemas]
+    out = {}
+    sources = {"schemas": captured.with_schemas, "plain": captured.without_schemas, "avro": captured.with_schemas}
+    for name in rows:
+        kind, partitions = name.split("-")[1], int(name[-1])
+        topic = f"bench.realistic.{name}.{uuid.uuid4().hex[:8]}"
+        convert = None
+        if kind == "avro":
+            convert = ConnectAvroConverter(SchemaRegistryClient(registry), topic).convert
+        count, size = copy_topic(bootstrap, sources[kind], topic, partitions, convert)
+        topics.append(topic)
+        found = out[name] = Input(name, topic, partitions, count, "avro" if kind == "avro" else "json",
+                                  source_rows=captured.rows)
+        found.bytes_per_record = size / count
+        print(f"{name}: {count:,} records in {topic}, {found.bytes_per_record:,.0f} B/value", flush=True)
+    info = {"records": captured.records, "changes": captured.changes, "live_rows": len(captured.rows),
+            "timings": captured.timings}
+    return out, topics, info
+
+
+# --- the service ------------------------------------------------------------------------------
+
+def configure(path: Path, row: Input, registry: str | None, metrics_port: int | None, **top) -> None:
+    """Set the pipeline's format (and the registry), the metrics port and top-level keys of a config."""
+    config = yaml.safe_load(path.read_text())
+    if row.format == "avro":
+        config["pipelines"][0]["format"] = "avro-confluent"
+        config["schema_registry"] = {"url": registry}
+    if metrics_port:
+        config["metrics_port"] = metrics_port
+    config.update(top)
+    path.write_text(yaml.safe_dump(config))
+
+
+class RangeScraper(threading.Thread):
+    """Reads `cdc_ranges_total` from the service's /metrics every 0.5 s; keeps the last answer."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(daemon=True)
+        self.url, self.ranges, self.stop = f"http://127.0.0.1:{port}/metrics", {}, threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(_SCRAPE_S):
+            try:
+                text = requests.get(self.url, timeout=2).text
+            except requests.RequestException:
+                continue
+            found = {decode: int(float(value)) for decode, value in _RANGES.findall(text)}
+            if found:
+                self.ranges = found
+
+
+def decode_statistics(scraper: RangeScraper, log: Path) -> dict:
+    """Ranges vectorised / record by record (last scrape) and the fallback reasons the log names."""
+    reasons: Counter = Counter()
+    for count, reason in _FALLBACK.findall(log.read_text(errors="replace")):
+        reasons[reason.strip()[:200]] += int(count)
+    return {"vectorised": scraper.ranges.get("vectorised"), "record_by_record": scraper.ranges.get("record_by_record"),
+            "fallback_ranges": sum(reasons.values()), "fallback_reasons": dict(reasons)}
+
+
+def service_run(row: Input, bootstrap: str, registry: str | None, workdir: Path, variant: dict | None = None,
+                max_offsets: int | None = None) -> dict:
+    """`cdc-lakehouse run --until-idle` on the row's topic; figures, decode statistics, table check."""
+    workdir.mkdir()
+    if variant is None:
+        config = ingest_config(workdir, bootstrap, row.topic, max_offsets)
+    else:
+        config = variant_config(workdir, bootstrap, row.topic, variant, max_offsets)
+    port = free_port()
+    configure(config, row, registry, port)
+    scraper = RangeScraper(port)
+    scraper.start()
+    try:
+        run = run_pipeline(config, workdir / "pipeline.log")
+    finally:
+        scraper.stop.set()
+    figures = service_figures(run, row.records, min(row.records, max_offsets or DEFAULT_MAX_OFFSETS_PER_TRIGGER))
+    figures["decode"] = decode_statistics(scraper, workdir / "pipeline.log")
+    figures["table_differs"] = row.check(str(workdir / "tables" / TABLE))
+    print(f"  {row.name} service{' ' + str(variant) if variant else ''}: {figures['steady_rate']:,.0f} steady "
+          f"events/s ({figures['batches']} batches), table {'= source' if not figures['table_differs'] else 'DIFFERS: ' + figures['table_differs']}; "
+          f"decode {figures['decode']}", flush=True)
+    return figures
+
+
+def naive_run(row: Input, bootstrap: str, registry: str | None, tmp: Path, window: int) -> dict:
+    """The naive pipeline on the row's topic; its rate and its table's check."""
+    uri = str(tmp / f"naive-{uuid.uuid4().hex[:8]}")
+    if row.workload is not None:
+        figures = run_naive(bootstrap, row.topic, row.partitions, uri, window)
+    else:
+        decode = AvroPayloads(registry) if row.format == "avro" else json_payload
+        figures = run_naive_changes(bootstrap, row.topic, row.partitions, uri, decode, window)
+    figures["rate"] = figures["records"] / figures["seconds"]
+    figures["table_differs"] = row.check(uri)
+    print(f"  {row.name} naive: {figures['rate']:,.0f} events/s, table "
+          f"{'= source' if not figures['table_differs'] else 'DIFFERS: ' + figures['table_differs']}", flush=True)
+    return figures
+
+
+# --- freshness --------------------------------------------------------------------------------
+
+class Replay:
+    """The row's records (deletes and tombstones left out) as perf_freshness's stream: `events(n)` hands
+    out the next n as (Event, key, clock) and `workload.table` is what the table must then hold."""
+
+    def __init__(self, row: Input, bootstrap: str, registry: str | None, topic: str, count: int) -> None:
+        decode = AvroPayloads(registry) if row.format == "avro" else json_payload
+        self.items: list[tuple[Event, int, int]] = []
+        self.emails: list[str] = []
+        self.table: dict[int, dict] = {}
+        self.workload = self
+        for message in read_topic(bootstrap, row.topic, row.partitions):
+            if message.value() is None:
+                continue
+            payload = decode(message.value())
+            if payload["op"] == "d":
+                continue
+            after = payload["after"]
+            self.items.append((Event(topic, message.partition(), message.key(), message.value()), after["id"],
+                               int(_CLOCK.search(after["email"]).group(1))))
+            self.emails.append(after["email"])
+            if len(self.items) >= count:
+                break
+        self.handed = 0
+
+    def events(self, count: int) -> list[tuple[Event, int, int]]:
+        """The next `count` records; the expected table follows them."""
+        out = self.items[self.handed:self.handed + count]
+        for (_, key, _), email in zip(out, self.emails[self.handed:self.handed + count]):
+            self.table[key] = {"email": email}
+        self.handed += len(out)
+        return out
+
+
+def freshness_run(args, row: Input, bootstrap: str, registry: str | None, tmp: Path) -> dict:
+    """The service (1 s trigger) while the row's records are replayed at `--rate` events/s."""
+    topic = f"bench.realistic.fresh.{uuid.uuid4().hex[:8]}"
+    workdir = tmp / f"fresh-{uuid.uuid4().hex[:8]}"
+    workdir.mkdir()
+    config = ingest_config(workdir, bootstrap, topic, None)
+    configure(config, row, registry, None, trigger_interval_seconds=1)
+    stream = Replay(row, bootstrap, registry, topic, args.warm_up_events + int(args.rate * args.rate_seconds))
+    create_topics(bootstrap, [topic], row.partitions)
+    service = Service(CLI, config, workdir / "service.log")
+    uri = str(workdir / "tables" / TABLE)
+    try:
+        warm_up(bootstrap, stream, args.warm_up_events)
+        service.start()
+        first = service.first_commit(FIRST_COMMIT_TIMEOUT_S)
+        if not wait_drained(uri, stream, service, args.drain_seconds):
+            raise SystemExit("FAILED: the small first input never reached Delta")
+        figures = phase(bootstrap, uri, stream, service, args.rate, args.rate_seconds, args.drain_seconds)
+        figures.update(first_commit_s=first, rss_mib=service.peak_rss_mib)
+    finally:
+        service.stop()
+        delete_topic(bootstrap, topic)
+    print(f"  {row.name} freshness: {figures}", flush=True)
+    return figures
+
+
+# --- the table --------------------------------------------------------------------------------
+
+def _rate(value) -> str:
+    return f"{value:,.0f}" if value else "-"
+
+
+def _check(figures: dict) -> str:
+    if "table_differs" not in figures:
+        return "-"
+    return "yes" if figures["table_differs"] is None else "**NO**: " + figures["table_differs"][:120]
+
+
+def table_lines(results: dict) -> list[str]:
+    """The one Markdown table, then the decode statistics' fallback reasons per row."""
+    rows = results["rows"]
+    best = max((r.get("service", {}).get("steady_rate", 0) for r in rows.values()), default=0)
+    lines = ["| input | records | B/value | naive ev/s | service steady ev/s | service/naive | vs best row | "
+             "service table = source | naive table = source | materializer steady ev/s | freshness p95 (p50) | "
+             "service peak RSS | ranges vectorised / record by record |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    notes = []
+    for name, row in rows.items():
+        naive, service = row.get("naive", {}), row.get("service", {})
+        mat, fresh = row.get("materializer", {}), row.get("freshness", {})
+        steady = service.get("steady_rate")
+        ratio = f"x{steady / naive['rate']:.2f}" if steady and naive.get("rate") else "-"
+        versus = f"x{steady / best:.2f}" if steady and best else "-"
+        if "failed" in fresh:
+            freshness = "FAILED"
+        elif fresh:
+            freshness = (f"{fresh['p95']:.1f} s ({fresh['p50']:.1f} s)" if fresh.get("drained")
+                         else "did not catch up")
+        else:
+            freshness = "-"
+        decode = service.get("decode", {})
+        ranges = (f"{decode.get('vectorised')} / {decode.get('record_by_record')}" if decode else "-")
+        for part in ("naive", "service", "materializer", "freshness"):
+            if "failed" in row.get(part, {}):
+                notes.append(f"- {name} {part}: FAILED {row[part]['failed']}")
+        for reason, count in decode.get("fallback_reasons", {}).items():
+            notes.append(f"- {name}: {count} range(s) record by record: {reason}")
+        lines.append(f"| {name} | {row.get('records', 0):,} | {row.get('bytes_per_record', 0):,.0f} | "
+                     f"{_rate(naive.get('rate'))} | {_rate(steady)} ({service.get('batches', '-')} batches) | "
+                     f"{ratio} | {versus} | {_check(service)} | {_check(naive)} | "
+                     f"{_rate(mat.get('steady_rate'))} | {freshness} | "
+                     f"{_rate(service.get('rss_mib'))} MiB | {ranges} |")
+    return lines + ([""] + notes if notes else [])
+
+
+def save(results: dict, path: str | None) -> None:
+    """Write the figures so far."""
+    if path:
+        Path(path).write_text(json.dumps(results, indent=2, default=str))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Build the inputs, run every section on every row, print the table."""
+    args = parse_args(argv)
+    results: dict = {"load_start": load(), "args": {k: v for k, v in vars(args).items()}, "rows": {}}
+    print(f"load at start: {results['load_start']['uptime']}", flush=True)
+    workload_rows = [r for r in args.row_list if r.startswith("workload")]
+    capture_rows = [r for r in args.row_list if r.startswith("capture")]
+    topics: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="cdc-realistic-") as name, ExitStack() as stack:
+        tmp = Path(name)
+        bootstrap = args.bootstrap or stack.enter_context(LocalBroker(tmp / "broker")).bootstrap_servers
+        registry = args.registry
+        if registry is None and any("avro" in r for r in capture_rows):
+            from tests.support.registry.apicurio import ApicurioRegistry
+
+            registry = stack.enter_context(ApicurioRegistry(tmp / "apicurio")).url
+        try:
+            inputs: dict[str, Input] = {}
+            if workload_rows:
+                found, made = workload_inputs(args, bootstrap, workload_rows)
+                inputs.update(found)
+                topics += made
+            if capture_rows:
+                found, made, info = capture_inputs(args, bootstrap, capture_rows, tmp, registry)
+                inputs.update(found)
+                topics += made
+                results["capture"] = info
+            for row_name in args.row_list:
+                row = inputs[row_name]
+                out = results["rows"][row_name] = {"records": row.records, "bytes_per_record": row.bytes_per_record,
+                                                   "topic": row.topic}
+                print(f"{row_name}:", flush=True)
+                if "steady" in args.section_list:
+                    attempt(out, "naive", lambda: naive_run(row, bootstrap, registry, tmp, args.naive_window))
+                    attempt(out, "service", lambda: service_run(row, bootstrap, registry, tmp / uuid.uuid4().hex[:8]))
+                if "materializer" in args.section_list:
+                    attempt(out, "materializer", lambda: service_run(
+                        row, bootstrap, registry, tmp / uuid.uuid4().hex[:8], {"upsert_materialize": "force"},
+                        args.materializer_batch))
+                if "freshness" in args.section_list:
+                    attempt(out, "freshness", lambda: freshness_run(args, row, bootstrap, registry, tmp))
+                save(results, args.json)
+        finally:
+            for topic in topics:
+                try:
+                    delete_topic(bootstrap, topic)
+                except Exception as error:  # noqa: BLE001 - report and go on deleting
+                    print(f"WARNING: could not delete {topic}: {error}", file=sys.stderr)
+    results["load_end"] = load()
+    save(results, args.json)
+    print(f"\nload at start: {results['load_start']['uptime']}")
+    print(f"load at end:   {results['load_end']['uptime']}\n")
+    if "capture" in results:
+        print(f"capture: {results['capture']}\n")
+    print("\n".join(table_lines(results)))
+
+
+if __name__ == "__main__":
+    main()
