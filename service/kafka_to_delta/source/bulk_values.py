@@ -1,0 +1,431 @@
+"""Debezium / Kafka Connect JSON values, as `pyarrow.json` parsed a whole column, -> typed Arrow columns.
+
+The vectorised twin of `connectors.delta.arrow_types.typed_column` for the plain path's fast way
+(`debezium_columns`): `parse_type` says what Arrow type to parse a declared column as, and
+`bulk_column` turns the parsed column into the declared type with numpy and `pyarrow.compute`
+over the whole column (base64 bytes and decimals, epoch-coded and ISO text timestamps, ranges of
+integers), instead of one Python call per value.
+
+It never guesses: a value it cannot convert exactly as the reference would is a *misfit* (typed
+as null, flagged in a mask), and the caller decodes that record the reference way, which decides
+errors and policies. A misfit is not an error; it only costs speed. So the rules below are a
+subset of what the reference accepts, never a superset:
+
+- integers: out of the type's range (`row_fit.INT_RANGES`) -> misfit;
+- floats: an infinite value (an integer literal too large for a float, which the reference
+  refuses) -> misfit;
+- text: bytes that are not UTF-8 -> misfit;
+- base64 (bytes, decimals): only canonical base64 (groups of four alphabet characters, `=` padding
+  in the last group only, zero unused bits) is decoded; a decimal with more bytes than its Arrow
+  type (16, or 32 past precision 38), more digits than its precision, or a scale outside
+  0..precision -> misfit;
+- ISO text (ZonedTimestamp, and dates and naive timestamps written as text): only
+  `YYYY-MM-DDTHH:MM:SS[.fraction][Z|+HH:MM|-HH:MM]` with a valid calendar date (year 1 on),
+  hour, minute and second (no leap second), and an offset under 24 hours, and `YYYY-MM-DD` for
+  dates; anything else -> misfit;
+- a column parsed as a type the declared one does not convert from -> every value a misfit.
+Nulls stay null and are never misfits.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from connectors.delta.arrow_types import (
+    MAX_DECIMAL128_PRECISION,
+    TypeName,
+    arrow_type,
+)
+from service.kafka_to_delta.formats.row_fit import INT_RANGES
+
+_EPOCH_CODED = (TypeName.DATE32, TypeName.TIMESTAMP_MS, TypeName.TIMESTAMP_US, TypeName.TIMESTAMP_NS)
+_ISO_TEXT = (TypeName.TIMESTAMP_US_UTC,)
+_US_PER_MS = 1_000
+_STORAGE = {TypeName.INT8: np.int8, TypeName.INT16: np.int16, TypeName.INT32: np.int32, TypeName.DATE32: np.int32}
+_NS_PER_US = 1_000
+_US_PER_SECOND = 1_000_000
+_US_PER_DAY = 86_400 * _US_PER_SECOND
+_FRACTION_DIGITS = 6  # the reference cuts fractions to microseconds
+_COMPACT = (",", ":")
+
+_BASE64_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+_BAD_CHARACTER, _PAD = 255, 64
+_BASE64_CODES = np.full(256, _BAD_CHARACTER, np.uint8)
+_BASE64_CODES[np.frombuffer(_BASE64_ALPHABET, np.uint8)] = np.arange(64, dtype=np.uint8)
+_BASE64_CODES[ord("=")] = _PAD
+
+_DATE_TIME = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})?$"
+_DATE = r"^\d{4}-\d{2}-\d{2}$"
+_DATE_TIME_LENGTH = 19  # YYYY-MM-DDTHH:MM:SS
+_OFFSET_LENGTH = 6  # +HH:MM
+_DAYS_IN_MONTH = np.array([0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31], np.int64)
+
+
+def parse_type(type_name: str, nested: bool = False) -> pa.DataType | None:
+    """The Arrow type `pyarrow.json` should parse a declared column of this type as (explicit schema);
+    None: let `pyarrow.json` infer it (a text column holding nested values, which `json_text` turns
+    into the reference's JSON text). Raises `ValueError` for an unknown type name.
+
+    Debezium's encodings: integers, floats and booleans as JSON numbers and literals; bytes and
+    decimals as base64 text; dates and Timestamp / MicroTimestamp / NanoTimestamp as epoch numbers;
+    ZonedTimestamp as ISO text. A range holding another encoding (an epoch number for a
+    ZonedTimestamp) makes `pyarrow.json` refuse the parse, and the caller falls back whole.
+    """
+    target = arrow_type(type_name)
+    if type_name in TypeName.INTEGERS or type_name in _EPOCH_CODED:
+        return pa.int64()
+    if type_name in TypeName.FLOATS:
+        return pa.float64()
+    if type_name == TypeName.BOOL:
+        return pa.bool_()
+    if type_name == TypeName.STRING:
+        return None if nested else pa.string()
+    if type_name == TypeName.BINARY or type_name in _ISO_TEXT or pa.types.is_decimal(target):
+        return pa.string()
+    raise ValueError(f"no parse type for column type {type_name!r}")  # pragma: no cover - every name is above
+
+
+def bulk_column(values: pa.Array | pa.ChunkedArray, type_name: str) -> tuple[pa.Array, np.ndarray]:
+    """One column as `pyarrow.json` parsed it -> (typed array of `arrow_type(type_name)`, misfit mask).
+
+    Where the mask is False the typed value equals `typed_column(name, type_name, [the JSON
+    value])`; where it is True the typed value is null and the caller decodes that record the
+    reference way. Vectorised throughout, except text columns with invalid UTF-8 (located value
+    by value, once the whole column failed validation) and text columns parsed as nested values
+    (`json_text`).
+    """
+    column = _one_array(values)
+    target = arrow_type(type_name)
+    if pa.types.is_null(column.type):
+        return pa.nulls(len(column), target), np.zeros(len(column), np.bool_)
+    if type_name == TypeName.STRING:
+        if pa.types.is_string(column.type):
+            return _text(column)
+        return json_text(column)
+    if pa.types.is_integer(column.type) and (type_name in INT_RANGES):
+        return _from_integers(column, type_name, target)
+    if pa.types.is_floating(target) and (pa.types.is_floating(column.type) or pa.types.is_integer(column.type)):
+        return _floats(column, target)
+    if type_name == TypeName.BOOL and pa.types.is_boolean(column.type):
+        return column, np.zeros(len(column), np.bool_)
+    if pa.types.is_string(column.type):
+        if type_name == TypeName.BINARY:
+            return _binary(column)
+        if pa.types.is_decimal(target):
+            return _decimal(column, target)
+        if type_name == TypeName.DATE32:
+            return _iso_dates(column)
+        if type_name in _EPOCH_CODED or type_name in _ISO_TEXT:
+            return _iso_timestamps(column, target, zoned=type_name in _ISO_TEXT)
+    return pa.nulls(len(column), target), _valid(column)
+
+
+def json_text(values: pa.Array | pa.ChunkedArray, fixed_key_order: bool = False) -> tuple[pa.Array, np.ndarray]:
+    """A text column's values as `pyarrow.json` inferred them (struct, list, scalar) -> the
+    reference's text (`_text`: a string as it is, anything else as compact JSON), with a misfit mask.
+
+    Strings, integers and booleans at the top are converted vectorised. Anything else costs one
+    Python `to_pylist` and one `json.dumps` per value (about a microsecond per small value, 10 to
+    50 times the vectorised cost): such columns (Connect struct / array / map values,
+    VariableScaleDecimal, Geometry) are rare.
+
+    Arrow's inference loses what the reference keeps, so these are misfits: a value holding a
+    timestamp (text Arrow took for a time) or an integral float (Arrow may have widened an integer
+    that the reference writes without `.0`), or an infinite one; and, unless `fixed_key_order`, an
+    object with two or more keys (Arrow orders an object's keys by their first appearance in the
+    column, the reference as each value wrote them) or with a null field (Arrow cannot tell a
+    missing key from a null one). `fixed_key_order=True` is the caller's word that every object
+    of the column is written with all its keys, in one order (a Kafka Connect struct in its
+    schema's field order).
+    """
+    column = _one_array(values)
+    kind = column.type
+    if pa.types.is_null(kind):
+        return pa.nulls(len(column), pa.string()), np.zeros(len(column), np.bool_)
+    if pa.types.is_string(kind):
+        return _text(column)
+    if pa.types.is_integer(kind):
+        return pc.cast(column, pa.string()), np.zeros(len(column), np.bool_)
+    if pa.types.is_boolean(kind):
+        return pc.if_else(column, "true", "false"), np.zeros(len(column), np.bool_)
+    texts: list[str | None] = []
+    misfit = np.zeros(len(column), np.bool_)
+    for position, value in enumerate(column.to_pylist()):
+        if value is not None and not _vouched(value, kind, fixed_key_order):
+            misfit[position] = True
+            value = None
+        texts.append(None if value is None else json.dumps(value, separators=_COMPACT))
+    return pa.array(texts, pa.string()), misfit
+
+
+def _vouched(value: Any, kind: pa.DataType, fixed_key_order: bool) -> bool:
+    """Whether `json.dumps` of the Python value Arrow gives is the reference's text of the value."""
+    if value is None:
+        return True
+    if pa.types.is_struct(kind):
+        fields = list(kind)
+        if not fixed_key_order and (len(fields) > 1 or any(value[f.name] is None for f in fields)):
+            return False
+        return all(_vouched(value[f.name], f.type, fixed_key_order) for f in fields)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return all(_vouched(item, kind.value_type, fixed_key_order) for item in value)
+    if pa.types.is_floating(kind):
+        return bool(np.isfinite(value)) and not float(value).is_integer()
+    return pa.types.is_integer(kind) or pa.types.is_boolean(kind) or pa.types.is_string(kind)
+
+
+def _one_array(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    if isinstance(values, pa.ChunkedArray):
+        return values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
+    return values
+
+
+def _valid(column: pa.Array) -> np.ndarray:
+    """The non-null positions, as a numpy mask."""
+    if column.null_count == 0:
+        return np.ones(len(column), np.bool_)
+    return column.is_valid().to_numpy(zero_copy_only=False)
+
+
+def _with_nulls(column: pa.Array, misfit: np.ndarray) -> pa.Array:
+    """`column` with the misfit positions null."""
+    if not misfit.any():
+        return column
+    return pc.if_else(pa.array(misfit), pa.scalar(None, column.type), column)
+
+
+def _validity(mask: np.ndarray) -> pa.Buffer | None:
+    """An Arrow validity bitmap of a numpy mask (None when all are valid)."""
+    if mask.all():
+        return None
+    return pa.py_buffer(np.packbits(mask, bitorder="little"))
+
+
+def _text(column: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """Text as it is; values that are not UTF-8 (raw bytes `pyarrow.json` let through) are misfits."""
+    try:
+        column.validate(full=True)
+        return column, np.zeros(len(column), np.bool_)
+    except pa.ArrowInvalid:
+        pass
+    raw = column.cast(pa.binary()).to_pylist()  # rare: locate the bad values one by one
+    misfit = np.array([value is not None and not _is_utf8(value) for value in raw], np.bool_)
+    fixed = pa.array([None if bad or value is None else value.decode() for bad, value in zip(misfit, raw)],
+                     pa.string())
+    return fixed, misfit
+
+
+def _is_utf8(value: bytes) -> bool:
+    try:
+        value.decode()
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def _from_integers(column: pa.Array, type_name: str, target: pa.DataType) -> tuple[pa.Array, np.ndarray]:
+    """Integers and epoch-coded dates / timestamps: out of the type's range -> misfit."""
+    low, high = INT_RANGES[type_name]
+    numbers = pc.fill_null(pc.cast(column, pa.int64()), 0).to_numpy()
+    misfit = _valid(column) & ((numbers < low) | (numbers > high))
+    numbers = np.where(misfit, 0, numbers)
+    if type_name == TypeName.TIMESTAMP_MS:
+        numbers = numbers * _US_PER_MS  # in range: no overflow
+    elif type_name == TypeName.TIMESTAMP_NS:
+        numbers = numbers // _NS_PER_US  # floor, as Python's `//`
+    valid = _valid(column) & ~misfit
+    storage = numbers.astype(_STORAGE.get(type_name, np.int64))
+    return pa.Array.from_buffers(target, len(column), [_validity(valid), pa.py_buffer(storage)]), misfit
+
+
+def _floats(column: pa.Array, target: pa.DataType) -> tuple[pa.Array, np.ndarray]:
+    """Floats (and integers, as Python's `float()`): an infinite value -> misfit (JSON has none: it
+    was an integer literal too large for a float, which the reference refuses)."""
+    doubles = pc.cast(column, pa.float64(), safe=False)
+    misfit = _valid(column) & np.isinf(pc.fill_null(doubles, 0.0).to_numpy())
+    return pc.cast(_with_nulls(doubles, misfit), target, safe=False), misfit
+
+
+def _string_buffers(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets as int64, n + 1 of them, into the data; the data bytes) of a string array."""
+    buffers = column.buffers()
+    offsets = np.frombuffer(buffers[1], np.int32)[column.offset:column.offset + len(column) + 1].astype(np.int64)
+    data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
+    return offsets, data
+
+
+def _decode_base64(column: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Canonical base64 text -> (fits mask, decoded lengths, decoded bytes of the fitting values,
+    concatenated), for the whole column at once: the values whose length is a multiple of four
+    are taken together, so their concatenated text decodes in groups of four characters."""
+    size = len(column)
+    valid = _valid(column)
+    offsets, _ = _string_buffers(column)
+    candidates = np.flatnonzero(valid & (np.diff(offsets) % 4 == 0))
+    chosen = column.take(pa.array(candidates, pa.int64())) if len(candidates) != size else column
+    offsets, data = _string_buffers(chosen)
+    groups_per_value = np.diff(offsets) // 4
+    codes = _BASE64_CODES[data[offsets[0]:offsets[-1]]].reshape(-1, 4)
+    value_of_group = np.repeat(np.arange(len(candidates)), groups_per_value)
+    pad = codes == _PAD
+    pads = pad.sum(axis=1)
+    last = np.zeros(len(codes), np.bool_)
+    last[np.cumsum(groups_per_value)[groups_per_value > 0] - 1] = True
+    padded_right = np.where(pads == 1, pad[:, 3], pad[:, 2] & pad[:, 3])
+    canonical = np.where(pads == 1, codes[:, 2] & 0b11 == 0, codes[:, 1] & 0b1111 == 0)
+    bad = (codes == _BAD_CHARACTER).any(axis=1) | ((pads > 0) & ~(last & (pads <= 2) & padded_right & canonical))
+    fits_chosen = np.bincount(value_of_group[bad], minlength=len(candidates)) == 0
+    digits = np.where(pad, 0, codes).astype(np.uint32)
+    triples = (digits[:, 0] << 18) | (digits[:, 1] << 12) | (digits[:, 2] << 6) | digits[:, 3]
+    decoded = np.stack([triples >> 16, (triples >> 8) & 0xFF, triples & 0xFF], axis=1).astype(np.uint8)
+    keep = np.stack([np.ones(len(codes), np.bool_), pads < 2, pads < 1], axis=1) & fits_chosen[value_of_group][:, None]
+    lengths_chosen = np.where(fits_chosen, 3 * groups_per_value - np.bincount(
+        value_of_group, weights=pads, minlength=len(candidates)).astype(np.int64), 0)
+    fits = np.zeros(size, np.bool_)
+    fits[candidates] = fits_chosen
+    lengths = np.zeros(size, np.int64)
+    lengths[candidates] = lengths_chosen
+    return fits, lengths, decoded.reshape(-1)[keep.reshape(-1)]
+
+
+def _binary(column: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """Base64 text -> bytes (`b64decode(validate=True)`), non-canonical base64 a misfit."""
+    fits, lengths, data = _decode_base64(column)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    array = pa.Array.from_buffers(pa.binary(), len(column), [_validity(fits), pa.py_buffer(offsets),
+                                                             pa.py_buffer(data)])
+    return array, _valid(column) & ~fits
+
+
+def _decimal(column: pa.Array, target: pa.DataType) -> tuple[pa.Array, np.ndarray]:
+    """Base64 of a big-endian two's-complement unscaled integer -> decimal: the bytes are laid out
+    little-endian in 16 (32) bytes per value with sign extension, then held to the precision."""
+    size = len(column)
+    valid = _valid(column)
+    if not 0 <= target.scale <= target.precision:  # Arrow's precision rules differ there
+        return pa.nulls(size, target), valid
+    wide = target.precision > MAX_DECIMAL128_PRECISION
+    width = 32 if wide else 16
+    fits, lengths, data = _decode_base64(column)
+    short = fits & (lengths <= width)
+    data = data[short[np.repeat(np.arange(size), lengths)]]
+    fits, lengths = short, np.where(short, lengths, 0)
+    starts = np.cumsum(lengths) - lengths
+    negative = np.zeros(size, np.bool_)
+    has_bytes = lengths > 0
+    negative[has_bytes] = data[starts[has_bytes]] >= 0x80
+    storage = np.repeat(np.where(negative, np.uint8(0xFF), np.uint8(0)), width)
+    ends = np.repeat(starts + lengths - 1, lengths)  # each byte's value's last byte
+    storage[np.repeat(np.arange(size) * width, lengths) + ends - np.arange(len(data))] = data
+    whole = pa.decimal256(76, 0) if wide else pa.decimal128(38, 0)
+    unscaled = pa.Array.from_buffers(whole, size, [None, pa.py_buffer(storage)])
+    bound = 10 ** target.precision - 1
+    in_precision = pc.and_(pc.greater_equal(unscaled, _unscaled(-bound, whole, width)),
+                           pc.less_equal(unscaled, _unscaled(bound, whole, width)))
+    fits &= in_precision.to_numpy(zero_copy_only=False)
+    storage.reshape(size, width)[~fits] = 0
+    array = pa.Array.from_buffers(target, size, [_validity(fits), pa.py_buffer(storage)])
+    return array, valid & ~fits
+
+
+def _unscaled(number: int, whole: pa.DataType, width: int) -> pa.Scalar:
+    """A scale-0 decimal scalar from its bytes (`pa.scalar` cannot make 38-digit ones)."""
+    raw = pa.py_buffer(number.to_bytes(width, "little", signed=True))
+    return pa.Array.from_buffers(whole, 1, [None, raw])[0]
+
+
+def _iso_dates(column: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """`YYYY-MM-DD` text -> date32 (`date.fromisoformat`)."""
+    matched = _matching(column, _DATE)
+    chosen = column.filter(pa.array(matched))
+    offsets, data = _string_buffers(chosen)
+    year, month, day, ok = _calendar(data, offsets[:-1])
+    days = np.zeros(len(column), np.int64)
+    days[matched] = np.where(ok, _days_from_civil(year, month, day), 0)
+    fits = np.zeros(len(column), np.bool_)
+    fits[matched] = ok
+    array = pa.Array.from_buffers(pa.date32(), len(column), [_validity(fits), pa.py_buffer(days.astype(np.int32))])
+    return array, _valid(column) & ~fits
+
+
+def _iso_timestamps(column: pa.Array, target: pa.DataType, zoned: bool) -> tuple[pa.Array, np.ndarray]:
+    """ISO date-time text -> microseconds: the fraction cut (not rounded) to six digits; an offset
+    converted to UTC when `zoned` (ZonedTimestamp), else dropped (`replace(tzinfo=None)`); no
+    offset is UTC. As `arrow_types._parse_iso` and `_epoch_us` do."""
+    matched = _matching(column, _DATE_TIME)
+    chosen = column.filter(pa.array(matched))
+    offsets, data = _string_buffers(chosen)
+    starts, lengths = offsets[:-1], np.diff(offsets)
+    year, month, day, ok = _calendar(data, starts)
+    hour, minute, second = (_number(data, starts + at, 2) for at in (11, 14, 17))
+    ok &= (hour <= 23) & (minute <= 59) & (second <= 59)
+    last = data[np.maximum(starts + lengths - 1, 0)] if len(data) else np.zeros(len(starts), np.uint8)
+    sign_at = np.maximum(starts + lengths - _OFFSET_LENGTH, 0)
+    signed = (lengths >= _DATE_TIME_LENGTH + _OFFSET_LENGTH) & (
+        (_byte(data, sign_at) == ord("+")) | (_byte(data, sign_at) == ord("-")))
+    zone_length = np.where(last == ord("Z"), 1, np.where(signed, _OFFSET_LENGTH, 0))
+    fraction_length = np.maximum(lengths - zone_length - _DATE_TIME_LENGTH - 1, 0)
+    fraction = np.zeros(len(starts), np.int64)
+    for digit in range(_FRACTION_DIGITS):
+        present = digit < fraction_length
+        value = _byte(data, starts + _DATE_TIME_LENGTH + 1 + digit).astype(np.int64) - ord("0")
+        fraction = fraction * 10 + np.where(present, value, 0)
+    micros = (_days_from_civil(year, month, day) * _US_PER_DAY
+              + ((hour * 60 + minute) * 60 + second) * _US_PER_SECOND + fraction)
+    offset_hours = _number(data, sign_at + 1, 2)
+    offset_minutes = _number(data, sign_at + 4, 2)
+    ok &= ~signed | ((offset_hours <= 23) & (offset_minutes <= 59))  # Python parses even a dropped offset
+    if zoned:
+        direction = np.where(_byte(data, sign_at) == ord("-"), -1, 1)
+        micros -= np.where(signed, direction * (offset_hours * 60 + offset_minutes) * 60 * _US_PER_SECOND, 0)
+    values = np.zeros(len(column), np.int64)
+    values[matched] = np.where(ok, micros, 0)
+    fits = np.zeros(len(column), np.bool_)
+    fits[matched] = ok
+    return pa.Array.from_buffers(target, len(column), [_validity(fits), pa.py_buffer(values)]), _valid(column) & ~fits
+
+
+def _matching(column: pa.Array, pattern: str) -> np.ndarray:
+    """The values matching a regular expression (ASCII digits only), as a numpy mask."""
+    matches = pc.match_substring_regex(column, pattern)
+    return pc.fill_null(matches, False).to_numpy(zero_copy_only=False)
+
+
+def _byte(data: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The data bytes at the positions (0 past the end: callers mask those)."""
+    if not len(data):
+        return np.zeros(len(at), np.uint8)
+    return np.where(at < len(data), data[np.minimum(at, len(data) - 1)], 0)
+
+
+def _number(data: np.ndarray, at: np.ndarray, digits: int) -> np.ndarray:
+    """The decimal number written with `digits` ASCII digits from each position."""
+    number = np.zeros(len(at), np.int64)
+    for digit in range(digits):
+        number = number * 10 + _byte(data, at + digit).astype(np.int64) - ord("0")
+    return number
+
+
+def _calendar(data: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(year, month, day, valid date?) of `YYYY-MM-DD` at each position; year 0 is not one (Python's
+    dates start at year 1)."""
+    year, month, day = _number(data, starts, 4), _number(data, starts + 5, 2), _number(data, starts + 8, 2)
+    leap = (year % 4 == 0) & ((year % 100 != 0) | (year % 400 == 0))
+    month_ok = (month >= 1) & (month <= 12)
+    days_in_month = _DAYS_IN_MONTH[np.where(month_ok, month, 0)] + (leap & (month == 2))
+    return year, month, day, (year >= 1) & month_ok & (day >= 1) & (day <= days_in_month)
+
+
+def _days_from_civil(year: np.ndarray, month: np.ndarray, day: np.ndarray) -> np.ndarray:
+    """Days since 1970-01-01 of proleptic Gregorian dates (H. Hinnant's `days_from_civil`)."""
+    year = year - (month <= 2)
+    era = np.floor_divide(year, 400)
+    year_of_era = year - era * 400
+    day_of_year = (153 * np.where(month > 2, month - 3, month + 9) + 2) // 5 + day - 1
+    day_of_era = year_of_era * 365 + year_of_era // 4 - year_of_era // 100 + day_of_year
+    return era * 146_097 + day_of_era - 719_468
