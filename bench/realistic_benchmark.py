@@ -47,6 +47,7 @@ from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
 
+import pyarrow as pa
 import requests
 import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -134,6 +135,11 @@ class Input:
         rows = DeltaTable(uri).to_pyarrow_table().to_pylist()
         return compare_with_source(rows, self.source_rows)
 
+    @staticmethod
+    def column_types(uri: str) -> dict[str, str]:
+        """The Delta table's Arrow column types."""
+        return {field.name: str(field.type) for field in pa.schema(DeltaTable(uri).schema().to_arrow())}
+
 
 def _consumer(bootstrap: str) -> Consumer:
     return Consumer({"bootstrap.servers": bootstrap, "group.id": f"realistic-{uuid.uuid4().hex}",
@@ -185,9 +191,9 @@ def copy_topic(bootstrap: str, source: str, target: str, partitions: int, conver
     return count, size
 
 
-def workload_inputs(args, bootstrap: str, rows: list[str]) -> tuple[dict[str, Input], list[str]]:
-    """The workload's topics: compact and spaced JSON, 4 partitions each."""
-    out, topics = {}, []
+def workload_inputs(args, bootstrap: str, rows: list[str], topics: list[str]) -> dict[str, Input]:
+    """The workload's topics: compact and spaced JSON, 4 partitions each (added to `topics`)."""
+    out = {}
     workload = DebeziumWorkload("unused", 4, schema="mixed", seed=11)
     events = workload.generate(args.changes, args.keys)
     for name in rows:
@@ -207,13 +213,14 @@ def workload_inputs(args, bootstrap: str, rows: list[str]) -> tuple[dict[str, In
         found = out[name] = Input(name, topic, 4, produced, workload=workload)
         found.bytes_per_record = sum(len(e.value or b"") for e in respelled) / produced
         print(f"{name}: {produced:,} records in {topic}, {found.bytes_per_record:,.0f} B/value", flush=True)
-    return out, topics
+    return out
 
 
-def capture_inputs(args, bootstrap: str, rows: list[str], tmp: Path, registry: str | None) -> tuple[dict, list, dict]:
-    """The capture's topics (see the module docstring)."""
+def capture_inputs(args, bootstrap: str, rows: list[str], tmp: Path, registry: str | None,
+                   topics: list[str]) -> tuple[dict, dict]:
+    """The capture's topics (see the module docstring); each topic made is added to `topics`."""
     captured: CapturedTopics = capture(bootstrap, args.changes, tmp)
-    topics = [captured.with_schemas, captured.without_schemas]
+    topics += [captured.with_schemas, captured.without_schemas]
     out = {}
     sources = {"schemas": captured.with_schemas, "plain": captured.without_schemas, "avro": captured.with_schemas}
     for name in rows:
@@ -222,15 +229,15 @@ def capture_inputs(args, bootstrap: str, rows: list[str], tmp: Path, registry: s
         convert = None
         if kind == "avro":
             convert = ConnectAvroConverter(SchemaRegistryClient(registry), topic).convert
-        count, size = copy_topic(bootstrap, sources[kind], topic, partitions, convert)
         topics.append(topic)
+        count, size = copy_topic(bootstrap, sources[kind], topic, partitions, convert)
         found = out[name] = Input(name, topic, partitions, count, "avro" if kind == "avro" else "json",
                                   source_rows=captured.rows)
         found.bytes_per_record = size / count
         print(f"{name}: {count:,} records in {topic}, {found.bytes_per_record:,.0f} B/value", flush=True)
     info = {"records": captured.records, "changes": captured.changes, "live_rows": len(captured.rows),
             "timings": captured.timings}
-    return out, topics, info
+    return out, info
 
 
 # --- the service ------------------------------------------------------------------------------
@@ -293,6 +300,7 @@ def service_run(row: Input, bootstrap: str, registry: str | None, workdir: Path,
     figures = service_figures(run, row.records, min(row.records, max_offsets or DEFAULT_MAX_OFFSETS_PER_TRIGGER))
     figures["decode"] = decode_statistics(scraper, workdir / "pipeline.log")
     figures["table_differs"] = row.check(str(workdir / "tables" / TABLE))
+    figures["column_types"] = row.column_types(str(workdir / "tables" / TABLE))
     print(f"  {row.name} service{' ' + str(variant) if variant else ''}: {figures['steady_rate']:,.0f} steady "
           f"events/s ({figures['batches']} batches), table {'= source' if not figures['table_differs'] else 'DIFFERS: ' + figures['table_differs']}; "
           f"decode {figures['decode']}", flush=True)
@@ -449,13 +457,10 @@ def main(argv: list[str] | None = None) -> None:
         try:
             inputs: dict[str, Input] = {}
             if workload_rows:
-                found, made = workload_inputs(args, bootstrap, workload_rows)
-                inputs.update(found)
-                topics += made
+                inputs.update(workload_inputs(args, bootstrap, workload_rows, topics))
             if capture_rows:
-                found, made, info = capture_inputs(args, bootstrap, capture_rows, tmp, registry)
+                found, info = capture_inputs(args, bootstrap, capture_rows, tmp, registry, topics)
                 inputs.update(found)
-                topics += made
                 results["capture"] = info
             for row_name in args.row_list:
                 row = inputs[row_name]

@@ -33,23 +33,28 @@ _PRIMITIVE = {"int8": "int", "int16": "int", "int32": "int", "int64": "long", "f
               "float64": "double", "boolean": "boolean", "string": "string", "bytes": "bytes"}
 
 
-def avro_schema(connect: dict) -> Any:
-    """The Avro schema AvroConverter derives from one Connect schema (JSON form)."""
+def avro_schema(connect: dict, defined: set[str] | None = None) -> Any:
+    """The Avro schema AvroConverter derives from one Connect schema (JSON form); a record named
+    twice is defined once, then referred to by its full name."""
+    defined = set() if defined is None else defined
     kind = connect["type"]
     if kind == "struct":
         name = connect.get("name", "ConnectDefault")
+        if name in defined:
+            return name
+        defined.add(name)
         namespace, _, short = name.rpartition(".")
         schema: Any = {"type": "record", "name": short,
-                       "fields": [_field(child) for child in connect["fields"]]}
+                       "fields": [_field(child, defined) for child in connect["fields"]]}
         if namespace:
             schema["namespace"] = namespace
         if "version" in connect:
             schema["connect.version"] = connect["version"]
         return schema
     if kind == "array":
-        schema = {"type": "array", "items": _optional(connect["items"])}
+        schema = {"type": "array", "items": _optional(connect["items"], defined)}
     elif kind == "map":
-        schema = {"type": "map", "values": _optional(connect["values"])}
+        schema = {"type": "map", "values": _optional(connect["values"], defined)}
     else:
         schema = {"type": _PRIMITIVE[kind]}
         if kind in ("int8", "int16"):
@@ -70,15 +75,15 @@ def avro_schema(connect: dict) -> Any:
     return schema if len(schema) > 1 else schema["type"]
 
 
-def _optional(connect: dict) -> Any:
-    schema = avro_schema(connect)
+def _optional(connect: dict, defined: set[str]) -> Any:
+    schema = avro_schema(connect, defined)
     if not connect.get("optional"):
         return schema
     return ["null", schema] if connect.get("default") is None else [schema, "null"]
 
 
-def _field(connect: dict) -> dict:
-    field = {"name": connect["field"], "type": _optional(connect)}
+def _field(connect: dict, defined: set[str]) -> dict:
+    field = {"name": connect["field"], "type": _optional(connect, defined)}
     if connect.get("optional"):
         field["default"] = connect.get("default")
     elif connect.get("default") is not None:

@@ -315,9 +315,14 @@ def _json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, (str, bytes)) else value
 
 
+def _list(value: Any) -> list | None:
+    if isinstance(value, (str, bytes)):  # an array kept as JSON text
+        value = json.loads(value)
+    return None if value is None else list(value)
+
+
 NORMALISE = {"balance": _decimal, "updated_at": _instant, "birthday": _day, "profile": _json,
-             "external_id": lambda v: None if v is None else str(v),
-             "tags": lambda v: None if v is None else list(v)}
+             "external_id": lambda v: None if v is None else str(v), "tags": _list}
 
 
 def normalised(row: dict) -> tuple:
