@@ -1,0 +1,507 @@
+"""Confluent-framed Avro values decoded in bulk: Arrow columns per schema id, no Python object per record.
+
+`decode_avro_columns(values, client)` (or `BulkAvroDecoder(client).decode(values)`) groups the
+values by schema id and, per id, wraps the bodies into one in-memory Avro object container file
+(header with the writer schema stripped of logical types, one block) that polars-avro reads
+(`arrow-avro`, Apache Arrow's Rust columnar Avro decoder, through the Arrow C data interface).
+The raw columns are then typed with vectorised Arrow/numpy kernels to exactly what
+`connectors.delta.arrow_types.typed_column` gives for the reference decoder's value
+(`ConfluentAvroDecoder.decode`) and column type: for every row image column,
+
+    table["after"].field(c)  ==  typed_column(c, types[c], [doc["after"][c] for doc in documents])
+
+(the struct's children carry the struct's nulls: use `StructArray.flatten()`, not `.field()`,
+on arrays from elsewhere). The same holds for `before` and for the envelope's other top-level
+fields, typed with the envelope's own field types; `source` and `transaction` are dropped. A
+flat (non-envelope) record gives its fields as columns, typed with the codec's column types.
+
+Where the typed result comes from, per column type (raw = the Avro value without logical type):
+  ints, floats, bool, string, binary, enum   raw column, cast (enum: dictionary -> string)
+  date32                                     raw int -> date32
+  timestamps (long)                          raw number in the unit of the Avro annotation ->
+                                             microseconds (x1000 for millis, floor //1000 for nanos)
+  timestamp_us_utc from a string             Arrow's ISO-8601 cast (Debezium ZonedTimestamp)
+  decimal(p,s) from bytes/fixed              the unscaled big-endian two's complement -> decimal128
+                                             (decimal256 above 38 digits) by numpy, exact
+  nested values (records, arrays) as JSON    per value: the reference's reader conversion, then
+                                             typed_column (a Python object per value, these
+                                             columns only)
+Any column whose vectorised conversion Arrow refuses (a ZonedTimestamp text it does not parse,
+a decimal of more than 16/32 bytes) takes that per-value path, so the result stays the reference's.
+
+What differs from the reference decoder's *document* (not its typed result): the document holds
+JSON forms (decimals and bytes as base64 text, dates as epoch days, timestamps as epoch numbers,
+nested values as objects); the table holds the typed Arrow values those forms become. To get the
+reference's typed rows in bulk, take the table's columns as they are (`table["after"].flatten()`
+gives one array per column, equal to `rows_to_table(after_rows, column_types)`'s columns).
+
+Records not decoded in bulk come back in `fallback`, to decode one by one with the reference
+decoder (which then raises the precise error or decodes them): short frames and wrong magic
+bytes, unknown or unusable schema ids (and an unreachable registry), schemas the bulk path does
+not take (maps, unions of several non-null types, recursive records, a `before` record other
+than `after`'s, schemas arrow-avro refuses), bodies that do not decode (found by bisecting the
+block) or do not end where the next begins, and a whole schema id's records when a value does
+not fit its column type (the reference's typing raises there too). Tombstones (None) come back
+in `tombstones`.
+
+Boundaries: concatenated bodies lose their lengths, so each body is followed in the block by a
+random 8-byte sentinel, read as an extra `fixed` field; a body longer or shorter than its record
+shifts the sentinel, and that record and the rest are re-read. arrow-avro loops forever on a block
+whose bytes outlast its record count (its reader asks the decoder for 0 more records); reading
+exactly one batch of exactly the block's record count returns before it gets there, so the
+iterator is never advanced a second time.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from connectors.delta.arrow_types import (
+    ARROW_TYPES,
+    DECIMAL_PATTERN,
+    TypeName,
+    arrow_type,
+    typed_column,
+)
+from connectors.schema_registry import avro_values as values
+from connectors.schema_registry.avro_codec import (
+    AvroRecordCodec,
+    ConfluentAvroDecoder,
+    without_logical_types,
+)
+from connectors.schema_registry.avro_types import (
+    AVRO_NULL,
+    BINARY_TYPES,
+    base_type,
+    column_type,
+    non_null,
+    resolve,
+    timestamp_unit,
+)
+from connectors.schema_registry.client import SchemaRegistryClient
+from connectors.schema_registry.errors import DecodeError, SchemaRegistryUnavailable
+from connectors.schema_registry.wire_format import HEADER, HEADER_SIZE, MAGIC_BYTE
+from vocabulary.changes import Envelope
+
+DROPPED_ENVELOPE_FIELDS = frozenset({Envelope.SOURCE, "transaction"})
+IMAGE_FIELDS = (Envelope.BEFORE, Envelope.AFTER)
+SENTINEL_SIZE = 8
+SENTINEL_FIELD = "cdc_lakehouse_bulk_end"
+SENTINEL_TYPE = "CdcLakehouseBulkEnd"
+CONTAINER_MAGIC = b"Obj\x01"
+SYNC_SIZE = 16
+_TIMESTAMP_TO_US: dict[str, tuple[int, int]] = {  # column type -> (multiply, floor-divide) of the stored number
+    TypeName.TIMESTAMP_MS: (1_000, 1),
+    TypeName.TIMESTAMP_US: (1, 1),
+    TypeName.TIMESTAMP_NS: (1, 1_000),
+    TypeName.TIMESTAMP_US_UTC: (1, 1),
+}
+_READER_TO_US = {"ms": (1_000, 1), "us": (1, 1), "ns": (1, 1_000)}  # the reference reader's UTC conversion
+
+
+class _Unfit(Exception):
+    """A value that does not fit its column type: the schema id's records go record by record."""
+
+
+@dataclass(frozen=True)
+class SchemaColumns:
+    """The records of one schema id decoded in bulk.
+
+    `indices`: their positions in the input list, ascending; `table`: one row per index;
+    `column_types`: the reference decoder's types map for the schema (`codec.column_types`).
+    """
+
+    schema_id: int
+    indices: list[int]
+    table: pa.Table
+    column_types: dict[str, str]
+    is_envelope: bool
+
+
+@dataclass(frozen=True)
+class BulkDecoded:
+    """`groups` by schema id; `fallback`: positions to decode one by one; `tombstones`: None values."""
+
+    groups: dict[int, SchemaColumns] = field(default_factory=dict)
+    fallback: list[int] = field(default_factory=list)
+    tombstones: list[int] = field(default_factory=list)
+
+
+def _zigzag(number: int) -> bytes:
+    number = (number << 1) ^ (number >> 63)
+    out = bytearray()
+    while number & ~0x7F:
+        out.append((number & 0x7F) | 0x80)
+        number >>= 7
+    out.append(number)
+    return bytes(out)
+
+
+def _avro_bytes(data: bytes) -> bytes:
+    return _zigzag(len(data)) + data
+
+
+def _sentinel() -> bytes:
+    """8 random bytes with no period shorter than 8, so a shifted read cannot match them."""
+    while True:
+        candidate = os.urandom(SENTINEL_SIZE)
+        if all(candidate[shift:] != candidate[:-shift] for shift in range(1, SENTINEL_SIZE)):
+            return candidate
+
+
+def _bulk_problem(schema: Any, named: dict[str, Any], visiting: frozenset[str] = frozenset()) -> str | None:
+    """Why a (parsed) field type cannot be read in bulk, or None."""
+    if isinstance(schema, list):
+        branches = [branch for branch in schema if branch != AVRO_NULL]
+        if len(branches) > 1:
+            return "a union of several non-null types"
+        return _bulk_problem(branches[0], named, visiting) if branches else "a union of null alone"
+    schema = resolve(schema, named)
+    kind = base_type(schema)
+    if kind == "map":
+        return "a map"
+    if kind == "array":
+        return _bulk_problem(schema["items"], named, visiting)
+    if kind == "record":
+        if schema["name"] in visiting:
+            return "a recursive record"
+        inner = visiting | {schema["name"]}
+        for item in schema["fields"]:
+            problem = _bulk_problem(item["type"], named, inner)
+            if problem is not None:
+                return problem
+    return None
+
+
+@dataclass(frozen=True)
+class _Column:
+    """How one raw column becomes its typed column."""
+
+    name: str
+    type_name: str
+    avro: Any  # the parsed field type
+    named: dict[str, Any]
+
+    def typed(self, raw: pa.Array) -> pa.Array:
+        converted = _vectorised(raw, self.type_name, self.avro, self.named)
+        if converted is not None:
+            return converted
+        reader = values.reader(self.avro, self.named)
+        items = raw.to_pylist()
+        if reader is not None:
+            items = [None if item is None else reader(item) for item in items]
+        try:
+            return typed_column(self.name, self.type_name, items)
+        except ValueError as exc:
+            raise _Unfit(str(exc)) from None
+
+
+def _plain(raw: pa.Array) -> pa.Array:
+    kind = raw.type
+    if pa.types.is_dictionary(kind):
+        return raw.cast(pa.string())  # an enum's symbols
+    if pa.types.is_large_string(kind) or pa.types.is_string_view(kind):
+        return raw.cast(pa.string())
+    if pa.types.is_large_binary(kind) or pa.types.is_binary_view(kind) or pa.types.is_fixed_size_binary(kind):
+        return raw.cast(pa.binary())
+    return raw
+
+
+def _vectorised(raw: pa.Array, type_name: str, avro: Any, named: dict[str, Any]) -> pa.Array | None:
+    """The typed column without a Python object per value, or None where only the per-value path knows."""
+    base = non_null(avro, named)
+    kind = base_type(base) if base is not None else None
+    if kind in ("record", "array", "map") or kind is None:
+        return None
+    raw = _plain(raw)
+    try:
+        if DECIMAL_PATTERN.match(type_name):
+            return _decimals(raw, arrow_type(type_name)) if kind in BINARY_TYPES else None
+        if type_name in _TIMESTAMP_TO_US:
+            return _timestamps(raw, type_name, base)
+        target = ARROW_TYPES[type_name]
+        if type_name == TypeName.DATE32 and pa.types.is_integer(raw.type):
+            return pc.cast(raw, pa.int32()).cast(pa.date32())
+        if type_name in TypeName.INTEGERS and pa.types.is_integer(raw.type):
+            return pc.cast(raw, target)
+        if type_name in TypeName.FLOATS and (pa.types.is_floating(raw.type) or pa.types.is_integer(raw.type)):
+            return pc.cast(raw, target)
+        if raw.type == target and type_name in (TypeName.BOOL, TypeName.STRING, TypeName.BINARY):
+            return raw
+    except pa.ArrowInvalid as exc:  # an integer out of range of its column type
+        raise _Unfit(f"a value cannot be converted to {type_name}") from exc
+    return None
+
+
+def _timestamps(raw: pa.Array, type_name: str, base: Any) -> pa.Array | None:
+    target = ARROW_TYPES[type_name]
+    if pa.types.is_string(raw.type):
+        if type_name != TypeName.TIMESTAMP_US_UTC:
+            return None
+        try:
+            return pc.cast(raw, target)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return None  # a text Arrow's ISO-8601 parser refuses: per value, as the reference
+    if not pa.types.is_integer(raw.type):
+        return None
+    numbers = pc.cast(raw, pa.int64())
+    unit = timestamp_unit(base)
+    steps = [_TIMESTAMP_TO_US[type_name]]
+    if type_name == TypeName.TIMESTAMP_US_UTC and unit is not None:
+        steps.insert(0, _READER_TO_US[unit])
+    for multiply, divide in steps:
+        if multiply != 1:
+            numbers = pc.multiply_checked(numbers, multiply)
+        if divide != 1:
+            numbers = _floor_divide(numbers, divide)
+    return numbers.cast(target)
+
+
+def _floor_divide(numbers: pa.Array, divisor: int) -> pa.Array:
+    """Python's `//` (toward minus infinity; Arrow's divide truncates toward zero)."""
+    filled = pc.fill_null(numbers, 0).to_numpy(zero_copy_only=False)
+    return pa.array(np.floor_divide(filled, divisor), pa.int64(), mask=numbers.is_null().to_numpy(zero_copy_only=False))
+
+
+def _decimals(raw: pa.Array, target: pa.DataType) -> pa.Array | None:
+    """Unscaled big-endian two's complement bytes -> decimal128/256, exactly; None for too many bytes."""
+    if not pa.types.is_binary(raw.type):
+        return None
+    width = 16 if pa.types.is_decimal128(target) else 32
+    count = len(raw)
+    validity, offsets_buffer, data_buffer = raw.buffers()
+    offsets = np.frombuffer(offsets_buffer, np.int32)[raw.offset : raw.offset + count + 1].astype(np.int64)
+    lengths = np.diff(offsets)
+    if count and lengths.max(initial=0) > width:
+        return None
+    data = np.frombuffer(data_buffer, np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
+    out = np.zeros((count, width), np.uint8)
+    has_bytes = lengths > 0
+    first = np.zeros(count, np.uint8)
+    first[has_bytes] = data[offsets[:-1][has_bytes]]
+    out[first >= 0x80] = 0xFF  # sign extension
+    total = int(lengths.sum())
+    if total:
+        rows = np.repeat(np.arange(count), lengths)
+        starts = np.repeat(offsets[:-1], lengths)
+        within = _positions(lengths)
+        out[rows, lengths[rows] - 1 - within] = data[starts + within]
+    mask_buffer = None
+    if raw.null_count:
+        mask_buffer = pa.array(raw.is_valid().to_numpy(zero_copy_only=False)).buffers()[1]
+    typed = pa.Array.from_buffers(target, count, [mask_buffer, pa.py_buffer(out.tobytes())], null_count=raw.null_count)
+    try:
+        typed.validate(full=True)  # a value with more digits than the precision
+    except pa.ArrowInvalid as exc:
+        raise _Unfit(f"a value cannot be converted to {target}") from exc
+    return typed
+
+
+def _positions(lengths: np.ndarray) -> np.ndarray:
+    """0, 1, ..., n-1 for each length n, concatenated."""
+    total = int(lengths.sum())
+    ends = np.cumsum(lengths)
+    return np.arange(total) - np.repeat(ends - lengths, lengths)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What one schema id's bulk read needs: the container header, projection and column typing."""
+
+    header: bytes
+    sync: bytes
+    columns: list[str]
+    fields: list[tuple[str, Callable[[pa.Array], pa.Array]]]
+    is_envelope: bool
+    column_types: dict[str, str]
+
+    def read(self, bodies: Sequence[memoryview], sentinel: bytes) -> tuple[pa.RecordBatch, int | None]:
+        """The raw batch of `bodies` and the position of the first shifted sentinel (None if none)."""
+        from polars_avro._avro_rs import AvroSource  # imported on first use: polars is heavy
+
+        data = sentinel.join(bodies) + sentinel
+        block = _zigzag(len(bodies)) + _zigzag(len(data))
+        container = io.BytesIO(b"".join((self.header, block, data, self.sync)))
+
+        class _Source:
+            def __enter__(self) -> io.BytesIO:
+                container.seek(0)
+                return container
+
+            def __exit__(self, *exc: object) -> None:
+                return None
+
+        source = _Source()
+        batches = AvroSource([lambda: source], False, False).batch_iter(len(bodies), self.columns)
+        batch = pa.record_batch(next(batches))  # once only: see the module docstring
+        if batch.num_rows != len(bodies):
+            raise ValueError("the block gave another number of records")
+        ends = batch.column(self.columns.index(SENTINEL_FIELD))
+        read = np.frombuffer(ends.buffers()[1], np.uint64)[ends.offset : ends.offset + len(bodies)]
+        shifted = np.flatnonzero(read != np.frombuffer(sentinel, np.uint64)[0])
+        return batch, (int(shifted[0]) if len(shifted) else None)
+
+    def typed(self, raw: pa.Table) -> pa.Table:
+        arrays = [convert(raw.column(name).combine_chunks()) for name, convert in self.fields]
+        return pa.Table.from_arrays(arrays, names=[name for name, _ in self.fields])
+
+
+def _image_converter(record: dict, named: dict[str, Any], types: dict[str, str]) -> Callable[[pa.Array], pa.Array]:
+    columns = [_Column(item["name"], types[item["name"]], item["type"], named) for item in record["fields"]]
+
+    def convert(raw: pa.Array) -> pa.Array:
+        children = raw.flatten()  # children with the struct's nulls
+        typed = [column.typed(child) for column, child in zip(columns, children)]
+        mask = raw.is_null() if raw.null_count else None
+        return pa.StructArray.from_arrays(typed, names=[column.name for column in columns], mask=mask)
+
+    return convert
+
+
+def _plan(codec: AvroRecordCodec) -> _Plan:
+    """The bulk plan of a compiled schema; raises `_Unfit` for a schema the bulk path does not take."""
+    import fastavro
+
+    named: dict[str, Any] = {}
+    parsed = fastavro.parse_schema(codec.definition, named)
+    projected: list[str] = []
+    fields: list[tuple[str, Callable[[pa.Array], pa.Array]]] = []
+    images: list[str] = []
+    for item in parsed["fields"]:
+        name = item["name"]
+        if codec.is_envelope and name in DROPPED_ENVELOPE_FIELDS:
+            continue
+        problem = _bulk_problem(item["type"], named)
+        if problem is not None:
+            raise _Unfit(f"field {name!r} holds {problem}")
+        image = non_null(item["type"], named) if codec.is_envelope and name in IMAGE_FIELDS else None
+        if isinstance(image, dict) and image.get("type") == "record":
+            images.append(image["name"])
+            fields.append((name, _image_converter(image, named, codec.column_types)))
+        else:
+            type_name = codec.column_types[name] if not codec.is_envelope else column_type(item["type"], named)
+            fields.append((name, _Column(name, type_name, item["type"], named).typed))
+        projected.append(name)
+    if len(set(images)) > 1:
+        raise _Unfit("before and after are different records")
+    definition = without_logical_types(codec.definition)
+    taken = {item["name"] for item in definition["fields"]}
+    if SENTINEL_FIELD in taken:
+        raise _Unfit("a field has the sentinel's name")
+    sentinel_field = {"name": SENTINEL_FIELD, "type": {"type": "fixed", "name": SENTINEL_TYPE, "size": SENTINEL_SIZE}}
+    definition = {**definition, "fields": [*definition["fields"], sentinel_field]}
+    sync = os.urandom(SYNC_SIZE)
+    metadata = {"avro.schema": json.dumps(definition).encode(), "avro.codec": b"null"}
+    header = CONTAINER_MAGIC + _zigzag(len(metadata))
+    header += b"".join(_avro_bytes(key.encode()) + _avro_bytes(value) for key, value in metadata.items())
+    header += b"\x00" + sync
+    return _Plan(header, sync, [*projected, SENTINEL_FIELD], fields, codec.is_envelope, codec.column_types)
+
+
+_SKIP_EXCEPTIONS = (KeyboardInterrupt, SystemExit, GeneratorExit)
+
+
+class BulkAvroDecoder:
+    """Decodes lists of Confluent-framed Avro values to Arrow tables per schema id.
+
+    Holds the reference decoder (its compiled codecs and registry client) and one bulk plan per
+    schema id; a schema the bulk path does not take is remembered and its records go record by
+    record. Not thread-safe for the first use of a schema id (plans are then built twice, harmlessly).
+    """
+
+    def __init__(self, client: SchemaRegistryClient | ConfluentAvroDecoder) -> None:
+        self.reference = client if isinstance(client, ConfluentAvroDecoder) else ConfluentAvroDecoder(client)
+        self._plans: dict[int, _Plan | None] = {}
+
+    def plan(self, schema_id: int) -> _Plan | None:
+        """The bulk plan of a schema id; None when its records go record by record."""
+        if schema_id in self._plans:
+            return self._plans[schema_id]
+        try:
+            plan: _Plan | None = _plan(self.reference.codec(schema_id))
+        except (DecodeError, _Unfit):
+            plan = None
+        except SchemaRegistryUnavailable:
+            return None  # not remembered: the registry may answer next time
+        self._plans[schema_id] = plan
+        return plan
+
+    def decode(self, framed: Sequence[bytes | None]) -> BulkDecoded:
+        """Groups, fallback positions and tombstone positions of `framed` (see the module docstring)."""
+        result = BulkDecoded()
+        by_id: dict[int, tuple[list[int], list[memoryview]]] = {}
+        for position, value in enumerate(framed):
+            if value is None:
+                result.tombstones.append(position)
+                continue
+            if len(value) < HEADER_SIZE or value[0] != MAGIC_BYTE:
+                result.fallback.append(position)
+                continue
+            schema_id = HEADER.unpack_from(value)[1]
+            positions, bodies = by_id.setdefault(schema_id, ([], []))
+            positions.append(position)
+            bodies.append(memoryview(value)[HEADER_SIZE:])
+        for schema_id, (positions, bodies) in by_id.items():
+            plan = self.plan(schema_id)
+            if plan is None:
+                result.fallback.extend(positions)
+                continue
+            good, bad = _read_all(plan, bodies)
+            try:
+                table = plan.typed(pa.Table.from_batches([batch for _, batch in good])) if good else None
+            except _Unfit:
+                result.fallback.extend(positions)
+                continue
+            result.fallback.extend(positions[index] for index in bad)
+            if table is not None:
+                kept = [positions[index] for start, batch in good for index in range(start, start + batch.num_rows)]
+                result.groups[schema_id] = SchemaColumns(schema_id, kept, table, plan.column_types, plan.is_envelope)
+        result.fallback.sort()
+        return result
+
+
+def _read_all(plan: _Plan, bodies: list[memoryview]) -> tuple[list[tuple[int, pa.RecordBatch]], list[int]]:
+    """(start, raw batch) of the ranges read in bulk, in order, and the indices that were not."""
+    sentinel = _sentinel()
+    good: list[tuple[int, pa.RecordBatch]] = []
+    bad: list[int] = []
+    ranges = [(0, len(bodies))]
+    while ranges:
+        start, end = ranges.pop()
+        try:
+            batch, shifted = plan.read(bodies[start:end], sentinel)
+        except BaseException as exc:  # noqa: BLE001 - the Rust reader raises its own errors and panics
+            if isinstance(exc, _SKIP_EXCEPTIONS):
+                raise
+            if end - start == 1:
+                bad.append(start)
+            else:
+                middle = (start + end) // 2
+                ranges += [(middle, end), (start, middle)]
+            continue
+        if shifted is None:
+            good.append((start, batch))
+            continue
+        if shifted:
+            good.append((start, batch.slice(0, shifted)))
+        bad.append(start + shifted)
+        if start + shifted + 1 < end:
+            ranges.append((start + shifted + 1, end))
+    good.sort(key=lambda item: item[0])
+    bad.sort()
+    return [(start, batch.drop_columns([SENTINEL_FIELD])) for start, batch in good], bad
+
+
+def decode_avro_columns(framed: Sequence[bytes | None], client: SchemaRegistryClient | ConfluentAvroDecoder
+                        ) -> BulkDecoded:
+    """`BulkAvroDecoder(client).decode(framed)`; keep a `BulkAvroDecoder` to reuse its plans."""
+    return BulkAvroDecoder(client).decode(framed)
+
