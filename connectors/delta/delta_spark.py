@@ -69,6 +69,11 @@ _OPTIMIZE_MAX_FILE_SIZE = "spark.databricks.delta.optimize.maxFileSize"
 # in place of Delta's fixed floor of 7 days; VACUUM writes its START / END commits (files deleted).
 _VACUUM_CONF = {"spark.databricks.delta.retentionDurationCheck.enabled": "false",
                 "spark.databricks.delta.vacuum.logging.enabled": "true"}
+# VACUUM repartitions the listing of the table's directory into this many partitions (Spark's default:
+# 10000) and runs several jobs over them: 10000 tasks of a few files each, 50-130 s for a 10-file table on
+# a loaded 2-core machine. The table's session sets the session's shuffle partitions instead (the size
+# the operator gave the cluster), unless the operator set this key for the application.
+_LISTING_PARALLELISM = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
 _CONFLICT_PACKAGE = "io.delta.exceptions."
 NO_LOG_CLEANUP_ON_COMMIT = {"delta.enableExpiredLogCleanup": "false"}
 # Characters Delta refuses in column names unless the table maps them (DeltaColumnMapping), and the
@@ -373,6 +378,8 @@ class DeltaSparkTable:
         (from its VACUUM END commit)."""
         for key, value in _VACUUM_CONF.items():
             self._session.conf.set(key, value)
+        if not self._session.sparkContext.getConf().contains(_LISTING_PARALLELISM):
+            self._session.conf.set(_LISTING_PARALLELISM, self._session.conf.get("spark.sql.shuffle.partitions"))
         table = DeltaTable.forPath(self._session, self.uri)
         with self._lock:
             self._run(f"VACUUM of {self.uri}", lambda: table.vacuum(float(retention_hours)))
