@@ -462,21 +462,24 @@ def main(argv: list[str] | None = None) -> None:
                 found, info = capture_inputs(args, bootstrap, capture_rows, tmp, registry, topics)
                 inputs.update(found)
                 results["capture"] = info
-            for row_name in args.row_list:
-                row = inputs[row_name]
-                out = results["rows"][row_name] = {"records": row.records, "bytes_per_record": row.bytes_per_record,
-                                                   "topic": row.topic}
-                print(f"{row_name}:", flush=True)
-                if "steady" in args.section_list:
-                    attempt(out, "naive", lambda: naive_run(row, bootstrap, registry, tmp, args.naive_window))
-                    attempt(out, "service", lambda: service_run(row, bootstrap, registry, tmp / uuid.uuid4().hex[:8]))
-                if "materializer" in args.section_list:
-                    attempt(out, "materializer", lambda: service_run(
-                        row, bootstrap, registry, tmp / uuid.uuid4().hex[:8], {"upsert_materialize": "force"},
-                        args.materializer_batch))
-                if "freshness" in args.section_list:
-                    attempt(out, "freshness", lambda: freshness_run(args, row, bootstrap, registry, tmp))
-                save(results, args.json)
+            for row_name in args.row_list:  # every row's steady figures first, then the materializer, ...
+                results["rows"][row_name] = {"records": inputs[row_name].records, "topic": inputs[row_name].topic,
+                                             "bytes_per_record": inputs[row_name].bytes_per_record}
+            for section in [s for s in SECTIONS if s in args.section_list]:
+                for row_name in args.row_list:
+                    row, out = inputs[row_name], results["rows"][row_name]
+                    print(f"{row_name} {section}:", flush=True)
+                    if section == "steady":
+                        attempt(out, "naive", lambda: naive_run(row, bootstrap, registry, tmp, args.naive_window))
+                        attempt(out, "service", lambda: service_run(row, bootstrap, registry,
+                                                                    tmp / uuid.uuid4().hex[:8]))
+                    elif section == "materializer":
+                        attempt(out, "materializer", lambda: service_run(
+                            row, bootstrap, registry, tmp / uuid.uuid4().hex[:8], {"upsert_materialize": "force"},
+                            args.materializer_batch))
+                    else:
+                        attempt(out, "freshness", lambda: freshness_run(args, row, bootstrap, registry, tmp))
+                    save(results, args.json)
         finally:
             for topic in topics:
                 try:
