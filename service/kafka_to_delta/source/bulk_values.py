@@ -54,10 +54,31 @@ _FRACTION_DIGITS = 6  # the reference cuts fractions to microseconds
 _COMPACT = (",", ":")
 
 _BASE64_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
-_BAD_CHARACTER, _PAD = 255, 64
-_BASE64_CODES = np.full(256, _BAD_CHARACTER, np.uint8)
-_BASE64_CODES[np.frombuffer(_BASE64_ALPHABET, np.uint8)] = np.arange(64, dtype=np.uint8)
-_BASE64_CODES[ord("=")] = _PAD
+_PAIR_BITS = 0xFFF  # two base64 characters carry 12 bits
+_ONE_PAD, _TWO_PADS, _BAD_PAIR = 0x4000, 0x2000, 0x8000
+_FLAGS = _ONE_PAD | _TWO_PADS | _BAD_PAIR
+
+
+def _pair_codes() -> np.ndarray:
+    """What each two-byte pair (as a little-endian uint16) decodes to: its 12 bits, or a flag: `x=`
+    (its 6 bits placed as in a full pair; non-canonical ones, with unused bits set, are bad),
+    `==`, or bad."""
+    codes = np.full(256, -1, np.int64)
+    codes[np.frombuffer(_BASE64_ALPHABET, np.uint8)] = np.arange(64)
+    first, second = np.meshgrid(np.arange(256), np.arange(256), indexing="ij")  # first byte, second byte
+    high, low = codes[first], codes[second]
+    pairs = np.full((256, 256), _BAD_PAIR, np.int64)
+    plain = (high >= 0) & (low >= 0)
+    pairs[plain] = (high[plain] << 6) | low[plain]
+    one_pad = (high >= 0) & (second == ord("=")) & (high & 0b11 == 0)
+    pairs[one_pad] = _ONE_PAD | (high[one_pad] << 6)
+    pairs[(first == ord("=")) & (second == ord("="))] = _TWO_PADS
+    table = np.empty(65536, np.uint16)
+    table[(second << 8 | first).ravel()] = pairs.ravel()
+    return table
+
+
+_PAIR_CODES = _pair_codes()
 
 _DATE_TIME = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})?$"
 _DATE = r"^\d{4}-\d{2}-\d{2}$"
@@ -87,7 +108,7 @@ def parse_type(type_name: str, nested: bool = False) -> pa.DataType | None:
         return None if nested else pa.string()
     if type_name == TypeName.BINARY or type_name in _ISO_TEXT or pa.types.is_decimal(target):
         return pa.string()
-    raise ValueError(f"no parse type for column type {type_name!r}")  # pragma: no cover - every name is above
+    raise ValueError(f"no parse type for column type {type_name!r}")
 
 
 def bulk_column(values: pa.Array | pa.ChunkedArray, type_name: str) -> tuple[pa.Array, np.ndarray]:
@@ -153,9 +174,13 @@ def json_text(values: pa.Array | pa.ChunkedArray, fixed_key_order: bool = False)
         return pc.cast(column, pa.string()), np.zeros(len(column), np.bool_)
     if pa.types.is_boolean(kind):
         return pc.if_else(column, "true", "false"), np.zeros(len(column), np.bool_)
+    try:
+        python_values = column.to_pylist()
+    except (UnicodeDecodeError, ValueError, pa.ArrowException):  # bytes that are not UTF-8, dates out of range
+        return pa.nulls(len(column), pa.string()), _valid(column)
     texts: list[str | None] = []
     misfit = np.zeros(len(column), np.bool_)
-    for position, value in enumerate(column.to_pylist()):
+    for position, value in enumerate(python_values):
         if value is not None and not _vouched(value, kind, fixed_key_order):
             misfit[position] = True
             value = None
@@ -259,43 +284,62 @@ def _string_buffers(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return offsets, data
 
 
-def _decode_base64(column: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Canonical base64 text -> (fits mask, decoded lengths, decoded bytes of the fitting values,
-    concatenated), for the whole column at once: the values whose length is a multiple of four
-    are taken together, so their concatenated text decodes in groups of four characters."""
+def _decode_base64(column: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Canonical base64 text -> (fits mask, decoded lengths, where each value's bytes start, how
+    many bytes its groups decoded to, the bytes),
+    for the whole column at once: the values whose length is a multiple of four are taken
+    together, so their concatenated text decodes in groups of four characters, each two pairs of
+    characters looked up in a 65,536-entry table. The bytes are three per group, so a value's
+    last one or two may be padding past its length."""
     size = len(column)
     valid = _valid(column)
     offsets, _ = _string_buffers(column)
-    candidates = np.flatnonzero(valid & (np.diff(offsets) % 4 == 0))
-    chosen = column.take(pa.array(candidates, pa.int64())) if len(candidates) != size else column
+    candidates = valid & (np.diff(offsets) % 4 == 0)
+    chosen = column if candidates.all() else column.filter(pa.array(candidates))
     offsets, data = _string_buffers(chosen)
-    groups_per_value = np.diff(offsets) // 4
-    codes = _BASE64_CODES[data[offsets[0]:offsets[-1]]].reshape(-1, 4)
-    value_of_group = np.repeat(np.arange(len(candidates)), groups_per_value)
-    pad = codes == _PAD
-    pads = pad.sum(axis=1)
-    last = np.zeros(len(codes), np.bool_)
-    last[np.cumsum(groups_per_value)[groups_per_value > 0] - 1] = True
-    padded_right = np.where(pads == 1, pad[:, 3], pad[:, 2] & pad[:, 3])
-    canonical = np.where(pads == 1, codes[:, 2] & 0b11 == 0, codes[:, 1] & 0b1111 == 0)
-    bad = (codes == _BAD_CHARACTER).any(axis=1) | ((pads > 0) & ~(last & (pads <= 2) & padded_right & canonical))
-    fits_chosen = np.bincount(value_of_group[bad], minlength=len(candidates)) == 0
-    digits = np.where(pad, 0, codes).astype(np.uint32)
-    triples = (digits[:, 0] << 18) | (digits[:, 1] << 12) | (digits[:, 2] << 6) | digits[:, 3]
-    decoded = np.stack([triples >> 16, (triples >> 8) & 0xFF, triples & 0xFF], axis=1).astype(np.uint8)
-    keep = np.stack([np.ones(len(codes), np.bool_), pads < 2, pads < 1], axis=1) & fits_chosen[value_of_group][:, None]
-    lengths_chosen = np.where(fits_chosen, 3 * groups_per_value - np.bincount(
-        value_of_group, weights=pads, minlength=len(candidates)).astype(np.int64), 0)
+    groups = np.diff(offsets) // 4
+    text = np.ascontiguousarray(data[offsets[0]:offsets[-1]])
+    words = _PAIR_CODES[text.view(np.uint16)].view(np.uint32)  # first pair | second pair << 16
+    irregular = np.flatnonzero(words & (_FLAGS | _FLAGS << 16))  # padded or bad
+    first, second = words[irregular] & 0xFFFF, words[irregular] >> 16
+    ends = np.cumsum(groups) - 1  # each value's last group (of the empty ones: the one before)
+    last = np.zeros(len(words), np.bool_)
+    last[ends[groups > 0]] = True
+    bad = ((first > _PAIR_BITS) | ((second & _BAD_PAIR) != 0) | ~last[irregular]
+           | (((second & _TWO_PADS) != 0) & ((first & 0b1111) != 0)))
+    fits_chosen = np.ones(len(groups), np.bool_)
+    if bad.any():
+        fits_chosen = np.bincount(np.searchsorted(ends, irregular[bad]), minlength=len(groups)) == 0
+    pads = np.zeros(len(words), np.int64)
+    pads[irregular] = np.where((second & _TWO_PADS) != 0, 2, np.where((second & _ONE_PAD) != 0, 1, 0))
+    lengths_chosen = 3 * groups
+    lengths_chosen[groups > 0] -= pads[ends[groups > 0]]
+    lengths_chosen[~fits_chosen] = 0
+    triples = ((words & _PAIR_BITS) << 12) | ((words >> 16) & _PAIR_BITS)
+    decoded = triples.astype(">u4").view(np.uint8).reshape(-1, 4)[:, 1:].reshape(-1)  # big-endian: 3 bytes
     fits = np.zeros(size, np.bool_)
     fits[candidates] = fits_chosen
     lengths = np.zeros(size, np.int64)
     lengths[candidates] = lengths_chosen
-    return fits, lengths, decoded.reshape(-1)[keep.reshape(-1)]
+    starts, spans = np.zeros(size, np.int64), np.zeros(size, np.int64)
+    starts[candidates] = 3 * (np.cumsum(groups) - groups)
+    spans[candidates] = 3 * groups
+    return fits, lengths, starts, spans, decoded
+
+
+def _ranks(counts: np.ndarray) -> np.ndarray:
+    """0, 1, ... counts[i] - 1 for each i, concatenated."""
+    return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
 def _binary(column: pa.Array) -> tuple[pa.Array, np.ndarray]:
     """Base64 text -> bytes (`b64decode(validate=True)`), non-canonical base64 a misfit."""
-    fits, lengths, data = _decode_base64(column)
+    fits, lengths, starts, spans, data = _decode_base64(column)
+    dropped = spans - lengths  # padding bytes, or all of a misfit's
+    if dropped.any():
+        keep = np.ones(len(data), np.bool_)
+        keep[np.repeat(starts + lengths, dropped) + _ranks(dropped)] = False
+        data = data[keep]
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     array = pa.Array.from_buffers(pa.binary(), len(column), [_validity(fits), pa.py_buffer(offsets),
                                                              pa.py_buffer(data)])
@@ -311,17 +355,16 @@ def _decimal(column: pa.Array, target: pa.DataType) -> tuple[pa.Array, np.ndarra
         return pa.nulls(size, target), valid
     wide = target.precision > MAX_DECIMAL128_PRECISION
     width = 32 if wide else 16
-    fits, lengths, data = _decode_base64(column)
-    short = fits & (lengths <= width)
-    data = data[short[np.repeat(np.arange(size), lengths)]]
-    fits, lengths = short, np.where(short, lengths, 0)
-    starts = np.cumsum(lengths) - lengths
+    fits, lengths, starts, _, data = _decode_base64(column)
+    fits &= lengths <= width
+    lengths = np.where(fits, lengths, 0)
     negative = np.zeros(size, np.bool_)
     has_bytes = lengths > 0
     negative[has_bytes] = data[starts[has_bytes]] >= 0x80
     storage = np.repeat(np.where(negative, np.uint8(0xFF), np.uint8(0)), width)
-    ends = np.repeat(starts + lengths - 1, lengths)  # each byte's value's last byte
-    storage[np.repeat(np.arange(size) * width, lengths) + ends - np.arange(len(data))] = data
+    position = _ranks(lengths)  # of each byte in its value
+    source = np.repeat(starts, lengths) + position
+    storage[np.repeat(np.arange(size) * width + lengths - 1, lengths) - position] = data[source]
     whole = pa.decimal256(76, 0) if wide else pa.decimal128(38, 0)
     unscaled = pa.Array.from_buffers(whole, size, [None, pa.py_buffer(storage)])
     bound = 10 ** target.precision - 1
