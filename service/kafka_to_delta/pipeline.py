@@ -190,9 +190,13 @@ class IngestPipeline(TableQuery):
         name = self.pipeline.name
         metrics.RANGES.labels(name, "vectorised").inc(found.vectorised)
         metrics.RANGES.labels(name, "record_by_record").inc(found.record_by_record)
+        metrics.ODD_RECORDS.labels(name).inc(found.odd_records)
         if found.fallbacks:
             log.info("pipeline %s: %d Kafka range(s) decoded record by record, e.g. %s", name,
                      len(found.fallbacks), found.fallbacks[0])
+        if found.odd_records:
+            log.info("pipeline %s: %d record(s) of vectorised ranges decoded record by record", name,
+                     found.odd_records)
 
     def _count_materializer(self, counters: dict[str, int]) -> None:
         if not self.shape.materializer or not counters:

@@ -25,6 +25,10 @@ RANGES = Counter(
     "cdc_ranges", "Kafka ranges read by the plain path, by decode: vectorised or record_by_record "
     "(a range holding something only the record-by-record decode decides)", PIPELINE + ("decode",)
 )
+ODD_RECORDS = Counter(
+    "cdc_odd_records", "Records of vectorised Kafka ranges decoded record by record (truncates, messages, "
+    "records the bulk decode does not vouch for)", PIPELINE
+)
 CONFLICTS = Counter("cdc_conflicts", "Primary-key conflicts resolved by on_conflict", PIPELINE + ("strategy",))
 ROLLBACKS = Counter("cdc_rollbacks", "Rollbacks to a previous live row (deduplicate)", PIPELINE)
 STALE_DROPPED = Counter("cdc_stale_changes_dropped", "Changes older than the stored sequence", PIPELINE)

@@ -46,6 +46,8 @@ class BatchChanges:
     """Ranges of the plain path decoded in Arrow (`debezium_columns`)."""
     record_by_record: int = 0
     """Ranges of the plain path decoded record by record (settings it does not take, or given back)."""
+    odd_records: int = 0
+    """Records of vectorised ranges left to the record-by-record way (`debezium_columns`)."""
 
 
 def _conformed(table: pa.Table, types: dict[str, str]) -> pa.Table:
@@ -128,7 +130,7 @@ def batch_changes(payloads: pa.Table) -> BatchChanges:
     counters: dict[str, int] = {}
     truncates: list[tuple[str, int, int]] = []
     fallbacks: list[str] = []
-    vectorised = record_by_record = 0
+    vectorised = record_by_record = odd_records = 0
     for part, payload in zip(payloads.column("part").to_pylist(), payloads.column("payload").to_pylist()):
         table, info = payload_table(payload)
         if part == Part.FAILED:
@@ -137,6 +139,7 @@ def batch_changes(payloads: pa.Table) -> BatchChanges:
         count += info.get("changes", 0)
         vectorised += info.get("vectorised") is True
         record_by_record += info.get("vectorised") is False  # absent after a stateful stage
+        odd_records += info.get("odd_records", 0)
         if "fallback" in info:
             fallbacks.append(info["fallback"])
         truncated = truncated or info.get("truncated", False)
@@ -163,4 +166,5 @@ def batch_changes(payloads: pa.Table) -> BatchChanges:
         fallbacks=fallbacks,
         vectorised=vectorised,
         record_by_record=record_by_record,
+        odd_records=odd_records,
     )

@@ -2,32 +2,43 @@
 
 The plain path's fast way (`partition_changes.PartitionReducer`): instead of parsing, converting
 and re-encoding record by record, a batch's values are parsed together by `pyarrow.json` into
-typed columns (the row images' types: the Connect schema block's, else inferred by Arrow over
+typed columns (the row images' types: each Connect schema block's, else inferred by Arrow over
 the range), their changelog rows are built as Arrow columns and reduced to the last change per
-primary key with a group-by. Python touches each record once, to cut a known schema block off
-its payload (`JsonDocuments.payload_bytes`).
+primary key with a group-by. The values are sorted by their wrapper's bytes first
+(`wrapper_layouts`): each schema version of the range is parsed with its own types, and any
+JSON layout a producer writes consistently (spaces, key order) is cut open in Arrow.
 
-It produces what the record-by-record way does (`typed_changes` of the reduced rows), or
-nothing: any record it cannot vouch for raises `NotVectorisable`, and the caller decodes the
-whole range record by record, which then decides errors, policies and dead letters. It does not
-vouch for: settings other than envelopes with an op field and plain op groupings; a tombstone
-wrapper, an unknown or missing op code (truncates and messages included), an image missing or
-without its primary key, a delete without its before image; Debezium's unavailable-value
-placeholder; a payload with more than `MAX_NESTING` brackets; two schema blocks in one range;
-declared types other than integers, floats, booleans, text, dates and integer-coded
-millisecond/microsecond timestamps; a declared integer out of its type's range; a row column no
-schema declares next to declared ones; nested or timestamp-looking inferred columns; integers of
-19 digits or more where a column is inferred as float; key values other than integers, booleans
-and plain printable ASCII text; values with raw line breaks; anything `pyarrow.json` refuses
-(invalid JSON, duplicate names, mixed types).
+It produces what the record-by-record way does (`typed_changes` of the reduced rows) for every
+record it vouches for. A record it cannot vouch for is an odd record (`RangeColumns.odd`): the
+caller decodes those alone the record-by-record way, which decides errors, policies and dead
+letters, and merges the two by key in source order. Odd records: a value whose wrapper layout
+cannot be confirmed, that is not one JSON object, holds a raw line break or nests deeper than
+`MAX_NESTING`; one `pyarrow.json` refuses (invalid JSON, a duplicate name, a value of another
+type than its column's), found by the row its error names; an unknown or missing op code
+(truncates and messages included); an image missing where the op needs it; a primary key
+missing, null, a placeholder or text that JSON escapes; a declared integer out of its type's
+range. Debezium's unavailable-value placeholder (a TOASTed column left unchanged) is taken in
+bulk: the column is filled from the key's latest earlier image of the range holding it, else
+left to the sink (`unchanged`).
 
-One difference, decided: a schema-less column whose surviving values were all written as
-integers, in a range where other records wrote it with a fraction, is float64 here (Arrow parses
-the range's values as one column) and int64 the record-by-record way.
+What still sends the whole range back (`NotVectorisable`): settings other than envelopes with an
+op field and plain op groupings; declared types other than integers, floats, booleans, text,
+dates and integer-coded millisecond/microsecond timestamps; a row column no schema declares next
+to declared ones; nested inferred columns; integers of 19 digits or more where a column is
+inferred as float; key values other than integers, booleans and text; a column typed
+differently by two images or schema versions in a way Arrow cannot unify; more than
+`_MAX_REFUSED` records refused by `pyarrow.json` in one batch; odd records together with
+placeholders (the fill would have to cross the two ways).
+
+Decided differences: a schema-less column whose surviving values were all written as integers,
+in a range where other records wrote it with a fraction, is float64 here (Arrow parses the
+range's values as one column) and int64 the record-by-record way. A schema-less image with a
+column absent (not null) counts as holding null for the placeholder fill.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -37,41 +48,39 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from connectors.delta.arrow_types import TypeName, arrow_type
+from connectors.delta.arrow_types import TypeName, arrow_type, merge_types
 from connectors.kafka.range_reader import ValueChunk
 from service.config.op_mapping import Grouping, parse_op_mapping
 from service.kafka_to_delta.changelog.changelog_batch import ChangelogBatchDecoder
-from service.kafka_to_delta.formats.connect_wrapper import DOCUMENT_END, WRAPPER_HEAD
 from service.kafka_to_delta.formats.debezium_json import (
     MAX_NESTING,
     UNAVAILABLE_VALUE,
     JsonDocuments,
 )
-from service.kafka_to_delta.formats.row_fit import INT_RANGES
 from service.kafka_to_delta.materialize.last_change import last_rows
+from service.kafka_to_delta.source.bulk_values import bulk_column, json_text, parse_type
+from service.kafka_to_delta.source.wrapper_layouts import BARE, ODD, Layout, Layouts
 from vocabulary.changes import ChangeKind
-from vocabulary.errors import DecodeError
 
-_META = ("__vec_key", "__vec_retract", "__vec_declared", "__vec_topic", "__vec_partition", "__vec_offset",
-         "__vec_change_index", "__vec_timestamp")
-_KEY, _RETRACT, _DECLARED, _TOPIC, _PARTITION, _OFFSET, _CHANGE_INDEX, _TIMESTAMP = _META
-_PARSE_TYPES: dict[str, pa.DataType] = {
-    **{name: pa.int64() for name in (*TypeName.INTEGERS, TypeName.DATE32, TypeName.TIMESTAMP_MS,
-                                     TypeName.TIMESTAMP_US)},
-    **{name: pa.float64() for name in TypeName.FLOATS},
-    TypeName.BOOL: pa.bool_(),
-    TypeName.STRING: pa.string(),
-}
-"""Declared types this path parses, and the Arrow type each is parsed as."""
+_META = ("__vec_key", "__vec_retract", "__vec_group", "__vec_image", "__vec_topic", "__vec_partition",
+         "__vec_offset", "__vec_change_index", "__vec_timestamp", "__vec_unchanged")
+_KEY, _RETRACT, _GROUP, _IMAGE, _TOPIC, _PARTITION, _OFFSET, _CHANGE_INDEX, _TIMESTAMP, _UNCHANGED = _META
+GROUP_COLUMN = _GROUP
+"""The net rows' schema version (a `Layouts` index, or `wrapper_layouts.BARE`)."""
+_FLAG = "__vec_kept__"
+"""Prefix of the per-column flag of a value left unchanged (the placeholder)."""
+_RECORD = "__record"
 _INFERRED_KINDS = {pa.int64(): TypeName.INT64, pa.float64(): TypeName.FLOAT64, pa.bool_(): TypeName.BOOL,
                    pa.string(): TypeName.STRING}
 _KEY_TYPES = (pa.int64(), pa.bool_(), pa.string())
 _PLAIN_TEXT = r'^[ !#-\[\]-~]*$'  # printable ASCII without '"' and '\': its JSON is itself
 _ERROR_COLUMN = re.compile(r"Column\((/[^)]*)\)")
+_ERROR_ROW = re.compile(r" in row (\d+)$")
+_MAX_REFUSED = 8
+_LONG_NUMBER = r"[0-9]{19}"
 _LONG_DIGIT_RUN = b"0" * 19
 _DIGITS_TO_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
 _UNAVAILABLE = UNAVAILABLE_VALUE.encode()
-_WRAPPER_HEAD = WRAPPER_HEAD.decode()
 _US_PER_MS = 1_000  # timestamp_ms columns are stored in microseconds
 _RETRACTING = (Grouping.UPDATE_BEFORE, Grouping.DELETE)
 _STATELESS = (Grouping.INSERT, Grouping.UPDATE_AFTER, Grouping.UPSERT, Grouping.UPDATE, *_RETRACTING)
@@ -83,10 +92,12 @@ class NotVectorisable(Exception):
 
 @dataclass(frozen=True)
 class _Side:
-    """What an op code takes from one image: whether it is a retraction, whether it is optional."""
+    """What an op code takes from one image: whether it is a retraction, whether it is optional,
+    whether it is an image (a delete's is not: it never fills a later placeholder)."""
 
     retract: bool
     optional: bool = False
+    image: bool = True
 
 
 @dataclass(frozen=True)
@@ -117,12 +128,17 @@ def vector_plan(decoder: ChangelogBatchDecoder, primary_key: tuple[str, ...]) ->
         if grouping not in _STATELESS:
             return None
         if grouping in _RETRACTING:
-            codes[code] = (_Side(retract=True), None)
+            codes[code] = (_Side(retract=True, image=grouping is Grouping.UPDATE_BEFORE), None)
         elif grouping is Grouping.UPDATE:
             codes[code] = (_Side(retract=True, optional=True), _Side(retract=False))
         else:
             codes[code] = (None, _Side(retract=False))
     return VectorPlan(settings.op, settings.before, settings.after, codes, tuple(primary_key))
+
+
+def _mask(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A boolean Arrow array as numpy, nulls as False."""
+    return np.asarray(pc.fill_null(array, False).to_numpy(zero_copy_only=False), np.bool_)
 
 
 @dataclass
@@ -132,238 +148,404 @@ class RangeColumns:
     plan: VectorPlan
     documents: JsonDocuments
     changes: int = 0
-    declared: dict[str, str] | None = None
-    row_types: dict[str, pa.DataType] = field(default_factory=dict)
-    """Row columns of known type (parsed as such in later batches)."""
-    prefix: str | None = None
-    """The schema block bytes (as text) before the payload of the range's wrappers."""
+    topic: str | None = None
+    partition: int | None = None
+    layouts: Layouts | None = None
+    bare_types: dict[str, pa.DataType] = field(default_factory=dict)
+    """Columns of schema-less documents of known type (parsed as such in later batches)."""
     order: dict[str, None] = field(default_factory=dict)
     """Every row column, in order of first appearance (null-typed ones included)."""
     net: pa.Table | None = None
+    odd: list[int] = field(default_factory=list)
+    """Offsets of the records left to the record-by-record way."""
+    held: dict[str, pa.Table] = field(default_factory=dict)
+    """Per column a placeholder stood for: the key's latest image value of the range holding it."""
+    lost: dict[str, pa.Array] = field(default_factory=dict)
+    """Per such column: keys whose last change was a delete when the column was first left unchanged
+    (their earlier images are no longer at hand)."""
+
+    def __post_init__(self) -> None:
+        if self.layouts is None:
+            self.layouts = Layouts(self.documents)
 
     def add(self, chunk: ValueChunk) -> None:
         """Decode and fold in one chunk of the range's records; raises `NotVectorisable`."""
-        present, payloads, wrapped = self._payloads(chunk.values)
-        if not len(payloads):
+        assert self.layouts is not None
+        self.topic, self.partition = chunk.topic, chunk.partition
+        values = pa.array(chunk.values, pa.binary())
+        present = pc.indices_nonzero(values.is_valid())  # tombstones, which follow a delete, give nothing
+        if not len(present):
             return
-        parsed = self._parse(payloads)
-        rows = self._changelog(parsed, wrapped)
-        source = present.take(rows.column("__record"))
-        rows = rows.drop_columns(["__record"])
+        values = values.take(present)
+        groups, payloads = self.layouts.split(values)
+        odd = groups == ODD
+        parts = []
+        for group in np.unique(groups[~odd]):
+            members = np.flatnonzero(groups == group)
+            rows, refused = self._group_changes(int(group), payloads.take(pa.array(members)))
+            odd[members[refused]] = True
+            if rows.num_rows:
+                parts.append(rows.set_column(rows.schema.get_field_index(_RECORD), _RECORD,
+                                             pa.array(members).take(rows.column(_RECORD))))
+        offsets = pa.array(chunk.offsets, pa.int64()).take(present)
+        self.odd.extend(offsets.filter(pa.array(odd)).to_pylist())
+        if not parts:
+            return
+        try:
+            rows = pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise NotVectorisable(f"schema versions typed a column differently ({_shown(exc)})") from None
+        rows = rows.take(pc.sort_indices(rows, [(_RECORD, "ascending"), (_CHANGE_INDEX, "ascending")]))
+        source = rows.column(_RECORD)
+        rows = rows.drop_columns([_RECORD])
         rows = rows.append_column(_TOPIC, pa.array([chunk.topic] * rows.num_rows, pa.string()))
         rows = rows.append_column(_PARTITION, pa.array(np.full(rows.num_rows, chunk.partition, np.int32)))
-        rows = rows.append_column(_OFFSET, pa.array(chunk.offsets, pa.int64()).take(source))
-        rows = rows.append_column(_TIMESTAMP, pa.array(chunk.timestamps, pa.int64()).take(source))
+        rows = rows.append_column(_OFFSET, offsets.take(source))
+        rows = rows.append_column(_TIMESTAMP, pa.array(chunk.timestamps, pa.int64()).take(present).take(source))
+        rows = self._conformed(rows)
         self.changes += rows.num_rows
+        self._track_placeholders(rows)
         if self.net is not None:
             try:
-                rows = pa.concat_tables([self.net, rows], promote_options="default")
+                rows = pa.concat_tables([self.net, rows], promote_options="permissive")
             except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
                 raise NotVectorisable(f"batches of the range typed a column differently ({_shown(exc)})") from None
         self.net = last_rows(rows, _KEY)
 
-    def _payloads(self, values: list[bytes | None]) -> tuple[pa.Array, pa.Array, pa.Array]:
-        """(record index, payload, declared?) of each record with a value (tombstones, which
-        follow a delete, give nothing): a wrapper's payload is cut out of it, in Arrow."""
-        column = pa.array(values, pa.binary())
-        present = pc.indices_nonzero(column.is_valid())
-        column = column.take(present)
-        if self.prefix is None:
-            self._learn_prefix(column)
-        if self.prefix is None:
-            wrapped = pa.array(np.zeros(len(column), np.bool_))
-            payloads = column
-        else:
-            wrapped = pc.and_(pc.starts_with(column, pattern=self.prefix), pc.ends_with(column, pattern="}"))
-            payloads = pc.if_else(wrapped, pc.binary_slice(column, len(self.prefix.encode()), -1), column)
-        if pc.any(pc.and_(pc.invert(wrapped), pc.starts_with(column, pattern=_WRAPPER_HEAD))).as_py():
-            raise NotVectorisable("two schema blocks in one range, or a wrapper whose payload cannot be cut out")
-        return present, payloads, wrapped
+    # -- one schema version of a chunk --------------------------------------------------------------
 
-    def _learn_prefix(self, column: pa.Array) -> None:
-        """The schema block of the range's first wrapper (a full decode learns its column types)."""
-        first = pc.index(pc.starts_with(column, pattern=_WRAPPER_HEAD), True).as_py()
-        if first < 0:
-            return
-        value = column[first].as_py()
-        try:
-            payload, types = self.documents.payload_bytes(value)
-            prefix = value[:len(value) - len(payload) - len(DOCUMENT_END)].decode()
-        except (DecodeError, ValueError) as exc:  # UnicodeDecodeError included
-            raise NotVectorisable(f"a value is not a plain envelope ({type(exc).__name__})") from None
-        if types is None:
-            raise NotVectorisable("a value starts like a wrapper but is not one")
-        self._declare(types)
-        self.prefix = prefix
+    def _group_changes(self, group: int, payloads: pa.Array) -> tuple[pa.Table, np.ndarray]:
+        """(changelog rows of one group's payloads, with `__record` their position in `payloads`;
+        positions of the payloads left to the record-by-record way)."""
+        accepted = self._screened(payloads)
+        members = np.flatnonzero(accepted)
+        parsed, members = self._parse(group, payloads, members)
+        rows, kept = self._changelog(parsed, group)
+        keep = np.zeros(len(payloads), np.bool_)
+        keep[members[kept]] = True
+        if rows.num_rows:
+            rows = rows.set_column(rows.schema.get_field_index(_RECORD), _RECORD,
+                                   pa.array(members).take(rows.column(_RECORD)))
+        return rows, np.flatnonzero(~keep)
 
-    def _declare(self, types: dict[str, str]) -> None:
-        parse = {name: _PARSE_TYPES.get(type_name) for name, type_name in types.items()}
-        missing = [name for name, data_type in parse.items() if data_type is None]
-        if missing:
-            raise NotVectorisable(f"declared column {missing[0]!r} has a type this path does not parse")
-        if len({name.lower() for name in types}) != len(types):
-            raise NotVectorisable("declared columns differ only by case")
-        if self.row_types and any(self.row_types.get(name, parse[name]) != parse[name] for name in parse):
-            raise NotVectorisable("declared types differ from the range's earlier records")
-        if self.row_types.keys() - types.keys():
-            raise NotVectorisable("a row column no schema declares next to declared ones")
-        self.declared = types
-        self.row_types = {**parse}
-        self.order = dict.fromkeys([*types, *self.order])
-
-    def _parse(self, payloads: pa.Array) -> pa.Table:
-        if not pc.all(pc.and_(pc.starts_with(payloads, pattern="{"), pc.ends_with(payloads, pattern="}"))).as_py():
-            raise NotVectorisable("a payload is not one JSON object")
+    @staticmethod
+    def _screened(payloads: pa.Array) -> np.ndarray:
+        """Payloads that may be parsed in bulk: one JSON object, no raw line break (inside a JSON
+        string one is invalid, between tokens it would split the line), no deeper nesting than the
+        record-by-record way accepts."""
+        whole = pc.and_(pc.starts_with(payloads, pattern="{"), pc.ends_with(payloads, pattern="}"))
         brackets = pc.add(pc.count_substring(payloads, "{"), pc.count_substring(payloads, "["))
-        if pc.max(brackets).as_py() > MAX_NESTING:  # as `debezium_json.loads` screens them
-            raise NotVectorisable(f"a value may nest deeper than {MAX_NESTING} levels")
-        buffer = _lines(payloads)
-        if buffer.count(b"\n") != len(payloads) or b"\r" in buffer:
-            raise NotVectorisable("a value holds a raw line break")
-        if _UNAVAILABLE in buffer:
-            raise NotVectorisable("unavailable-value placeholders")
-        row = pa.struct([pa.field(name, data_type) for name, data_type in self.row_types.items()])
-        schema = pa.schema([(self.plan.op, pa.string()), (self.plan.before, row), (self.plan.after, row)])
-        try:
-            table = pj.read_json(
-                pa.py_buffer(buffer), read_options=pj.ReadOptions(use_threads=False, block_size=len(buffer) + 1),
-                parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer"),
-            )
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise NotVectorisable(f"pyarrow.json refused the values ({_shown(exc)})") from None
-        if table.num_rows != len(payloads):
-            raise NotVectorisable("a value holds more than one JSON document")
-        self._learn(table, buffer)
-        return table
+        breaks = pc.or_(pc.match_substring(payloads, "\n"), pc.match_substring(payloads, "\r"))
+        return _mask(pc.and_(pc.and_(whole, pc.less_equal(brackets, MAX_NESTING)), pc.invert(breaks)))
 
-    def _learn(self, table: pa.Table, buffer: bytes) -> None:
-        """Check the images' inferred columns and adopt their types for the range's next batches."""
+    def _explicit(self, group: int) -> pa.Schema:
+        """The parse schema of a group: its declared row types (or the range's known inferred
+        ones); other columns are inferred."""
+        if group == BARE:
+            types = dict(self.bare_types)
+        else:
+            layout = self._layout(group)
+            parsed = {name: parse_type(type_name, name in layout.nested) for name, type_name in layout.types.items()}
+            types = {name: data_type for name, data_type in parsed.items() if data_type is not None}
+            if len({name.lower() for name in layout.types}) != len(layout.types):
+                raise NotVectorisable("declared columns differ only by case")
+        row = pa.struct([pa.field(name, data_type) for name, data_type in types.items()])
+        return pa.schema([(self.plan.op, pa.string()), (self.plan.before, row), (self.plan.after, row)])
+
+    def _layout(self, group: int) -> Layout:
+        assert self.layouts is not None
+        return self.layouts.known[group]
+
+    def _parse(self, group: int, payloads: pa.Array, members: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+        """The parsed payloads at `members`, and the members parsed (a record `pyarrow.json`
+        refuses, found by the row its error names, is left out)."""
+        schema = self._explicit(group)
+        for _ in range(_MAX_REFUSED + 1):
+            if not len(members):
+                return schema.empty_table(), members
+            chosen = payloads.take(pa.array(members))
+            buffer = _lines(chosen)
+            try:
+                table = pj.read_json(
+                    pa.py_buffer(buffer), read_options=pj.ReadOptions(use_threads=False, block_size=len(buffer) + 1),
+                    parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer"),
+                )
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                row = _ERROR_ROW.search(str(exc))
+                if row is not None and int(row.group(1)) < len(members):
+                    members = np.delete(members, int(row.group(1)))
+                    continue
+                long_numbers = _mask(pc.match_substring_regex(chosen, _LONG_NUMBER))
+                if not long_numbers.any():  # a conversion error names no row: integers beyond 64 bits
+                    raise NotVectorisable(f"pyarrow.json refused the values ({_shown(exc)})") from None
+                members = members[~long_numbers]
+                continue
+            if table.num_rows != len(members):
+                raise NotVectorisable("a value holds more than one JSON document")
+            if self._learn(table, buffer, group):  # text Arrow took for timestamps: parse it as text
+                schema = self._explicit(group)
+                continue
+            return table, members
+        raise NotVectorisable(f"pyarrow.json refused more than {_MAX_REFUSED} values of one batch")
+
+    def _learn(self, table: pa.Table, buffer: bytes, group: int) -> list[str]:
+        """Check the images' inferred columns and adopt their types for the range's next batches;
+        the schema-less columns Arrow took for timestamps (to be parsed again as text)."""
         types: dict[str, pa.DataType] = {}
         for side in (self.plan.before, self.plan.after):
             for child in table.schema.field(side).type:
                 known = types.setdefault(child.name, child.type)
                 if known != child.type and pa.types.is_null(known):
                     types[child.name] = child.type
-                elif known != child.type and not pa.types.is_null(child.type):
+                elif (known != child.type and not pa.types.is_null(child.type)
+                      and not (pa.types.is_nested(known) and pa.types.is_nested(child.type))):
                     raise NotVectorisable(f"column {child.name!r} typed differently in the two images")
-        inferred = {name: data_type for name, data_type in types.items() if name not in self.row_types}
-        if inferred and self.declared is not None:
-            raise NotVectorisable("a row column no schema declares next to declared ones")
+        if group != BARE:
+            if types.keys() - self._layout(group).types.keys():
+                raise NotVectorisable("a row column no schema declares next to declared ones")
+            return []
+        inferred = {name: data_type for name, data_type in types.items() if name not in self.bare_types}
+        timestamps = [name for name, data_type in inferred.items() if pa.types.is_timestamp(data_type)]
         for name, data_type in inferred.items():
-            if not pa.types.is_null(data_type) and data_type not in _INFERRED_KINDS:
+            if (not pa.types.is_null(data_type) and data_type not in _INFERRED_KINDS
+                    and not pa.types.is_nested(data_type) and name not in timestamps):
                 raise NotVectorisable(f"column {name!r} is inferred as {data_type}")
             if pa.types.is_floating(data_type) and _LONG_DIGIT_RUN in buffer.translate(_DIGITS_TO_ZERO):
                 raise NotVectorisable("integers of 19 digits or more may sit in a float column")
-        self.row_types.update({n: t for n, t in inferred.items() if not pa.types.is_null(t)})
-        self.order.update(dict.fromkeys(types))
-        self._check_ranges(table)
+        self.bare_types.update({n: pa.string() if n in timestamps else t for n, t in inferred.items()
+                                if not pa.types.is_null(t) and not pa.types.is_nested(t)})
+        return timestamps
 
-    def _check_ranges(self, table: pa.Table) -> None:
-        """Declared integer-coded columns hold values their types can hold (as `row_fit` checks)."""
-        for name, type_name in (self.declared or {}).items():
-            bounds = INT_RANGES.get(type_name)
-            if bounds is None or bounds == INT_RANGES[TypeName.INT64]:
-                continue
-            for side in (self.plan.before, self.plan.after):
-                extremes = pc.min_max(pc.struct_field(table.column(side), name)).as_py()
-                if extremes["min"] is not None and not bounds[0] <= extremes["min"] <= extremes["max"] <= bounds[1]:
-                    raise NotVectorisable(f"column {name!r} holds a value out of the range of {type_name}")
-
-    def _changelog(self, parsed: pa.Table, wrapped: pa.Array) -> pa.Table:
-        """The changelog rows of the parsed records, in source order (record, change index)."""
+    def _changelog(self, parsed: pa.Table, group: int) -> tuple[pa.Table, np.ndarray]:
+        """(changelog rows of the parsed records in source order (record, change index), with
+        `__record` the parsed row; the parsed rows kept: the others are left to the
+        record-by-record way)."""
         op = parsed.column(self.plan.op)
-        known = pc.is_in(op, pa.array(list(self.plan.codes), pa.string()))
-        if not pc.all(pc.fill_null(known, False)).as_py():
-            raise NotVectorisable("an op code that is missing, null or not a plain change")
-        codes_by_side: dict[tuple[int, _Side], list[str]] = {}
-        for code, pair in self.plan.codes.items():
-            for position, side in enumerate(pair):
-                if side is not None:
-                    codes_by_side.setdefault((position, side), []).append(code)
-        emitted_before = None
-        tables = []
-        for (position, side), codes in sorted(codes_by_side.items(), key=lambda item: item[0][0]):
-            side_name, retract = (self.plan.before, self.plan.after)[position], side.retract
-            emits = pc.is_in(op, pa.array(codes, pa.string()))
+        keep = _mask(pc.is_in(op, pa.array(list(self.plan.codes), pa.string())))
+        sides = []
+        for position, side_name in enumerate((self.plan.before, self.plan.after)):
             image = parsed.column(side_name).combine_chunks()
-            valid = image.is_valid()
-            if side.optional:
-                emits = pc.and_(emits, valid)
-            elif not pc.all(pc.or_(pc.invert(emits), valid)).as_py():
-                raise NotVectorisable(f"a record without its {side_name!r} image")
+            valid = _mask(image.is_valid())
+            emits = np.zeros(len(op), np.bool_)
+            for code, pair in self.plan.codes.items():
+                side = pair[position]
+                if side is None:
+                    continue
+                coded = _mask(pc.equal(op, code))
+                if not side.optional:
+                    keep &= ~coded | valid
+                emits |= coded & valid
+            rows, misfits = self._side_rows(image, group)
+            keep &= ~(emits & (self._unkeyed(image) | misfits))
+            sides.append((rows, emits))
+        tables = []
+        emitted_before = None
+        for position, (rows, emits) in enumerate(sides):
+            emits = emits & keep
             if position == 0:
-                emitted_before = emits if emitted_before is None else pc.or_(emitted_before, emits)
-            index = pc.indices_nonzero(emits)
+                emitted_before = emits
+            index = np.flatnonzero(emits)
             if not len(index):
                 continue
-            rows = pa.Table.from_arrays(image.flatten(), names=[f.name for f in image.type]).take(index)
-            change_index = (pc.cast(emitted_before.take(index), pa.int32()) if position == 1 and emitted_before
+            retract, is_image = self._flags(op.take(pa.array(index)), position)
+            change_index = (pa.array(emitted_before[index].astype(np.int32)) if position == 1 and emitted_before
                             is not None else pa.array(np.zeros(len(index), np.int32)))
-            tables.append(self._keyed(rows, side_name).append_column(_RETRACT, pa.array(np.full(len(index), retract)))
-                          .append_column(_DECLARED, wrapped.take(index))
+            tables.append(rows.take(pa.array(index)).append_column(_RETRACT, retract).append_column(_IMAGE, is_image)
+                          .append_column(_GROUP, pa.array(np.full(len(index), group, np.int32)))
                           .append_column(_CHANGE_INDEX, change_index)
-                          .append_column("__record", index))
+                          .append_column(_RECORD, pa.array(index)))
         if not tables:
-            return self._empty()
+            return self._empty(), keep
         try:
-            rows = self._conformed(pa.concat_tables(tables, promote_options="default"))
+            return pa.concat_tables(tables, promote_options="default"), keep
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise NotVectorisable(f"the two images typed a column differently ({_shown(exc)})") from None
-        order = pc.sort_indices(pa.table({"r": rows.column("__record"), "c": rows.column(_CHANGE_INDEX)}),
-                                [("r", "ascending"), ("c", "ascending")])
-        return rows.take(order)
 
-    def _keyed(self, rows: pa.Table, side_name: str) -> pa.Table:
-        """`rows` with their primary-key text (`canonical_key` of the key values)."""
+    def _side_rows(self, image: pa.StructArray, group: int) -> tuple[pa.Table, np.ndarray]:
+        """(one side's images as rows: the key text, the columns as parsed (nested ones as JSON
+        text), a `_FLAG` column per column holding the unavailable-value placeholder (its value
+        null); the images holding a value only the record-by-record way can judge: one their
+        declared type does not take (`bulk_values`))."""
+        layout = self._layout(group) if group != BARE else None
+        misfits = np.zeros(len(image), np.bool_)
+        arrays, names, flags = [], [], []
+        for child, column in zip(image.type, image.flatten()):
+            if pa.types.is_string(column.type):
+                kept = _mask(pc.equal(column, UNAVAILABLE_VALUE))
+                if kept.any():
+                    column = pc.if_else(pa.array(kept), pa.scalar(None, pa.string()), column)
+                    flags.append((_FLAG + child.name, kept))
+            if layout is not None and child.name in layout.nested:
+                column, misfit = json_text(column, fixed_key_order=True)
+                misfits |= misfit
+            elif layout is not None:  # values stay as parsed until the net rows are typed
+                misfits |= bulk_column(column, layout.types[child.name])[1]
+            elif pa.types.is_nested(column.type):
+                column, misfit = json_text(column)
+                misfits |= misfit
+            arrays.append(column)
+            names.append(child.name)
+        arrays.append(self._key_text(image))
+        names.append(_KEY)
+        for name, kept in flags:
+            arrays.append(pa.array(kept))
+            names.append(name)
+        return pa.Table.from_arrays(arrays, names=names), misfits
+
+    def _flags(self, codes: pa.Array, position: int) -> tuple[pa.Array, pa.Array]:
+        """(retraction?, image?) of each row emitted from side `position` for its op code."""
+        sides = [(code, pair[position]) for code, pair in self.plan.codes.items() if pair[position] is not None]
+        retracting = [code for code, side in sides if side is not None and side.retract]
+        images = [code for code, side in sides if side is not None and side.image]
+        return (pc.is_in(codes, pa.array(retracting, pa.string())), pc.is_in(codes, pa.array(images, pa.string())))
+
+    def _unkeyed(self, image: pa.StructArray) -> np.ndarray:
+        """Images whose primary key the record-by-record way must judge: missing, null, the
+        placeholder, or text that JSON escapes."""
+        names = [f.name for f in image.type]
+        bad = np.zeros(len(image), np.bool_)
+        for column in self.plan.primary_key:
+            if column not in names:
+                return np.ones(len(image), np.bool_)
+            values = pc.struct_field(image, column)
+            if values.type not in _KEY_TYPES and not pa.types.is_null(values.type):
+                raise NotVectorisable(f"primary key column {column!r} is {values.type}")
+            bad |= ~_mask(values.is_valid())
+            if values.type == pa.string():
+                bad |= ~_mask(pc.match_substring_regex(values, _PLAIN_TEXT))
+                bad |= _mask(pc.equal(values, UNAVAILABLE_VALUE))
+        return bad
+
+    def _key_text(self, image: pa.StructArray) -> pa.Array:
+        """The primary-key text of each image (`canonical_key` of the key values as written);
+        meaningful where `_unkeyed` is False."""
+        names = [f.name for f in image.type]
+        if any(column not in names for column in self.plan.primary_key):
+            return pa.nulls(len(image), pa.string())
         parts = []
         for column in self.plan.primary_key:
-            if column not in rows.column_names:
-                raise NotVectorisable(f"primary key column {column!r} is not in the {side_name!r} image")
-            values = rows.column(column)
-            if values.null_count:
-                raise NotVectorisable(f"primary key column {column!r} is null in a {side_name!r} image")
-            if values.type not in _KEY_TYPES:
-                raise NotVectorisable(f"primary key column {column!r} is {values.type}")
+            values = pc.struct_field(image, column)
             if values.type == pa.string():
-                if not pc.all(pc.match_substring_regex(values, _PLAIN_TEXT)).as_py():
-                    raise NotVectorisable(f"primary key column {column!r} holds text that JSON escapes")
                 parts.append(pc.binary_join_element_wise('"', values, '"', ""))
             elif values.type == pa.bool_():
                 parts.append(pc.if_else(values, "true", "false"))
             else:
                 parts.append(pc.cast(values, pa.string()))
-        return rows.append_column(_KEY, pc.binary_join_element_wise("[", pc.binary_join_element_wise(*parts, ","),
-                                                                    "]", ""))
+        return pc.binary_join_element_wise("[", pc.binary_join_element_wise(*parts, ","), "]", "")
 
     def _conformed(self, rows: pa.Table) -> pa.Table:
-        """Rows with the range's current columns, in its order (null-typed ones as they came)."""
+        """Rows with the range's row columns in order of first appearance, flags after them."""
+        self.order.update(dict.fromkeys(n for n in rows.column_names if n not in _META and not n.startswith(_FLAG)))
         names = [n for n in self.order if n in rows.column_names]
         return rows.select(names + [n for n in rows.column_names if n not in self.order])
 
     def _empty(self) -> pa.Table:
-        fields = [pa.field(n, self.row_types.get(n, pa.null())) for n in self.order]
-        return pa.schema([*fields, (_KEY, pa.string()), (_RETRACT, pa.bool_()), (_DECLARED, pa.bool_()),
-                          (_CHANGE_INDEX, pa.int32()), ("__record", pa.int64())]).empty_table()
+        fields = [pa.field(n, self.bare_types.get(n, pa.null())) for n in self.order]
+        return pa.schema([*fields, (_KEY, pa.string()), (_RETRACT, pa.bool_()), (_IMAGE, pa.bool_()),
+                          (_GROUP, pa.int32()), (_CHANGE_INDEX, pa.int32()), (_RECORD, pa.int64())]).empty_table()
+
+    # -- placeholders -----------------------------------------------------------------------------
+
+    def _holds(self, rows: pa.Table, name: str) -> np.ndarray:
+        """Image rows holding a value of `name` (not a placeholder; their schema has the column)."""
+        holders = [BARE] + [i for i, layout in enumerate(self.layouts.known if self.layouts else [])
+                            if name in layout.types]
+        if name not in rows.column_names:
+            return np.zeros(rows.num_rows, np.bool_)
+        holds = _mask(rows.column(_IMAGE)) & _mask(pc.is_in(rows.column(_GROUP), pa.array(holders, pa.int32())))
+        flag = _FLAG + name
+        if flag in rows.column_names:
+            holds &= ~_mask(rows.column(flag))
+        return holds
+
+    def _track_placeholders(self, rows: pa.Table) -> None:
+        """Keep, per column a placeholder stood for, each key's latest image value holding it."""
+        flagged = [n[len(_FLAG):] for n in rows.column_names if n.startswith(_FLAG)]
+        for name in flagged:
+            if name in self.held:
+                continue
+            self.held[name] = pa.table({_KEY: pa.array([], pa.string()), name: pa.array([], pa.null())})
+            if self.net is not None and self.net.num_rows:
+                holds = self._holds(self.net, name)
+                self.held[name] = self.net.filter(pa.array(holds)).select([_KEY, name])
+                deleted = _mask(self.net.column(_RETRACT)) & ~_mask(self.net.column(_IMAGE))
+                self.lost[name] = self.net.column(_KEY).filter(pa.array(deleted))
+        for name, held in self.held.items():
+            candidates = rows.filter(pa.array(self._holds(rows, name))).select([_KEY, name])
+            if candidates.num_rows:
+                try:
+                    joined = pa.concat_tables([held, candidates], promote_options="permissive")
+                except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+                    raise NotVectorisable(f"schema versions typed a column differently ({_shown(exc)})") from None
+                self.held[name] = last_rows(joined, _KEY)
+
+    def _filled(self, net: pa.Table) -> pa.Table:
+        """Net upserts with placeholder columns filled from the key's latest earlier image holding
+        them, and `_UNCHANGED` (the JSON list of the columns still left to the sink)."""
+        pieces = []
+        upserts = ~_mask(net.column(_RETRACT))
+        for name in [n for n in self.order if n in self.held]:
+            held, flag = self.held[name], _FLAG + name
+            if flag not in net.column_names:
+                continue
+            kept = _mask(net.column(flag)) & upserts
+            if kept.any():
+                lost = self.lost.get(name)
+                if lost is not None and len(lost) and _mask(pc.is_in(net.column(_KEY), lost))[kept].any():
+                    raise NotVectorisable("a placeholder after a delete whose earlier images are not at hand")
+                position = pc.index_in(net.column(_KEY), value_set=held.column(_KEY))
+                found = kept & _mask(position.is_valid())
+                if found.any():
+                    values = held.column(name).take(position)
+                    column = net.column(name)
+                    if values.type != column.type:
+                        try:
+                            values = values.cast(column.type)
+                        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                            raise NotVectorisable(f"column {name!r} filled across schema versions") from None
+                    net = net.set_column(net.schema.get_field_index(name), name,
+                                         pc.if_else(pa.array(found), values, column))
+                kept &= ~found
+            net = net.set_column(net.schema.get_field_index(flag), flag, pa.array(kept))
+            pieces.append((name, kept))
+        texts = np.full(net.num_rows, None, object)
+        for row in np.flatnonzero(np.logical_or.reduce([kept for _, kept in pieces])) if pieces else ():
+            texts[row] = json.dumps([name for name, kept in pieces if kept[row]], separators=(",", ":"))
+        return net.append_column(_UNCHANGED, pa.array(texts, pa.string()))
+
+    # -- the range's result -----------------------------------------------------------------------
 
     def result(self, primary_key: tuple[str, ...]) -> tuple[pa.Table | None, dict[str, str], dict[str, set[str]]]:
         """(net rows, declared types, seen kinds) as `typed_changes` gives them, before typing."""
         net = self.net
         if net is None or net.num_rows == 0:
             return None, {}, {}
+        net = self._filled(net)
         retract = net.column(_RETRACT)
-        declared_rows = net.column(_DECLARED)
-        declared = dict(self.declared) if self.declared is not None and pc.any(declared_rows).as_py() else {}
+        groups = net.column(_GROUP)
+        declared: dict[str, str] = {}
+        for group in pc.unique(groups).to_pylist():
+            if group != BARE:
+                declared = merge_types(declared, self._layout(group).types)
         upserts = pc.invert(retract)
         has_upserts = pc.any(upserts).as_py()
-        bare = pc.invert(declared_rows)
+        bare = pc.equal(groups, BARE)
         seen: dict[str, set[str]] = {}
         inferring = pc.and_(bare, upserts) if has_upserts else bare  # the rows `typed_changes` infers from
         if pc.any(inferring).as_py():
-            columns = [n for n in net.column_names if n not in _META] if has_upserts else list(primary_key)
+            columns = [n for n in self.order if n in net.column_names] if has_upserts else list(primary_key)
             for name in columns:
                 values = net.column(name).filter(inferring)
+                flag = _FLAG + name
+                if flag in net.column_names and _mask(net.column(flag).filter(inferring)).all():
+                    continue  # no inferring row holds it: the record-by-record way never sees it
                 data_type = values.type
-                seen[name] = set() if values.null_count == len(values) else {_INFERRED_KINDS[data_type]}
+                if values.null_count == len(values):
+                    seen[name] = set()
+                elif data_type in _INFERRED_KINDS:
+                    seen[name] = {_INFERRED_KINDS[data_type]}
+                else:
+                    raise NotVectorisable(f"column {name!r} of schema-less records is {data_type}")
         return net, declared, seen
 
 
@@ -399,18 +581,17 @@ def typed_net(net: pa.Table, types: dict[str, str], primary_key: tuple[str, ...]
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
-def _typed(column: pa.ChunkedArray, type_name: str, target: pa.DataType) -> pa.ChunkedArray:
+def _typed(column: pa.ChunkedArray, type_name: str, target: pa.DataType) -> pa.Array | pa.ChunkedArray:
     if column.type == target:
         return column
+    if pa.types.is_null(column.type):
+        return pa.nulls(len(column), target)
+    if column.type in _INFERRED_KINDS or pa.types.is_string(column.type):
+        typed, misfits = bulk_column(column, type_name)
+        if misfits.any():
+            raise NotVectorisable(f"a value cannot be converted to {type_name}")
+        return typed
     try:
-        if pa.types.is_null(column.type):
-            return pa.chunked_array([pa.nulls(len(column), target)])
-        if type_name == TypeName.TIMESTAMP_MS:
-            return pc.cast(pc.multiply_checked(column, _US_PER_MS), target)
-        if type_name == TypeName.DATE32:
-            return pc.cast(pc.cast(column, pa.int32()), target)
-        if pa.types.is_floating(target) and pa.types.is_floating(column.type):
-            return pc.cast(column, target, safe=False)
         return pc.cast(column, target)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise NotVectorisable(f"a value cannot be converted to {type_name} ({_shown(exc)})") from None
@@ -423,7 +604,7 @@ def meta_columns(net: pa.Table) -> dict[str, pa.ChunkedArray]:
     return {"key": net.column(_KEY), "kind": kinds, "topic": net.column(_TOPIC),
             "partition": net.column(_PARTITION), "offset": net.column(_OFFSET),
             "change_index": net.column(_CHANGE_INDEX), "timestamp": net.column(_TIMESTAMP),
-            "unchanged": pa.nulls(net.num_rows, pa.string())}
+            "unchanged": net.column(_UNCHANGED)}
 
 
 def decode_range(plan: VectorPlan, documents: JsonDocuments, chunks: Iterable[ValueChunk]) -> RangeColumns:

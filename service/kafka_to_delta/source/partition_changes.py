@@ -44,12 +44,15 @@ from service.kafka_to_delta.materialize.payload import (
 )
 from service.kafka_to_delta.rows.names import FAILED_COLUMNS, Column, Meta
 from service.kafka_to_delta.source.debezium_columns import (
+    GROUP_COLUMN,
     NotVectorisable,
+    RangeColumns,
     decode_range,
     meta_columns,
     typed_net,
     vector_plan,
 )
+from service.kafka_to_delta.source.wrapper_layouts import BARE
 from vocabulary.changes import ChangeKind
 
 __all__ = ["PartitionReducer"]
@@ -126,9 +129,11 @@ class PartitionReducer:
         to read, all the vectorised decode needs)."""
         fallback = None
         if self.plan is not None:
+            assert isinstance(self.decoder.decode_value, JsonDocuments)
             chunks = read_values() if read_values is not None else map(ValueChunk.of_batch, read())
             try:
-                yield self._vectorised(chunks)
+                columns = decode_range(self.plan, self.decoder.decode_value, chunks)
+                yield from self._vectorised(columns, read)
                 return
             except NotVectorisable as exc:
                 fallback = str(exc)
@@ -136,28 +141,45 @@ class PartitionReducer:
         range_types = _unfit_range_types(reduced.surviving())
         if range_types is not None:  # a record without types misfits what others declare: reject it, read again
             reduced = self._reduced(read, range_types)
-        net = reduced.surviving()
-        info: dict[str, Any] = {"changes": reduced.changes, "truncated": reduced.truncate_offset is not None,
-                                "vectorised": False}
+        info: dict[str, Any] = {"vectorised": False}
         if fallback is not None:
             info["fallback"] = fallback
+        yield self._payload(reduced, info)
+
+    def _payload(self, reduced: _Reduced, info: dict[str, Any]) -> pa.RecordBatch:
+        net = reduced.surviving()
+        info = {"changes": reduced.changes, "truncated": reduced.truncate_offset is not None, **info}
         typed = None
         if net is not None and net.num_rows:
             typed, evidence = typed_changes(net, self.primary_key)
             info["types"] = evidence.to_json()
-        yield payload_batch(typed, reduced.failed, info)
+        return payload_batch(typed, reduced.failed, info)
 
-    def _reduced(self, read: Callable[[], Iterable[pa.RecordBatch]], range_types: dict[str, str] | None) -> _Reduced:
+    def _reduced(self, read: Callable[[], Iterable[pa.RecordBatch]], range_types: dict[str, str] | None,
+                 offsets: pa.Array | None = None) -> _Reduced:
+        """The range's records (those at `offsets` only, when given) decoded record by record."""
         reduced = _Reduced()
         for batch in read():
+            if offsets is not None:
+                batch = batch.filter(pc.is_in(batch.column(Column.OFFSET), value_set=offsets))
+                if not batch.num_rows:
+                    continue
             reduced.add(pa.Table.from_batches([self.decoder(batch, range_types)]))
         return reduced
 
-    def _vectorised(self, chunks: Iterable[ValueChunk]) -> pa.RecordBatch:
-        assert self.plan is not None and isinstance(self.decoder.decode_value, JsonDocuments)
-        columns = decode_range(self.plan, self.decoder.decode_value, chunks)
+    def _vectorised(self, columns: RangeColumns, read: Callable[[], Iterable[pa.RecordBatch]]
+                    ) -> Iterator[pa.RecordBatch]:
+        """The payload of the records decoded in Arrow; then, when some were left to the
+        record-by-record way, theirs: the driver merges the two by key in source order, and a
+        TRUNCATE among them is applied to both (`truncates`)."""
         net, declared, seen = columns.result(self.primary_key)
+        odd = None
+        if columns.odd:
+            odd = self._reduced(read, None, pa.array(columns.odd, pa.int64()))
+            self._check_apart(columns, net, declared, odd)
         info: dict[str, Any] = {"changes": columns.changes, "truncated": False, "vectorised": True}
+        if odd is not None:
+            info["odd_records"] = len(columns.odd)
         typed = None
         if net is not None:
             evidence = TypeEvidence(declared, seen)
@@ -166,7 +188,27 @@ class PartitionReducer:
             for name in Meta.ALL:
                 typed = typed.append_column(name, meta[_META_ROLES[name]])
             info["types"] = evidence.to_json()
-        return payload_batch(typed, [], info)
+        yield payload_batch(typed, [], info)
+        if odd is not None:
+            marker = {}
+            if odd.truncate_offset is not None:
+                marker["truncates"] = [[columns.topic, columns.partition, odd.truncate_offset]]
+            yield self._payload(odd, marker)
+
+    @staticmethod
+    def _check_apart(columns: RangeColumns, net: pa.Table | None, declared: dict[str, str], odd: _Reduced) -> None:
+        """Raise `NotVectorisable` where decoding the odd records apart could differ from decoding
+        the range as one: a placeholder on either side (its fill would cross them), or records with
+        and without column types on different sides (a misfit is judged within a range)."""
+        odd_net = odd.surviving()
+        if columns.held or (odd_net is not None and pc.any(pc.is_valid(odd_net.column(Column.UNCHANGED))).as_py()):
+            raise NotVectorisable("odd records next to unavailable-value placeholders")
+        if odd_net is None or net is None or not odd_net.num_rows or not net.num_rows:
+            return
+        odd_types = odd_net.column(Column.TYPES)
+        bulk_bare = pc.any(pc.equal(net.column(GROUP_COLUMN), BARE)).as_py()
+        if (declared and odd_types.null_count) or (bulk_bare and odd_types.null_count < odd_net.num_rows):
+            raise NotVectorisable("odd records with and without column types apart from the others")
 
 
 _META_ROLES = {Meta.KEY: "key", Meta.KIND: "kind", Meta.TOPIC: "topic", Meta.PARTITION: "partition",

@@ -18,9 +18,11 @@ import pytest
 
 from connectors.kafka.range_reader import SOURCE_SCHEMA
 from service.config.settings import PipelineSettings
-from service.kafka_to_delta.materialize.payload import TypeEvidence, payload_table
+from service.kafka_to_delta.materialize.payload import payload_table
 from service.kafka_to_delta.rows.arrow import PAYLOAD_SCHEMA
+from service.kafka_to_delta.rows.names import Column, Meta
 from service.kafka_to_delta.source.batch_changes import batch_changes
+from service.kafka_to_delta.source.debezium_columns import _shown
 from service.kafka_to_delta.source.decode_stage import batch_decoder
 from service.kafka_to_delta.source.partition_changes import PartitionReducer
 
@@ -36,9 +38,10 @@ _COLUMNS = {  # column -> Connect field type (and logical name)
 _TEXTS = ["plain", "with \"quotes\"", "back\\slash", "tab\there", "é ü ß", "emoji 😀", "", "line\nbreak", "\u2028"]
 
 
-def _schema(key_type: str) -> dict:
+def _schema(key_type: str, added: bool = False) -> dict:
     fields = []
-    for name, (kind, logical) in _COLUMNS.items():
+    columns = {**_COLUMNS, "note": ("string", None)} if added else _COLUMNS
+    for name, (kind, logical) in columns.items():
         field = {"field": name, "type": key_type if name == "id" else kind, "optional": name != "id"}
         if logical:
             field["name"] = logical
@@ -59,6 +62,10 @@ class _Range:
         self.string_keys = rng.random() < 0.3
         self.schema = _schema("string" if self.string_keys else "int64")
         self.mode = rng.choice(["always", "never", "mixed"])
+        self.layout = rng.choice(["compact", "spaced", "payload first"])
+        self.added_at = rng.choice([None, rng.randrange(1, 300)])  # a column added by DDL mid-range
+        self.toast = rng.random() < 0.4  # updates that leave `name` unchanged (the placeholder)
+        self.changes = 0
         self.rows: dict[int, dict] = {}
         self.pairs: list[tuple[bytes | None, bytes | None]] = []
         self.odd_records = 0
@@ -68,7 +75,8 @@ class _Range:
 
     def _row(self, key: int) -> dict:
         rng = self.rng
-        return {
+        added = {"note": rng.choice([None, "n", "é"])} if self._added() else {}
+        return added | {
             "id": self._id(key),
             "name": None if rng.random() < 0.1 else rng.choice(_TEXTS) + str(rng.randrange(100)),
             "amount": None if rng.random() < 0.1 else rng.choice([0.5, -1e-7, 1234.25, 1e20, -0.0, 3.0]),
@@ -80,16 +88,25 @@ class _Range:
             "ratio": rng.choice([None, 0.25, 1.5]),
         }
 
+    def _added(self) -> bool:
+        return self.added_at is not None and self.changes >= self.added_at
+
     def _value(self, document: dict) -> bytes:
         wrapped = self.mode == "always" or (self.mode == "mixed" and self.rng.random() < 0.5)
-        body = {"schema": self.schema, "payload": document} if wrapped else document
-        return json.dumps(body, separators=(",", ":"), ensure_ascii=self.rng.random() < 0.5).encode()
+        schema = _schema("string" if self.string_keys else "int64", added=self._added())
+        body = document
+        if wrapped:
+            body = ({"payload": document, "schema": schema} if self.layout == "payload first"
+                    else {"schema": schema, "payload": document})
+        separators = (", ", ": ") if self.layout == "spaced" else (",", ":")
+        return json.dumps(body, separators=separators, ensure_ascii=self.rng.random() < 0.5).encode()
 
     def _key(self, key: int) -> bytes:
         return json.dumps({"id": self._id(key)}).encode()
 
     def add_change(self, key: int) -> None:
         rng = self.rng
+        self.changes += 1
         current = self.rows.get(key)
         if current is None:
             row = self._row(key)
@@ -106,6 +123,9 @@ class _Range:
             self.rows[key] = row
             before = current if rng.random() < 0.8 else None
             document = {"before": before, "after": row, "op": "u", "ts_ms": 1}
+            if self.toast and rng.random() < 0.5:
+                row["name"] = current["name"]
+                document["after"] = {**row, "name": "__debezium_unavailable_value"}
         if self.odd and rng.random() < 0.03:
             self.odd_records += 1
             self.pairs.append((self._key(key), self._odd(document)))
@@ -160,30 +180,36 @@ def _batches(pairs: list[tuple[bytes | None, bytes | None]], rng: random.Random)
     return [batch.slice(a, b - a) for a, b in zip(bounds, bounds[1:])]
 
 
-def _payloads(reducer: PartitionReducer, batches: list[pa.RecordBatch]) -> list[tuple[str, pa.Table, dict]] | str:
-    """The payload parts, or the error that failed the range."""
-    out = []
+def _payloads(reducer: PartitionReducer, batches: list[pa.RecordBatch]) -> pa.Table | str:
+    """The range's payload rows, or the error that failed the range."""
     try:
         produced = list(reducer(lambda: iter(batches)))
     except ValueError as exc:  # a range that fails as a whole (a record that misfits is rejected alone instead)
         return f"{type(exc).__name__}: {exc}"
     for batch in produced:
         assert batch.schema == PAYLOAD_SCHEMA
-        for part, payload in zip(batch.column("part").to_pylist(), batch.column("payload").to_pylist()):
-            table, info = payload_table(payload)
-            out.append((part, table.replace_schema_metadata(None), info))
-    return out
+    return pa.Table.from_batches(produced, schema=PAYLOAD_SCHEMA)
 
 
-def _shown(info: dict) -> dict:
-    """A payload's metadata as the driver uses it. The kinds seen may differ where they cannot
-    change a type: a float column parsed from a JSON integer is seen as float64 alone, where the
-    record-by-record way sees int64 too, and {float64} and {int64, float64} combine alike."""
-    shown = {k: v for k, v in info.items() if k not in ("vectorised", "fallback", "types")}
-    if "types" in info:
-        evidence = TypeEvidence.from_json(info["types"])
-        shown["types"] = (evidence.declared, evidence.types())
-    return shown
+def _infos(payloads: pa.Table) -> list[dict]:
+    return [payload_table(payload)[1] for part, payload in
+            zip(payloads.column("part").to_pylist(), payloads.column("payload").to_pylist()) if part == "changes"]
+
+
+def _merged(payloads: pa.Table) -> tuple:
+    """What the driver makes of a range's payloads: net changes by key (the columns each row left
+    unchanged as a set: the JSON text may space its list differently), failed records by offset,
+    and whether a TRUNCATE was read."""
+    merged = batch_changes(payloads)
+    changes = merged.changes
+    if changes.num_rows:
+        changes = changes.sort_by(Meta.KEY)
+        unchanged = [None if t is None else sorted(json.loads(t)) for t in changes.column(Meta.UNCHANGED).to_pylist()]
+        changes = changes.drop_columns([Meta.UNCHANGED])
+    else:
+        unchanged = []
+    failed = merged.failed.sort_by(Column.OFFSET) if merged.failed.num_rows else merged.failed
+    return changes, unchanged, failed, merged.truncated, merged.count
 
 
 def _compare(seed: int) -> dict:
@@ -198,13 +224,14 @@ def _compare(seed: int) -> dict:
     if isinstance(exact, str) or isinstance(fast, str):
         assert fast == exact
         return {"vectorised": False}
-    assert len(fast) == len(exact)
-    for (part, table, info), (exact_part, exact_table, exact_info) in zip(fast, exact):
-        assert part == exact_part
-        assert table.schema == exact_table.schema
-        assert table.equals(exact_table), f"{part} rows differ"
-        assert _shown(info) == _shown(exact_info)
-    info = fast[0][2]
+    (changes, unchanged, failed, truncated, count) = _merged(fast)
+    (exact_changes, exact_unchanged, exact_failed, exact_truncated, exact_count) = _merged(exact)
+    assert changes.schema == exact_changes.schema
+    assert changes.equals(exact_changes), "net changes differ"
+    assert unchanged == exact_unchanged
+    assert failed.equals(exact_failed), "failed records differ"
+    assert (truncated, count) == (exact_truncated, exact_count)
+    info = _infos(fast)[0]
     if not source.odd_records:
         assert info["vectorised"], f"a clean range was decoded record by record: {info.get('fallback')}"
     return info
@@ -238,26 +265,32 @@ def test_a_range_decoded_record_by_record_says_why_without_quoting_values() -> N
     schema = _schema("int64")
     row = {name: None for name in _COLUMNS} | {"id": 1}
     secret = 987654321987654321987  # beyond int64: pyarrow refuses it, quoting it in its message
-    values = [
-        json.dumps({"schema": schema, "payload": {"before": None, "after": document, "op": "c"}},
-                   separators=(",", ":")).encode()
-        for document in (row, {**row, "at": secret})
-    ]
-    batches = _batches([(b'{"id":1}', value) for value in values], random.Random(0))
-    (changes, *_), = [_payloads(PartitionReducer(batch_decoder(pipeline), ("id",)), batches)]
-    _, _, info = changes
-    assert info["vectorised"] is False
-    assert info["fallback"].startswith("pyarrow.json refused the values (ArrowInvalid")
-    assert str(secret) not in info["fallback"] and "987654" not in info["fallback"]
-    merged = batch_changes(pa.Table.from_batches(
-        list(PartitionReducer(batch_decoder(pipeline), ("id",))(lambda: iter(batches))), schema=PAYLOAD_SCHEMA))
-    assert merged.fallbacks == [info["fallback"]] and (merged.vectorised, merged.record_by_record) == (0, 1)
-    clean = _batches([(b'{"id":1}', values[0])], random.Random(0))
-    merged = batch_changes(pa.Table.from_batches(
-        list(PartitionReducer(batch_decoder(pipeline), ("id",))(lambda: iter(clean))), schema=PAYLOAD_SCHEMA))
-    assert merged.fallbacks == [] and (merged.vectorised, merged.record_by_record) == (1, 0)
-    assert merged.changes.num_rows == 1
+
+    def value(document: dict) -> bytes:
+        return json.dumps({"schema": schema, "payload": {"before": None, "after": document, "op": "c"}},
+                          separators=(",", ":")).encode()
+
+    def merged(values: list[bytes], settings: PipelineSettings = pipeline):
+        batches = _batches([(b'{"id":%d}' % i, v) for i, v in enumerate(values)], random.Random(0))
+        return batch_changes(pa.Table.from_batches(
+            list(PartitionReducer(batch_decoder(settings), ("id",))(lambda: iter(batches))), schema=PAYLOAD_SCHEMA))
+
+    one_odd = merged([value({**row, "id": i}) for i in range(5)] + [value({**row, "id": 9, "at": secret})])
+    assert one_odd.fallbacks == [] and (one_odd.vectorised, one_odd.record_by_record) == (1, 0)
+    assert one_odd.odd_records == 1  # that record alone was decoded record by record
+    undeclared = value({**row, "id": 2, "extra": "text"})  # a row column next to declared ones: the range falls back
+    fell_back = merged([value(row), undeclared])
+    assert (fell_back.vectorised, fell_back.record_by_record) == (0, 1)
+    assert fell_back.fallbacks == ["a row column no schema declares next to declared ones"]
+    assert all(str(secret) not in reason and "987654" not in reason for reason in fell_back.fallbacks)
+    clean = merged([value(row)])
+    assert clean.fallbacks == [] and (clean.vectorised, clean.record_by_record) == (1, 0)
+    assert clean.changes.num_rows == 1
     flat = PipelineSettings(name="p", topics=["t"], table="t", primary_key=["id"], from_changelog={"preset": "flat"})
-    merged = batch_changes(pa.Table.from_batches(  # settings the vectorised decode does not take
-        list(PartitionReducer(batch_decoder(flat), ("id",))(lambda: iter(clean))), schema=PAYLOAD_SCHEMA))
-    assert merged.fallbacks == [] and (merged.vectorised, merged.record_by_record) == (0, 1)
+    settings_not_taken = merged([value(row)], flat)
+    assert settings_not_taken.fallbacks == [] and (settings_not_taken.vectorised, settings_not_taken.record_by_record) == (0, 1)
+
+
+def test_a_refused_value_is_named_without_its_text() -> None:
+    error = pa.ArrowInvalid("JSON parse error: Column(/after/at) changed from number to 987654321987654321987 in row 3")
+    assert _shown(error) == "ArrowInvalid at /after/at"

@@ -1,0 +1,146 @@
+"""Kafka Connect JSON wrappers of one range, told apart by their bytes and cut open in Arrow.
+
+The JSON converter writes `{"schema": S, "payload": P}` with the same S record after record,
+until a DDL change brings the next version. A layout is the bytes around P of one such record
+(`prefix`, `suffix`), confirmed by a full parse: any value that starts with the prefix and ends
+with the suffix wraps that same schema, so its payload is the slice between them and is parsed
+in bulk. Whitespace (`json.dumps`'s `", "` and `": "`) and key order (the payload first) are
+only bytes of the prefix or suffix, so every layout a producer writes consistently is learnt.
+
+A value that looks like a wrapper but whose layout cannot be confirmed (or a range with more than
+`MAX_LAYOUTS` schema versions) is an odd record: the caller decodes it the reference way.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from connectors.delta.connect_types import (
+    CONNECT_FIELD,
+    CONNECT_FIELDS,
+    CONNECT_STRUCT,
+    CONNECT_TYPE,
+)
+from service.kafka_to_delta.formats.debezium_json import JsonDocuments, is_wrapper, loads
+from vocabulary.changes import Envelope
+from vocabulary.errors import DecodeError
+
+MAX_LAYOUTS = 16
+"""Schema versions learnt per range; beyond them, values of unknown layouts are odd records."""
+BARE = -1
+"""Group of values without a wrapper (documents without a schema block)."""
+ODD = -2
+"""Group of values the caller decodes the reference way."""
+_LOOKS_WRAPPED = r'^\s*\{\s*"(schema|payload)"\s*:'
+_PAYLOAD_KEY = re.compile(rb'"payload"\s*:\s*')
+_SCHEMA_AFTER = re.compile(rb'\s*,\s*"schema"\s*:')
+_NESTED_CONNECT_TYPES = (CONNECT_STRUCT, "array", "map")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One schema version of a range: the bytes around its payload and its column types."""
+
+    prefix: bytes
+    suffix: bytes
+    types: dict[str, str]
+    nested: frozenset[str]
+    """Declared columns holding structs, arrays or maps (stored as JSON text)."""
+
+
+def _nested_columns(schema: Any, images: tuple[str, ...]) -> frozenset[str]:
+    """Row columns whose Connect type is a struct, an array or a map (VariableScaleDecimal and
+    Geometry are structs)."""
+    fields = schema.get(CONNECT_FIELDS) if isinstance(schema, dict) else None
+    if not isinstance(fields, list):
+        return frozenset()
+    by_name = {f.get(CONNECT_FIELD): f for f in fields if isinstance(f, dict)}
+    image = next((by_name[n] for n in images if isinstance(by_name.get(n), dict)
+                  and by_name[n].get(CONNECT_TYPE) == CONNECT_STRUCT), None)
+    row_fields = image.get(CONNECT_FIELDS) if image is not None else None
+    if not isinstance(row_fields, list):
+        return frozenset()
+    return frozenset(f[CONNECT_FIELD] for f in row_fields
+                     if isinstance(f, dict) and f.get(CONNECT_TYPE) in _NESTED_CONNECT_TYPES)
+
+
+def learn_layout(value: bytes, documents: JsonDocuments) -> Layout | None:
+    """The layout of one wrapper, confirmed by parsing it in full; None when it is not a wrapper or
+    its payload cannot be cut out by bytes alone."""
+    try:
+        document = loads(value)
+        if not is_wrapper(document):
+            return None
+        payload, schema = document[Envelope.PAYLOAD], document[Envelope.SCHEMA]
+        _, types = documents(value)
+    except (DecodeError, ValueError):  # UnicodeDecodeError included
+        return None
+    if types is None or not isinstance(payload, dict):
+        return None
+    stripped = value.rstrip()
+    ends = [len(stripped) - 1] + [m.start() for m in _SCHEMA_AFTER.finditer(value)]
+    for start in (m.end() for m in _PAYLOAD_KEY.finditer(value)):
+        for end in ends:
+            if end <= start:
+                continue
+            piece = value[start:end].rstrip()
+            if not piece.startswith(b"{") or not piece.endswith(b"}"):
+                continue
+            end = start + len(piece)
+            try:
+                if loads(piece) != payload or loads(value[:start] + b"null" + value[end:]) != {
+                        Envelope.SCHEMA: schema, Envelope.PAYLOAD: None}:
+                    continue
+            except ValueError:
+                continue
+            return Layout(value[:start], value[end:], types, _nested_columns(schema, documents.layout.images))
+    return None
+
+
+class Layouts:
+    """The layouts learnt over one range; `split` sorts a chunk's values into them."""
+
+    def __init__(self, documents: JsonDocuments) -> None:
+        self.documents = documents
+        self.known: list[Layout] = []
+
+    def split(self, values: pa.Array) -> tuple[np.ndarray, pa.Array]:
+        """(group of each value: a layout index, `BARE` or `ODD`; each value's payload bytes: the
+        slice inside its wrapper, the value itself when bare)."""
+        groups = np.full(len(values), BARE, np.int32)
+        payloads = values
+        looks_wrapped = pc.fill_null(pc.match_substring_regex(values, _LOOKS_WRAPPED), False)
+        pending = np.asarray(looks_wrapped.to_numpy(zero_copy_only=False), np.bool_)
+        tried = 0
+        while True:
+            for index, layout in enumerate(self.known):
+                if not pending.any():
+                    break
+                matches = pc.and_(pc.starts_with(values, pattern=layout.prefix.decode()),
+                                  pc.ends_with(values, pattern=layout.suffix.decode()))
+                hit = pending & np.asarray(matches.to_numpy(zero_copy_only=False), np.bool_)
+                if hit.any():
+                    groups[hit] = index
+                    pending &= ~hit
+                    cut = pc.binary_slice(values, len(layout.prefix), -len(layout.suffix) if layout.suffix else None)
+                    payloads = pc.if_else(pa.array(hit), cut, payloads)
+            if not pending.any():
+                break
+            if tried >= MAX_LAYOUTS or len(self.known) >= MAX_LAYOUTS:
+                groups[pending] = ODD
+                break
+            first = int(np.flatnonzero(pending)[0])
+            learnt = learn_layout(values[first].as_py(), self.documents)
+            tried += 1
+            if learnt is None or learnt in self.known:
+                groups[first] = ODD
+                pending[first] = False
+                continue
+            self.known.append(learnt)
+        return groups, payloads
