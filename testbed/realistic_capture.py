@@ -14,7 +14,7 @@ of a row raises `revision`: the freshness section finds each row image's clock t
 
 `changes` events in all: a snapshot of a fifth of them, then single-row updates (most), inserts
 and deletes (each delete is followed by its tombstone) streamed in transactions of 200 statements.
-Two engines capture the same database at once, one with the Connect schema blocks
+Two engines (started one after the other) capture the same database, one with the Connect schema blocks
 (`converter.schemas.enable=true`) and one without, each into a topic of one partition.
 """
 
@@ -247,10 +247,10 @@ def capture(bootstrap: str, changes: int, workdir: Path, log=print) -> CapturedT
                                              schemas=schemas)
             engine = EngineProcess(properties, bootstrap, engine_dir, topics[schemas], workload.records)
             engine.command += ["--max-seconds", str(CAPTURE_TIMEOUT_S), "--idle-seconds", "3"]
-            engines.append((engine.start(), properties["slot.name"], topics[schemas]))
+            engines.append((engine, properties["slot.name"], topics[schemas]))
         try:
-            for engine, _, _ in engines:
-                engine.wait_streaming(timeout=CAPTURE_TIMEOUT_S)
+            for engine, _, _ in engines:  # one after the other: a new slot waits for the other's snapshot
+                engine.start().wait_streaming(timeout=CAPTURE_TIMEOUT_S)
             timings["engines started, snapshot taken"] = round(time.monotonic() - started, 1)
             _run_sql(cluster, workdir, "streaming", streaming, dbname)
             timings["streamed changes (SQL)"] = round(time.monotonic() - started, 1)
@@ -262,7 +262,7 @@ def capture(bootstrap: str, changes: int, workdir: Path, log=print) -> CapturedT
             timings["captured"] = round(time.monotonic() - started, 1)
         finally:
             for engine, slot, _ in engines:
-                engine.stop()
+                engine.stop()  # a no-op for an engine that was never started or has stopped
                 cluster.drop_replication_slot(slot)
         rows = select_star(cluster, dbname)
     finally:
