@@ -80,10 +80,11 @@ def _pair_codes() -> np.ndarray:
 
 _PAIR_CODES = _pair_codes()
 
-_DATE_TIME = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})?$"
-_DATE = r"^\d{4}-\d{2}-\d{2}$"
+_DATE_LENGTH = 10  # YYYY-MM-DD
 _DATE_TIME_LENGTH = 19  # YYYY-MM-DDTHH:MM:SS
 _OFFSET_LENGTH = 6  # +HH:MM
+_MAX_FRACTION_DIGITS = 9
+_READ_AHEAD = 32  # bytes past the last value that fixed-position reads may touch
 _DAYS_IN_MONTH = np.array([0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31], np.int64)
 
 
@@ -122,7 +123,7 @@ def bulk_column(values: pa.Array | pa.ChunkedArray, type_name: str) -> tuple[pa.
     """
     column = _one_array(values)
     target = arrow_type(type_name)
-    if pa.types.is_null(column.type):
+    if pa.types.is_null(column.type) or not len(column) or column.null_count == len(column):
         return pa.nulls(len(column), target), np.zeros(len(column), np.bool_)
     if type_name == TypeName.STRING:
         if pa.types.is_string(column.type):
@@ -166,7 +167,7 @@ def json_text(values: pa.Array | pa.ChunkedArray, fixed_key_order: bool = False)
     """
     column = _one_array(values)
     kind = column.type
-    if pa.types.is_null(kind):
+    if pa.types.is_null(kind) or not len(column) or column.null_count == len(column):
         return pa.nulls(len(column), pa.string()), np.zeros(len(column), np.bool_)
     if pa.types.is_string(kind):
         return _text(column)
@@ -384,84 +385,116 @@ def _unscaled(number: int, whole: pa.DataType, width: int) -> pa.Scalar:
 
 def _iso_dates(column: pa.Array) -> tuple[pa.Array, np.ndarray]:
     """`YYYY-MM-DD` text -> date32 (`date.fromisoformat`)."""
-    matched = _matching(column, _DATE)
-    chosen = column.filter(pa.array(matched))
-    offsets, data = _string_buffers(chosen)
-    year, month, day, ok = _calendar(data, offsets[:-1])
-    days = np.zeros(len(column), np.int64)
-    days[matched] = np.where(ok, _days_from_civil(year, month, day), 0)
-    fits = np.zeros(len(column), np.bool_)
-    fits[matched] = ok
-    array = pa.Array.from_buffers(pa.date32(), len(column), [_validity(fits), pa.py_buffer(days.astype(np.int32))])
-    return array, _valid(column) & ~fits
+    text = _IsoText(column)
+    date = text.digits(0, _DATE_LENGTH)
+    year, month, day = _number(date[:, 0:4]), _number(date[:, 5:7]), _number(date[:, 8:10])
+    ok = (text.lengths == _DATE_LENGTH) & _laid_out(date, _DATE_LAYOUT) & _valid_date(year, month, day)
+    return text.result(pa.date32(), ok, np.where(ok, _days_from_civil(year, month, day), 0).astype(np.int32))
 
 
 def _iso_timestamps(column: pa.Array, target: pa.DataType, zoned: bool) -> tuple[pa.Array, np.ndarray]:
     """ISO date-time text -> microseconds: the fraction cut (not rounded) to six digits; an offset
     converted to UTC when `zoned` (ZonedTimestamp), else dropped (`replace(tzinfo=None)`); no
-    offset is UTC. As `arrow_types._parse_iso` and `_epoch_us` do."""
-    matched = _matching(column, _DATE_TIME)
-    chosen = column.filter(pa.array(matched))
-    offsets, data = _string_buffers(chosen)
-    starts, lengths = offsets[:-1], np.diff(offsets)
-    year, month, day, ok = _calendar(data, starts)
-    hour, minute, second = (_number(data, starts + at, 2) for at in (11, 14, 17))
-    ok &= (hour <= 23) & (minute <= 59) & (second <= 59)
-    last = data[np.maximum(starts + lengths - 1, 0)] if len(data) else np.zeros(len(starts), np.uint8)
-    sign_at = np.maximum(starts + lengths - _OFFSET_LENGTH, 0)
-    signed = (lengths >= _DATE_TIME_LENGTH + _OFFSET_LENGTH) & (
-        (_byte(data, sign_at) == ord("+")) | (_byte(data, sign_at) == ord("-")))
-    zone_length = np.where(last == ord("Z"), 1, np.where(signed, _OFFSET_LENGTH, 0))
-    fraction_length = np.maximum(lengths - zone_length - _DATE_TIME_LENGTH - 1, 0)
-    fraction = np.zeros(len(starts), np.int64)
-    for digit in range(_FRACTION_DIGITS):
-        present = digit < fraction_length
-        value = _byte(data, starts + _DATE_TIME_LENGTH + 1 + digit).astype(np.int64) - ord("0")
-        fraction = fraction * 10 + np.where(present, value, 0)
-    micros = (_days_from_civil(year, month, day) * _US_PER_DAY
-              + ((hour * 60 + minute) * 60 + second) * _US_PER_SECOND + fraction)
-    offset_hours = _number(data, sign_at + 1, 2)
-    offset_minutes = _number(data, sign_at + 4, 2)
+    offset is UTC. As `arrow_types._parse_iso` and `_epoch_us` do. Fractions of up to nine digits
+    (Java's nanoseconds) are read; longer ones are misfits."""
+    text = _IsoText(column)
+    lengths = text.lengths
+    moment = text.digits(0, _DATE_TIME_LENGTH)
+    zone = text.digits_from_end(_OFFSET_LENGTH)
+    utc = zone[:, -1] == _code("Z")
+    signed = (((zone[:, 0] == _code("+")) | (zone[:, 0] == _code("-")))
+              & (lengths >= _DATE_TIME_LENGTH + _OFFSET_LENGTH) & _laid_out(zone, _OFFSET_LAYOUT))
+    fraction_length = lengths - np.where(utc, 1, np.where(signed, _OFFSET_LENGTH, 0)) - _DATE_TIME_LENGTH - 1
+    dotted = fraction_length >= 0  # -1: no fraction, not even a dot
+    fraction = text.digits(_DATE_TIME_LENGTH, 1 + _MAX_FRACTION_DIGITS)
+    counted = np.arange(_MAX_FRACTION_DIGITS) < fraction_length[:, None]
+    ok = ((lengths >= _DATE_TIME_LENGTH) & _laid_out(moment, _DATE_TIME_LAYOUT)
+          & ((fraction_length == -1) | ((fraction_length >= 1) & (fraction_length <= _MAX_FRACTION_DIGITS)))
+          & (~dotted | (fraction[:, 0] == _code("."))) & np.all((fraction[:, 1:] < 10) | ~counted, axis=1))
+    year, month, day = _number(moment[:, 0:4]), _number(moment[:, 5:7]), _number(moment[:, 8:10])
+    hour, minute, second = _number(moment[:, 11:13]), _number(moment[:, 14:16]), _number(moment[:, 17:19])
+    offset_hours, offset_minutes = _number(zone[:, 1:3]), _number(zone[:, 4:6])
+    ok &= _valid_date(year, month, day) & (hour <= 23) & (minute <= 59) & (second <= 59)
     ok &= ~signed | ((offset_hours <= 23) & (offset_minutes <= 59))  # Python parses even a dropped offset
+    micros = (_days_from_civil(year, month, day) * _US_PER_DAY + ((hour * 60 + minute) * 60 + second) * _US_PER_SECOND
+              + _number(np.where(counted, fraction[:, 1:], 0)[:, :_FRACTION_DIGITS]))
     if zoned:
-        direction = np.where(_byte(data, sign_at) == ord("-"), -1, 1)
+        direction = np.where(zone[:, 0] == _code("-"), -1, 1)
         micros -= np.where(signed, direction * (offset_hours * 60 + offset_minutes) * 60 * _US_PER_SECOND, 0)
-    values = np.zeros(len(column), np.int64)
-    values[matched] = np.where(ok, micros, 0)
-    fits = np.zeros(len(column), np.bool_)
-    fits[matched] = ok
-    return pa.Array.from_buffers(target, len(column), [_validity(fits), pa.py_buffer(values)]), _valid(column) & ~fits
+    return text.result(target, ok, np.where(ok, micros, 0))
 
 
-def _matching(column: pa.Array, pattern: str) -> np.ndarray:
-    """The values matching a regular expression (ASCII digits only), as a numpy mask."""
-    matches = pc.match_substring_regex(column, pattern)
-    return pc.fill_null(matches, False).to_numpy(zero_copy_only=False)
+class _IsoText:
+    """The non-null values of a text column, for reading characters at fixed positions from each
+    value's start or end, as digit values (the character minus `0`: 0..9 for a digit). The data
+    is padded so that reads past a value stay in bounds; callers mask those."""
+
+    def __init__(self, column: pa.Array) -> None:
+        self.column = column
+        self.valid = _valid(column)
+        self.chosen = column if self.valid.all() else column.filter(pa.array(self.valid))
+        offsets, data = _string_buffers(self.chosen)
+        self.starts = offsets[:-1] - offsets[0]
+        self.lengths = np.diff(offsets)
+        self.data = np.concatenate([data[offsets[0]:offsets[-1]], np.zeros(_READ_AHEAD, np.uint8)]) - np.uint8(
+            ord("0"))
+
+    def digits(self, position: int, width: int) -> np.ndarray:
+        """The `width` characters from `position` of each value (a row each)."""
+        return self.data[self.starts[:, None] + np.arange(position, position + width)]
+
+    def digits_from_end(self, width: int) -> np.ndarray:
+        """The last `width` characters of each value (of shorter ones: from the start)."""
+        return self.data[(self.starts + np.maximum(self.lengths - width, 0))[:, None] + np.arange(width)]
+
+    def result(self, target: pa.DataType, ok: np.ndarray, values: np.ndarray) -> tuple[pa.Array, np.ndarray]:
+        """The typed column (the fitting values, nulls elsewhere) and the misfit mask."""
+        fits = np.zeros(len(self.column), np.bool_)
+        fits[self.valid] = ok
+        storage = np.zeros(len(self.column), values.dtype)
+        storage[self.valid] = values
+        array = pa.Array.from_buffers(target, len(self.column), [_validity(fits), pa.py_buffer(storage)])
+        return array, self.valid & ~fits
 
 
-def _byte(data: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """The data bytes at the positions (0 past the end: callers mask those)."""
-    if not len(data):
-        return np.zeros(len(at), np.uint8)
-    return np.where(at < len(data), data[np.minimum(at, len(data) - 1)], 0)
+def _code(character: str) -> int:
+    """A character as `_IsoText` reads it (its byte minus `0`, modulo 256)."""
+    return (ord(character) - ord("0")) % 256
 
 
-def _number(data: np.ndarray, at: np.ndarray, digits: int) -> np.ndarray:
-    """The decimal number written with `digits` ASCII digits from each position."""
-    number = np.zeros(len(at), np.int64)
-    for digit in range(digits):
-        number = number * 10 + _byte(data, at + digit).astype(np.int64) - ord("0")
+def _layout(pattern: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(where a digit goes, where any character goes, the character everywhere else) of a pattern:
+    `d` a digit, `?` anything."""
+    digit = np.array([character == "d" for character in pattern])
+    anything = np.array([character == "?" for character in pattern])
+    return digit, anything, np.array([_code(character) for character in pattern], np.uint8)
+
+
+_DATE_LAYOUT = _layout("dddd-dd-dd")
+_DATE_TIME_LAYOUT = _layout("dddd-dd-ddTdd:dd:dd")
+_OFFSET_LAYOUT = _layout("?dd:dd")  # the sign is checked apart
+
+
+def _laid_out(characters: np.ndarray, layout: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+    """Whether each row of characters (as `_IsoText` reads them) follows the layout."""
+    digit, anything, codes = layout
+    return np.all(np.where(digit, characters < 10, anything | (characters == codes)), axis=1)
+
+
+def _number(digits: np.ndarray) -> np.ndarray:
+    """The decimal number each row of digit values writes."""
+    number = np.zeros(len(digits), np.int64)
+    for column in range(digits.shape[1]):
+        number = number * 10 + digits[:, column]
     return number
 
 
-def _calendar(data: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(year, month, day, valid date?) of `YYYY-MM-DD` at each position; year 0 is not one (Python's
-    dates start at year 1)."""
-    year, month, day = _number(data, starts, 4), _number(data, starts + 5, 2), _number(data, starts + 8, 2)
+def _valid_date(year: np.ndarray, month: np.ndarray, day: np.ndarray) -> np.ndarray:
+    """Whether year, month and day make a date; year 0 does not (Python's dates start at year 1)."""
     leap = (year % 4 == 0) & ((year % 100 != 0) | (year % 400 == 0))
     month_ok = (month >= 1) & (month <= 12)
     days_in_month = _DAYS_IN_MONTH[np.where(month_ok, month, 0)] + (leap & (month == 2))
-    return year, month, day, (year >= 1) & month_ok & (day >= 1) & (day <= days_in_month)
+    return (year >= 1) & month_ok & (day >= 1) & (day <= days_in_month)
 
 
 def _days_from_civil(year: np.ndarray, month: np.ndarray, day: np.ndarray) -> np.ndarray:

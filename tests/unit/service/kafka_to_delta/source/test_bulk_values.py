@@ -340,3 +340,22 @@ def assert_text(values: list, text: pa.Array, misfit: np.ndarray) -> None:
             assert not text[position].is_valid
         else:
             assert expected is not REFUSED and text[position].as_py() == expected[0].as_py(), position
+
+
+@pytest.mark.parametrize("type_name", [*TypeName.INTEGERS, *TypeName.FLOATS, TypeName.BOOL, TypeName.STRING,
+                                       TypeName.BINARY, TypeName.DATE32, TypeName.TIMESTAMP_MS,
+                                       TypeName.TIMESTAMP_US_UTC, "decimal(10,2)", "decimal(40,2)"])
+def test_empty_all_null_sliced_and_chunked_columns(type_name):
+    values = {TypeName.BINARY: "AQI=", TypeName.TIMESTAMP_US_UTC: "2024-02-29T23:59:59.999999-01:00",
+              "decimal(10,2)": "AQI=", "decimal(40,2)": "/w==", TypeName.BOOL: True, TypeName.STRING: "é",
+              TypeName.FLOAT32: 1.5, TypeName.FLOAT64: 1.5}.get(type_name, 7)
+    data_type = parse_type(type_name)
+    for column in (pa.array([], data_type), pa.nulls(3, data_type), pa.chunked_array([], data_type)):
+        typed, misfit = bulk_column(column, type_name)
+        assert typed.type == arrow_type(type_name) and typed.null_count == len(typed) == len(column)
+        assert not misfit.any()
+    whole = pa.array([values, None, values, values], data_type)
+    expected = typed_column("c", type_name, [values, None, values, values])
+    for column in (whole.slice(1, 3), pa.chunked_array([whole.slice(0, 1), whole.slice(1, 3)])):
+        typed, misfit = bulk_column(column, type_name)
+        assert typed.equals(expected.slice(len(whole) - len(column))) and not misfit.any()
