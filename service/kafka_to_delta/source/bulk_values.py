@@ -23,8 +23,13 @@ subset of what the reference accepts, never a superset:
   `YYYY-MM-DDTHH:MM:SS[.fraction][Z|+HH:MM|-HH:MM]` with a valid calendar date (year 1 on),
   hour, minute and second (no leap second), and an offset under 24 hours, and `YYYY-MM-DD` for
   dates; anything else -> misfit;
-- a column parsed as a type the declared one does not convert from -> every value a misfit.
+- a column parsed as a type the declared one does not convert from -> every value a misfit;
+- nested values of a text column (`json_text`): what Arrow's inference may have changed (see there).
 Nulls stay null and are never misfits.
+
+Everything is numpy / `pyarrow.compute` over the whole column but two rare cases, each said
+where it happens: text that is not UTF-8 is located value by value, and nested values become
+JSON text value by value (`json_text`).
 """
 
 from __future__ import annotations
@@ -36,11 +41,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors.delta.arrow_types import (
-    MAX_DECIMAL128_PRECISION,
-    TypeName,
-    arrow_type,
-)
+from connectors.delta.arrow_types import MAX_DECIMAL128_PRECISION, TypeName, arrow_type
 from service.kafka_to_delta.formats.row_fit import INT_RANGES
 
 _EPOCH_CODED = (TypeName.DATE32, TypeName.TIMESTAMP_MS, TypeName.TIMESTAMP_US, TypeName.TIMESTAMP_NS)
