@@ -1,8 +1,9 @@
 """Confluent-framed Avro values decoded in bulk: Arrow columns per schema id, no Python object per record.
 
 `decode_avro_columns(values, client)` (or `BulkAvroDecoder(client).decode(values)`) groups the
-values by schema id and, per id, wraps the bodies into one in-memory Avro object container file
-(header with the writer schema stripped of logical types, one block) that polars-avro reads
+values by schema id and, per id, puts the values whole into one in-memory Avro object container
+file (header with the writer schema stripped of logical types, between a leading 5-byte `fixed`
+that takes the frame and a trailing sentinel; one block) that polars-avro reads
 (`arrow-avro`, Apache Arrow's Rust columnar Avro decoder, through the Arrow C data interface).
 The raw columns are then typed with vectorised Arrow/numpy kernels to exactly what
 `connectors.delta.arrow_types.typed_column` gives for the reference decoder's value
@@ -96,6 +97,8 @@ IMAGE_FIELDS = (Envelope.BEFORE, Envelope.AFTER)
 SENTINEL_SIZE = 8
 SENTINEL_FIELD = "cdc_lakehouse_bulk_end"
 SENTINEL_TYPE = "CdcLakehouseBulkEnd"
+FRAME_FIELD = "cdc_lakehouse_frame"  # the 5 bytes of the Confluent frame, read as a leading `fixed`
+FRAME_TYPE = "CdcLakehouseFrame"
 CONTAINER_MAGIC = b"Obj\x01"
 SYNC_SIZE = 16
 _TIMESTAMP_TO_US: dict[str, tuple[int, int]] = {  # column type -> (multiply, floor-divide) of the stored number
@@ -323,12 +326,16 @@ class _Plan:
     is_envelope: bool
     column_types: dict[str, str]
 
-    def read(self, bodies: Sequence[memoryview], sentinel: bytes) -> tuple[pa.RecordBatch, int | None]:
-        """The raw batch of `bodies` and the position of the first shifted sentinel (None if none)."""
+    def read(self, framed: Sequence[bytes], sentinel: bytes) -> tuple[pa.RecordBatch, int | None]:
+        """The raw batch of `framed` values and the position of the first shifted sentinel (None if none).
+
+        The values go into the block whole, frame included (the container's record starts with a
+        5-byte `fixed`): no Python object per record.
+        """
         from polars_avro._avro_rs import AvroSource  # imported on first use: polars is heavy
 
-        data = sentinel.join(bodies) + sentinel
-        block = _zigzag(len(bodies)) + _zigzag(len(data))
+        data = sentinel.join(framed) + sentinel
+        block = _zigzag(len(framed)) + _zigzag(len(data))
         container = io.BytesIO(b"".join((self.header, block, data, self.sync)))
 
         class _Source:
@@ -340,12 +347,12 @@ class _Plan:
                 return None
 
         source = _Source()
-        batches = AvroSource([lambda: source], False, False).batch_iter(len(bodies), self.columns)
+        batches = AvroSource([lambda: source], False, False).batch_iter(len(framed), self.columns)
         batch = pa.record_batch(next(batches))  # once only: see the module docstring
-        if batch.num_rows != len(bodies):
+        if batch.num_rows != len(framed):
             raise ValueError("the block gave another number of records")
         ends = batch.column(self.columns.index(SENTINEL_FIELD))
-        read = np.frombuffer(ends.buffers()[1], np.uint64)[ends.offset : ends.offset + len(bodies)]
+        read = np.frombuffer(ends.buffers()[1], np.uint64)[ends.offset : ends.offset + len(framed)]
         shifted = np.flatnonzero(read != np.frombuffer(sentinel, np.uint64)[0])
         return batch, (int(shifted[0]) if len(shifted) else None)
 
@@ -394,10 +401,11 @@ def _plan(codec: AvroRecordCodec) -> _Plan:
         raise _Unfit("before and after are different records")
     definition = without_logical_types(codec.definition)
     taken = {item["name"] for item in definition["fields"]}
-    if SENTINEL_FIELD in taken:
-        raise _Unfit("a field has the sentinel's name")
+    if {SENTINEL_FIELD, FRAME_FIELD} & taken or any(kind in json.dumps(definition) for kind in (SENTINEL_TYPE, FRAME_TYPE)):
+        raise _Unfit("the schema uses a name the bulk container needs")
+    frame_field = {"name": FRAME_FIELD, "type": {"type": "fixed", "name": FRAME_TYPE, "size": HEADER_SIZE}}
     sentinel_field = {"name": SENTINEL_FIELD, "type": {"type": "fixed", "name": SENTINEL_TYPE, "size": SENTINEL_SIZE}}
-    definition = {**definition, "fields": [*definition["fields"], sentinel_field]}
+    definition = {**definition, "fields": [frame_field, *definition["fields"], sentinel_field]}
     sync = os.urandom(SYNC_SIZE)
     metadata = {"avro.schema": json.dumps(definition).encode(), "avro.codec": b"null"}
     header = CONTAINER_MAGIC + _zigzag(len(metadata))
@@ -437,24 +445,27 @@ class BulkAvroDecoder:
     def decode(self, framed: Sequence[bytes | None]) -> BulkDecoded:
         """Groups, fallback positions and tombstone positions of `framed` (see the module docstring)."""
         result = BulkDecoded()
-        by_id: dict[int, tuple[list[int], list[memoryview]]] = {}
-        for position, value in enumerate(framed):
-            if value is None:
-                result.tombstones.append(position)
+        headers = [None if value is None else value[:HEADER_SIZE] for value in framed]
+        by_header: dict[bytes | None, list[int]] = {}
+        if len(set(headers)) == 1:  # one schema id (or only tombstones): no loop over the records
+            by_header[headers[0]] = list(range(len(framed)))
+        else:
+            for position, header in enumerate(headers):
+                by_header.setdefault(header, []).append(position)
+        for header, positions in by_header.items():
+            if header is None:
+                result.tombstones.extend(positions)
                 continue
-            if len(value) < HEADER_SIZE or value[0] != MAGIC_BYTE:
-                result.fallback.append(position)
+            if len(header) < HEADER_SIZE or header[0] != MAGIC_BYTE:
+                result.fallback.extend(positions)
                 continue
-            schema_id = HEADER.unpack_from(value)[1]
-            positions, bodies = by_id.setdefault(schema_id, ([], []))
-            positions.append(position)
-            bodies.append(memoryview(value)[HEADER_SIZE:])
-        for schema_id, (positions, bodies) in by_id.items():
+            schema_id = HEADER.unpack(header)[1]
             plan = self.plan(schema_id)
             if plan is None:
                 result.fallback.extend(positions)
                 continue
-            good, bad = _read_all(plan, bodies)
+            group = list(framed) if len(by_header) == 1 else [framed[position] for position in positions]
+            good, bad = _read_all(plan, group)  # type: ignore[arg-type] - no None in a group
             try:
                 table = plan.typed(pa.Table.from_batches([batch for _, batch in good])) if good else None
             except _Unfit:
@@ -462,22 +473,24 @@ class BulkAvroDecoder:
                 continue
             result.fallback.extend(positions[index] for index in bad)
             if table is not None:
-                kept = [positions[index] for start, batch in good for index in range(start, start + batch.num_rows)]
+                kept = positions if not bad else [
+                    positions[index] for start, batch in good for index in range(start, start + batch.num_rows)]
                 result.groups[schema_id] = SchemaColumns(schema_id, kept, table, plan.column_types, plan.is_envelope)
+        result.tombstones.sort()
         result.fallback.sort()
         return result
 
 
-def _read_all(plan: _Plan, bodies: list[memoryview]) -> tuple[list[tuple[int, pa.RecordBatch]], list[int]]:
+def _read_all(plan: _Plan, framed: list[bytes]) -> tuple[list[tuple[int, pa.RecordBatch]], list[int]]:
     """(start, raw batch) of the ranges read in bulk, in order, and the indices that were not."""
     sentinel = _sentinel()
     good: list[tuple[int, pa.RecordBatch]] = []
     bad: list[int] = []
-    ranges = [(0, len(bodies))]
+    ranges = [(0, len(framed))]
     while ranges:
         start, end = ranges.pop()
         try:
-            batch, shifted = plan.read(bodies[start:end], sentinel)
+            batch, shifted = plan.read(framed[start:end], sentinel)
         except BaseException as exc:  # noqa: BLE001 - the Rust reader raises its own errors and panics
             if isinstance(exc, _SKIP_EXCEPTIONS):
                 raise
