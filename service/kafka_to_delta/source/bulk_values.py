@@ -287,11 +287,11 @@ def _string_buffers(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _decode_base64(column: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Canonical base64 text -> (fits mask, decoded lengths, where each value's bytes start, how
-    many bytes its groups decoded to, the bytes),
-    for the whole column at once: the values whose length is a multiple of four are taken
-    together, so their concatenated text decodes in groups of four characters, each two pairs of
-    characters looked up in a 65,536-entry table. The bytes are three per group, so a value's
+    """Canonical base64 text -> (fits mask, decoded lengths, where each value's first group starts
+    in the bytes, how many groups it has, the bytes), for the whole column at once: the values
+    whose length is a multiple of four are taken together, so their concatenated text decodes in
+    groups of four characters, each two pairs of characters looked up in a 65,536-entry table.
+    The bytes are four per group, a zero then the group's three (see `_byte_index`), so a value's
     last one or two may be padding past its length."""
     size = len(column)
     valid = _valid(column)
@@ -318,15 +318,21 @@ def _decode_base64(column: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray
     lengths_chosen[groups > 0] -= pads[ends[groups > 0]]
     lengths_chosen[~fits_chosen] = 0
     triples = ((words & _PAIR_BITS) << 12) | ((words >> 16) & _PAIR_BITS)
-    decoded = triples.astype(">u4").view(np.uint8).reshape(-1, 4)[:, 1:].reshape(-1)  # big-endian: 3 bytes
+    decoded = triples.astype(">u4").view(np.uint8)  # big-endian: a zero, then the three bytes
     fits = np.zeros(size, np.bool_)
     fits[candidates] = fits_chosen
     lengths = np.zeros(size, np.int64)
     lengths[candidates] = lengths_chosen
-    starts, spans = np.zeros(size, np.int64), np.zeros(size, np.int64)
-    starts[candidates] = 3 * (np.cumsum(groups) - groups)
-    spans[candidates] = 3 * groups
-    return fits, lengths, starts, spans, decoded
+    first_groups, group_counts = np.zeros(size, np.int64), np.zeros(size, np.int64)
+    first_groups[candidates] = np.cumsum(groups) - groups
+    group_counts[candidates] = groups
+    return fits, lengths, first_groups, group_counts, decoded
+
+
+def _byte_index(first_group: np.ndarray, byte: np.ndarray) -> np.ndarray:
+    """Where byte number `byte` of a value whose groups start at `first_group` is in
+    `_decode_base64`'s bytes."""
+    return 4 * (first_group + byte // 3) + 1 + byte % 3
 
 
 def _ranks(counts: np.ndarray) -> np.ndarray:
@@ -336,12 +342,13 @@ def _ranks(counts: np.ndarray) -> np.ndarray:
 
 def _binary(column: pa.Array) -> tuple[pa.Array, np.ndarray]:
     """Base64 text -> bytes (`b64decode(validate=True)`), non-canonical base64 a misfit."""
-    fits, lengths, starts, spans, data = _decode_base64(column)
-    dropped = spans - lengths  # padding bytes, or all of a misfit's
+    fits, lengths, first_groups, groups, data = _decode_base64(column)
+    keep = np.ones(len(data), np.bool_)
+    keep[::4] = False  # each group's leading zero
+    dropped = 3 * groups - lengths  # padding bytes, or all of a misfit's
     if dropped.any():
-        keep = np.ones(len(data), np.bool_)
-        keep[np.repeat(starts + lengths, dropped) + _ranks(dropped)] = False
-        data = data[keep]
+        keep[_byte_index(np.repeat(first_groups, dropped), np.repeat(lengths, dropped) + _ranks(dropped))] = False
+    data = data[keep]
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     array = pa.Array.from_buffers(pa.binary(), len(column), [_validity(fits), pa.py_buffer(offsets),
                                                              pa.py_buffer(data)])
@@ -357,23 +364,25 @@ def _decimal(column: pa.Array, target: pa.DataType) -> tuple[pa.Array, np.ndarra
         return pa.nulls(size, target), valid
     wide = target.precision > MAX_DECIMAL128_PRECISION
     width = 32 if wide else 16
-    fits, lengths, starts, _, data = _decode_base64(column)
+    fits, lengths, first_groups, _, data = _decode_base64(column)
     fits &= lengths <= width
     lengths = np.where(fits, lengths, 0)
-    negative = np.zeros(size, np.bool_)
-    has_bytes = lengths > 0
-    negative[has_bytes] = data[starts[has_bytes]] >= 0x80
-    storage = np.repeat(np.where(negative, np.uint8(0xFF), np.uint8(0)), width)
-    position = _ranks(lengths)  # of each byte in its value
-    source = np.repeat(starts, lengths) + position
-    storage[np.repeat(np.arange(size) * width + lengths - 1, lengths) - position] = data[source]
+    data = np.append(data, np.uint8(0))  # a byte to read for values without any
+    negative = (lengths > 0) & (data[np.where(lengths > 0, 4 * first_groups + 1, -1)] >= 0x80)
+    fill = np.where(negative, np.uint8(0xFF), np.uint8(0))
+    storage = np.empty((size, width), np.uint8)
+    at = _byte_index(first_groups, lengths - 1)  # each value's last (least significant) byte
+    for position in range(width):  # little-endian: byte `position` is the value's one `position` from the end
+        present = position < lengths
+        storage[:, position] = np.where(present, data[np.where(present, at, -1)], fill)
+        at -= 1 + ((at & 3) == 1)  # the byte before, skipping a group's leading zero
     whole = pa.decimal256(76, 0) if wide else pa.decimal128(38, 0)
     unscaled = pa.Array.from_buffers(whole, size, [None, pa.py_buffer(storage)])
     bound = 10 ** target.precision - 1
     in_precision = pc.and_(pc.greater_equal(unscaled, _unscaled(-bound, whole, width)),
                            pc.less_equal(unscaled, _unscaled(bound, whole, width)))
     fits &= in_precision.to_numpy(zero_copy_only=False)
-    storage.reshape(size, width)[~fits] = 0
+    storage[~fits] = 0
     array = pa.Array.from_buffers(target, size, [_validity(fits), pa.py_buffer(storage)])
     return array, valid & ~fits
 
