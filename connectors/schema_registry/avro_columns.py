@@ -378,7 +378,7 @@ def _plan(codec: AvroRecordCodec) -> _Plan:
     import fastavro
 
     named: dict[str, Any] = {}
-    parsed = fastavro.parse_schema(codec.definition, named)
+    parsed: Any = fastavro.parse_schema(codec.definition, named)
     projected: list[str] = []
     fields: list[tuple[str, Callable[[pa.Array], pa.Array]]] = []
     images: list[str] = []
@@ -464,8 +464,8 @@ class BulkAvroDecoder:
             if plan is None:
                 result.fallback.extend(positions)
                 continue
-            group = list(framed) if len(by_header) == 1 else [framed[position] for position in positions]
-            good, bad = _read_all(plan, group)  # type: ignore[arg-type] - no None in a group
+            group: list[Any] = list(framed) if len(by_header) == 1 else [framed[p] for p in positions]
+            good, bad = _read_all(plan, group)  # no None in a group: the header is not None
             try:
                 table = plan.typed(pa.Table.from_batches([batch for _, batch in good])) if good else None
             except _Unfit:
