@@ -104,7 +104,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="a running broker (default $KAFKA_BOOTSTRAP; else an embedded LocalBroker)")
     parser.add_argument("--registry", default=os.environ.get("SCHEMA_REGISTRY_URL"),
                         help="a running Confluent-compatible registry (default: Apicurio started here)")
-    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON (after each row and section)")
+    parser.add_argument("--from-json", metavar="PATH", help="run nothing: print the table of an earlier --json")
     args = parser.parse_args(argv)
     args.row_list = [r.strip() for r in args.rows.split(",") if r.strip()]
     args.section_list = [s.strip() for s in args.sections.split(",") if s.strip()]
@@ -441,6 +442,9 @@ def save(results: dict, path: str | None) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Build the inputs, run every section on every row, print the table."""
     args = parse_args(argv)
+    if args.from_json:
+        print_results(json.loads(Path(args.from_json).read_text()))
+        return
     results: dict = {"load_start": load(), "args": {k: v for k, v in vars(args).items()}, "rows": {}}
     print(f"load at start: {results['load_start']['uptime']}", flush=True)
     workload_rows = [r for r in args.row_list if r.startswith("workload")]
@@ -488,8 +492,13 @@ def main(argv: list[str] | None = None) -> None:
                     print(f"WARNING: could not delete {topic}: {error}", file=sys.stderr)
     results["load_end"] = load()
     save(results, args.json)
+    print_results(results)
+
+
+def print_results(results: dict) -> None:
+    """The load before and after, the capture, the table."""
     print(f"\nload at start: {results['load_start']['uptime']}")
-    print(f"load at end:   {results['load_end']['uptime']}\n")
+    print(f"load at end:   {results.get('load_end', {}).get('uptime', '- (an unfinished run)')}\n")
     if "capture" in results:
         print(f"capture: {results['capture']}\n")
     print("\n".join(table_lines(results)))
