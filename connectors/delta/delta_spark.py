@@ -379,7 +379,8 @@ class DeltaSparkTable:
         for key, value in _VACUUM_CONF.items():
             self._session.conf.set(key, value)
         if not self._session.sparkContext.getConf().contains(_LISTING_PARALLELISM):
-            self._session.conf.set(_LISTING_PARALLELISM, self._session.conf.get("spark.sql.shuffle.partitions"))
+            partitions = self._session.conf.get("spark.sql.shuffle.partitions") or "200"  # always set; 200: its default
+            self._session.conf.set(_LISTING_PARALLELISM, partitions)
         table = DeltaTable.forPath(self._session, self.uri)
         with self._lock:
             self._run(f"VACUUM of {self.uri}", lambda: table.vacuum(float(retention_hours)))
