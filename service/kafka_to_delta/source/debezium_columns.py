@@ -78,6 +78,7 @@ _ERROR_COLUMN = re.compile(r"Column\((/[^)]*)\)")
 _ERROR_ROW = re.compile(r" in row (\d+)$")
 _MAX_REFUSED = 8
 _LONG_NUMBER = r"[0-9]{19}"
+_OPEN_BRACE, _OPEN_BRACKET, _NEWLINE, _RETURN = (ord(c) for c in "{[\n\r")
 _LONG_DIGIT_RUN = b"0" * 19
 _DIGITS_TO_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
 _UNAVAILABLE = UNAVAILABLE_VALUE.encode()
@@ -158,6 +159,8 @@ class RangeColumns:
     net: pa.Table | None = None
     odd: list[int] = field(default_factory=list)
     """Offsets of the records left to the record-by-record way."""
+    nested_types: dict[int, dict[str, pa.DataType]] = field(default_factory=dict)
+    """Per group: nested columns parsed with the type Arrow inferred for them (`_valid_lists`)."""
     held: dict[str, pa.Table] = field(default_factory=dict)
     """Per column a placeholder stood for: the key's latest image value of the range holding it."""
     lost: dict[str, pa.Array] = field(default_factory=dict)
@@ -233,10 +236,20 @@ class RangeColumns:
         """Payloads that may be parsed in bulk: one JSON object, no raw line break (inside a JSON
         string one is invalid, between tokens it would split the line), no deeper nesting than the
         record-by-record way accepts."""
-        whole = pc.and_(pc.starts_with(payloads, pattern="{"), pc.ends_with(payloads, pattern="}"))
-        brackets = pc.add(pc.count_substring(payloads, "{"), pc.count_substring(payloads, "["))
-        breaks = pc.or_(pc.match_substring(payloads, "\n"), pc.match_substring(payloads, "\r"))
-        return _mask(pc.and_(pc.and_(whole, pc.less_equal(brackets, MAX_NESTING)), pc.invert(breaks)))
+        whole = _mask(pc.and_(pc.starts_with(payloads, pattern="{"), pc.ends_with(payloads, pattern="}")))
+        payloads = payloads.combine_chunks() if isinstance(payloads, pa.ChunkedArray) else payloads
+        offsets = np.frombuffer(payloads.buffers()[1], np.int32)[payloads.offset:payloads.offset + len(payloads) + 1]
+        if not len(payloads) or offsets[-1] == offsets[0]:
+            return whole
+        data = np.frombuffer(payloads.buffers()[2], np.uint8)[offsets[0]:offsets[-1]]
+        ends = (offsets[1:] - offsets[0]).astype(np.int64)
+
+        def per_value(hits: np.ndarray) -> np.ndarray:  # hits: positions in `data`
+            return np.bincount(np.searchsorted(ends, hits, side="right"), minlength=len(ends))[:len(ends)]
+
+        brackets = per_value(np.flatnonzero((data == _OPEN_BRACE) | (data == _OPEN_BRACKET)))
+        breaks = per_value(np.flatnonzero((data == _NEWLINE) | (data == _RETURN)))
+        return whole & (brackets <= MAX_NESTING) & (breaks == 0)
 
     def _explicit(self, group: int) -> pa.Schema:
         """The parse schema of a group: its declared row types (or the range's known inferred
@@ -245,10 +258,12 @@ class RangeColumns:
             types = dict(self.bare_types)
         else:
             layout = self._layout(group)
-            parsed = {name: parse_type(type_name, name in layout.nested) for name, type_name in layout.types.items()}
+            parsed = {name: layout.nested[name] if name in layout.nested else parse_type(type_name)
+                      for name, type_name in layout.types.items()}
             types = {name: data_type for name, data_type in parsed.items() if data_type is not None}
             if len({name.lower() for name in layout.types}) != len(layout.types):
                 raise NotVectorisable("declared columns differ only by case")
+        types.update(self.nested_types.get(group, {}))
         row = pa.struct([pa.field(name, data_type) for name, data_type in types.items()])
         return pa.schema([(self.plan.op, pa.string()), (self.plan.before, row), (self.plan.after, row)])
 
@@ -282,6 +297,16 @@ class RangeColumns:
                 continue
             if table.num_rows != len(members):
                 raise NotVectorisable("a value holds more than one JSON document")
+            if not _valid_lists(table):  # parse those columns again with the types Arrow inferred
+                fixed = self.nested_types.setdefault(group, {})
+                inferred = _nested_types(table, (self.plan.before, self.plan.after))
+                if not inferred.keys() - fixed.keys():
+                    raise NotVectorisable("pyarrow.json built an invalid list column")
+                fixed.update(inferred)
+                self.order.update(dict.fromkeys(child.name for side in (self.plan.before, self.plan.after)
+                                                for child in table.schema.field(side).type))  # as first seen
+                schema = self._explicit(group)
+                continue
             if self._learn(table, buffer, group):  # text Arrow took for timestamps: parse it as text
                 schema = self._explicit(group)
                 continue
@@ -465,7 +490,7 @@ class RangeColumns:
             if name in self.held:
                 continue
             self.held[name] = pa.table({_KEY: pa.array([], pa.string()), name: pa.array([], pa.null())})
-            if self.net is not None and self.net.num_rows:
+            if self.net is not None and self.net.num_rows and name in self.net.column_names:
                 holds = self._holds(self.net, name)
                 self.held[name] = self.net.filter(pa.array(holds)).select([_KEY, name])
                 deleted = _mask(self.net.column(_RETRACT)) & ~_mask(self.net.column(_IMAGE))
@@ -547,6 +572,44 @@ class RangeColumns:
                 else:
                     raise NotVectorisable(f"column {name!r} of schema-less records is {data_type}")
         return net, declared, seen
+
+
+def _valid_lists(table: pa.Table) -> bool:
+    """False where `pyarrow.json` (26) built an invalid list array: it can when it infers a list
+    whose items it first saw as nulls; the same values parse correctly with the type given."""
+    if not any(_has_list(field.type) for field in table.schema):
+        return True
+    try:
+        table.validate()
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
+def _nested_types(table: pa.Table, sides: tuple[str, ...]) -> dict[str, pa.DataType]:
+    """The row columns Arrow inferred as lists or structs, with null item types made text."""
+    types: dict[str, pa.DataType] = {}
+    for side in sides:
+        for child in table.schema.field(side).type:
+            if _has_list(child.type):
+                types[child.name] = _without_null(child.type)
+    return types
+
+
+def _without_null(data_type: pa.DataType) -> pa.DataType:
+    if pa.types.is_null(data_type):
+        return pa.string()
+    if pa.types.is_list(data_type):
+        return pa.list_(_without_null(data_type.value_type))
+    if pa.types.is_struct(data_type):
+        return pa.struct([pa.field(f.name, _without_null(f.type)) for f in data_type])
+    return data_type
+
+
+def _has_list(data_type: pa.DataType) -> bool:
+    if pa.types.is_list(data_type) or pa.types.is_large_list(data_type):
+        return True
+    return pa.types.is_struct(data_type) and any(_has_list(f.type) for f in data_type)
 
 
 def _shown(error: Exception) -> str:

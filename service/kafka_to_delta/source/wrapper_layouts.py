@@ -50,24 +50,55 @@ class Layout:
     prefix: bytes
     suffix: bytes
     types: dict[str, str]
-    nested: frozenset[str]
-    """Declared columns holding structs, arrays or maps (stored as JSON text)."""
+    nested: dict[str, pa.DataType | None]
+    """Declared columns holding structs, arrays or maps (stored as JSON text), with the Arrow type
+    their values are parsed as (None: inferred)."""
+
+    def __hash__(self) -> int:
+        return hash((self.prefix, self.suffix))
 
 
-def _nested_columns(schema: Any, images: tuple[str, ...]) -> frozenset[str]:
+_JSON_PRIMITIVES = {"int8": pa.int64(), "int16": pa.int64(), "int32": pa.int64(), "int64": pa.int64(),
+                    "float32": pa.float64(), "float64": pa.float64(), "float": pa.float64(), "double": pa.float64(),
+                    "boolean": pa.bool_(), "string": pa.string(), "bytes": pa.string()}
+"""How a Connect primitive's JSON value is parsed (bytes are base64 text)."""
+
+
+def _json_type(field: Any) -> pa.DataType | None:
+    """The Arrow type of a nested Connect value as JSON (arrays and structs of primitives), or None:
+    left to `pyarrow.json`'s inference."""
+    if not isinstance(field, dict):
+        return None
+    kind = field.get(CONNECT_TYPE)
+    if kind == "array":
+        item = field.get("items")
+        primitive = _JSON_PRIMITIVES.get(str(item.get(CONNECT_TYPE))) if isinstance(item, dict) else None
+        return pa.list_(primitive) if primitive is not None else None
+    if kind == CONNECT_STRUCT and isinstance(field.get(CONNECT_FIELDS), list):
+        children = []
+        for child in field[CONNECT_FIELDS]:
+            primitive = _JSON_PRIMITIVES.get(str(child.get(CONNECT_TYPE))) if isinstance(child, dict) else None
+            if primitive is None or not isinstance(child.get(CONNECT_FIELD), str):
+                return None
+            children.append(pa.field(child[CONNECT_FIELD], primitive))
+        return pa.struct(children)
+    return None
+
+
+def _nested_columns(schema: Any, images: tuple[str, ...]) -> dict[str, pa.DataType | None]:
     """Row columns whose Connect type is a struct, an array or a map (VariableScaleDecimal and
-    Geometry are structs)."""
+    Geometry are structs), with the Arrow type their JSON is parsed as (None: inferred)."""
     fields = schema.get(CONNECT_FIELDS) if isinstance(schema, dict) else None
     if not isinstance(fields, list):
-        return frozenset()
+        return {}
     by_name = {f.get(CONNECT_FIELD): f for f in fields if isinstance(f, dict)}
     image = next((by_name[n] for n in images if isinstance(by_name.get(n), dict)
                   and by_name[n].get(CONNECT_TYPE) == CONNECT_STRUCT), None)
     row_fields = image.get(CONNECT_FIELDS) if image is not None else None
     if not isinstance(row_fields, list):
-        return frozenset()
-    return frozenset(f[CONNECT_FIELD] for f in row_fields
-                     if isinstance(f, dict) and f.get(CONNECT_TYPE) in _NESTED_CONNECT_TYPES)
+        return {}
+    return {f[CONNECT_FIELD]: _json_type(f) for f in row_fields
+            if isinstance(f, dict) and f.get(CONNECT_TYPE) in _NESTED_CONNECT_TYPES}
 
 
 def learn_layout(value: bytes, documents: JsonDocuments) -> Layout | None:

@@ -1,0 +1,129 @@
+"""Range decode benchmark: one Kafka range of Debezium JSON through the plain path's reducer
+(`PartitionReducer`), fast way against the record-by-record reference, without Spark or a broker.
+
+Inputs (one row each): the Connect JSON converter's records (schema block on every record) of a
+table with bigint id, numeric(12,2) (Decimal), timestamptz (ZonedTimestamp), date, jsonb (Json),
+uuid, an enum, text[] and a TOASTed text column (half the updates carry the unavailable-value
+placeholder), written compact and with `json.dumps`' spaces; the same with a second schema version
+from the middle of the range on (a column added by DDL); and compact with one undecodable record
+in the middle (`--records` records, 3 keys in 5 updated). Prints records/s of each way, the
+ratio, and how the fast way went (vectorised, odd records, fallback reason).
+
+    .venv/bin/python bench/range_decode_benchmark.py --records 50000
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import random
+import time
+import uuid
+
+import pyarrow as pa
+
+from connectors.kafka.range_reader import SOURCE_SCHEMA, ValueChunk
+from service.config.settings import PipelineSettings
+from service.kafka_to_delta.materialize.payload import payload_table
+from service.kafka_to_delta.source.decode_stage import batch_decoder
+from service.kafka_to_delta.source.partition_changes import PartitionReducer
+
+_FIELDS = [
+    {"field": "id", "type": "int64", "optional": False},
+    {"field": "amount", "type": "bytes", "name": "org.apache.kafka.connect.data.Decimal",
+     "parameters": {"scale": "2", "connect.decimal.precision": "12"}, "optional": True},
+    {"field": "updated_at", "type": "string", "name": "io.debezium.time.ZonedTimestamp", "optional": True},
+    {"field": "day", "type": "int32", "name": "io.debezium.time.Date", "optional": True},
+    {"field": "doc", "type": "string", "name": "io.debezium.data.Json", "optional": True},
+    {"field": "ref", "type": "string", "name": "io.debezium.data.Uuid", "optional": True},
+    {"field": "mood", "type": "string", "name": "io.debezium.data.Enum", "parameters": {"allowed": "a,b"},
+     "optional": True},
+    {"field": "tags", "type": "array", "items": {"type": "string", "optional": True}, "optional": True},
+    {"field": "body", "type": "string", "optional": True},
+]
+_ADDED = {"field": "note", "type": "string", "optional": True}
+_CHUNK = 10_000
+
+
+def _schema(added: bool) -> dict:
+    image = {"type": "struct", "optional": True, "fields": _FIELDS + ([_ADDED] if added else [])}
+    return {"type": "struct", "name": "db.public.t.Envelope", "fields": [
+        {**image, "field": "before"}, {**image, "field": "after"}, {"field": "op", "type": "string"},
+        {"field": "ts_ms", "type": "int64", "optional": True}]}
+
+
+def _row(rng: random.Random, key: int, added: bool) -> dict:
+    cents = rng.randrange(-10**9, 10**9)
+    row = {
+        "id": key, "amount": base64.b64encode(cents.to_bytes(5, "big", signed=True)).decode(),
+        "updated_at": f"2026-11-{1 + key % 28:02d}T{key % 24:02d}:{key % 60:02d}:07.{rng.randrange(10**6):06d}Z",
+        "day": 20_000 + key % 400, "doc": json.dumps({"k": key, "v": [1, 2]}), "ref": str(uuid.UUID(int=key)),
+        "mood": rng.choice("ab"), "tags": ["x", str(key)], "body": "long text " * 300,
+    }
+    if added:
+        row["note"] = "n"
+    return row
+
+
+def records(count: int, spaced: bool, versions: bool, undecodable: bool, seed: int = 7) -> list[bytes]:
+    """`count` Debezium values: inserts first, then updates of 3 keys in 5."""
+    rng = random.Random(seed)
+    separators = (", ", ": ") if spaced else (",", ":")
+    keys = max(1, count * 3 // 5)
+    values = []
+    for index in range(count):
+        added = versions and index >= count // 2
+        key = index if index < keys else rng.randrange(keys)
+        after = _row(rng, key, added)
+        if index >= keys and rng.random() < 0.5:
+            after["body"] = "__debezium_unavailable_value"
+        envelope = {"before": None, "after": after, "op": "c" if index < keys else "u", "ts_ms": 1}
+        values.append(json.dumps({"schema": _schema(added), "payload": envelope}, separators=separators).encode())
+    if undecodable:
+        values[count // 2] = b'{"schema": {"type": "struct"}, "payload": {"op": "c", "after": {"id": 1'
+    return values
+
+
+def _batches(values: list[bytes]) -> list[pa.RecordBatch]:
+    n = len(values)
+    batch = pa.RecordBatch.from_pydict({
+        "key": [b"k"] * n, "value": values, "topic": ["t"] * n, "partition": pa.array([0] * n, pa.int32()),
+        "offset": pa.array(range(n), pa.int64()),
+        "timestamp": pa.array([1_700_000_000_000_000] * n, pa.timestamp("us", tz="UTC")),
+        "headers": pa.nulls(n, SOURCE_SCHEMA.field("headers").type), "watermark_floor": pa.nulls(n, pa.int64()),
+    }, schema=SOURCE_SCHEMA)
+    return [batch.slice(start, _CHUNK) for start in range(0, n, _CHUNK)]
+
+
+def _run(values: list[bytes], vectorised: bool) -> tuple[float, dict]:
+    pipeline = PipelineSettings(name="p", topics=["t"], table="t", primary_key=["id"])
+    reducer = PartitionReducer(batch_decoder(pipeline), ("id",), vectorised=vectorised)
+    batches = _batches(values)
+    started = time.perf_counter()
+    out = list(reducer(lambda: iter(batches), lambda: map(ValueChunk.of_batch, batches)))
+    elapsed = time.perf_counter() - started
+    info = payload_table(out[0].column("payload")[0].as_py())[1]
+    return elapsed, info
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=50_000)
+    args = parser.parse_args()
+    rows = [("compact", False, False, False), ("spaced", True, False, False),
+            ("compact, two schema versions", False, True, False), ("compact, one undecodable record", False, False, True)]
+    print("| input | fast records/s | reference records/s | x | fast way |")
+    print("|---|---|---|---|---|")
+    for name, spaced, versions, undecodable in rows:
+        values = records(args.records, spaced, versions, undecodable)
+        fast, info = min((_run(values, True) for _ in range(2)), key=lambda pair: pair[0])
+        exact, _ = _run(values, False)
+        how = "vectorised" if info.get("vectorised") else f"record by record ({info.get('fallback')})"
+        if info.get("odd_records"):
+            how += f", {info['odd_records']} odd record(s)"
+        print(f"| {name} | {len(values) / fast:,.0f} | {len(values) / exact:,.0f} | {exact / fast:.1f} | {how} |")
+
+
+if __name__ == "__main__":
+    main()
