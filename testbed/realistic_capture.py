@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import json
 import random
+import shutil
 import string
 import tempfile
 import time
@@ -267,6 +268,7 @@ def capture(bootstrap: str, changes: int, workdir: Path, log=print) -> CapturedT
         rows = select_star(cluster, dbname)
     finally:
         cluster.stop()
+        shutil.rmtree(cluster.base, ignore_errors=True)
     log(f"capture: {workload.records:,} records ({workload.changes:,} changes, {len(rows):,} live rows) "
         f"in {time.monotonic() - started:.0f} s; timings {timings}")
     return CapturedTopics(topics["on"], topics["off"], workload.records, workload.changes, rows,
