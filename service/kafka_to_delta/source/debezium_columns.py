@@ -27,8 +27,8 @@ dates and integer-coded millisecond/microsecond timestamps; a row column no sche
 to declared ones; nested inferred columns; integers of 19 digits or more where a column is
 inferred as float; key values other than integers, booleans and text; a column typed
 differently by two images or schema versions in a way Arrow cannot unify; more than
-`_MAX_REFUSED` records refused by `pyarrow.json` in one batch; odd records together with
-placeholders (the fill would have to cross the two ways).
+`_MAX_REFUSED` records refused by `pyarrow.json` in one batch; a key with changes among both
+the odd records and the others next to placeholders (the fill would have to cross the two ways).
 
 Decided differences: a schema-less column whose surviving values were all written as integers,
 in a range where other records wrote it with a fraction, is float64 here (Arrow parses the
@@ -65,7 +65,7 @@ from vocabulary.changes import ChangeKind
 _META = ("__vec_key", "__vec_retract", "__vec_group", "__vec_image", "__vec_topic", "__vec_partition",
          "__vec_offset", "__vec_change_index", "__vec_timestamp", "__vec_unchanged")
 _KEY, _RETRACT, _GROUP, _IMAGE, _TOPIC, _PARTITION, _OFFSET, _CHANGE_INDEX, _TIMESTAMP, _UNCHANGED = _META
-GROUP_COLUMN = _GROUP
+GROUP_COLUMN, KEY_COLUMN = _GROUP, _KEY
 """The net rows' schema version (a `Layouts` index, or `wrapper_layouts.BARE`)."""
 _FLAG = "__vec_kept__"
 """Prefix of the per-column flag of a value left unchanged (the placeholder)."""
@@ -319,18 +319,24 @@ class RangeColumns:
         types: dict[str, pa.DataType] = {}
         for side in (self.plan.before, self.plan.after):
             for child in table.schema.field(side).type:
-                known = types.setdefault(child.name, child.type)
-                if known != child.type and pa.types.is_null(known):
-                    types[child.name] = child.type
-                elif (known != child.type and not pa.types.is_null(child.type)
-                      and not (pa.types.is_nested(known) and pa.types.is_nested(child.type))):
+                # text Arrow took for a time is parsed again as text
+                kind = pa.string() if pa.types.is_timestamp(child.type) and group == BARE else child.type
+                known = types.setdefault(child.name, kind)
+                if known != kind and pa.types.is_null(known):
+                    types[child.name] = kind
+                    continue
+                if (known != kind and not pa.types.is_null(kind)
+                        and not (pa.types.is_nested(known) and pa.types.is_nested(kind))):
                     raise NotVectorisable(f"column {child.name!r} typed differently in the two images")
         if group != BARE:
             if types.keys() - self._layout(group).types.keys():
                 raise NotVectorisable("a row column no schema declares next to declared ones")
             return []
         inferred = {name: data_type for name, data_type in types.items() if name not in self.bare_types}
-        timestamps = [name for name, data_type in inferred.items() if pa.types.is_timestamp(data_type)]
+        timestamps = [name for name in inferred if any(
+            pa.types.is_timestamp(table.schema.field(side).type.field(name).type)
+            for side in (self.plan.before, self.plan.after)
+            if table.schema.field(side).type.get_field_index(name) >= 0)]
         for name, data_type in inferred.items():
             if (not pa.types.is_null(data_type) and data_type not in _INFERRED_KINDS
                     and not pa.types.is_nested(data_type) and name not in timestamps):

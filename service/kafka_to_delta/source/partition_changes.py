@@ -45,6 +45,7 @@ from service.kafka_to_delta.materialize.payload import (
 from service.kafka_to_delta.rows.names import FAILED_COLUMNS, Column, Meta
 from service.kafka_to_delta.source.debezium_columns import (
     GROUP_COLUMN,
+    KEY_COLUMN,
     NotVectorisable,
     RangeColumns,
     decode_range,
@@ -198,13 +199,15 @@ class PartitionReducer:
     @staticmethod
     def _check_apart(columns: RangeColumns, net: pa.Table | None, declared: dict[str, str], odd: _Reduced) -> None:
         """Raise `NotVectorisable` where decoding the odd records apart could differ from decoding
-        the range as one: a placeholder on either side (its fill would cross them), or records with
-        and without column types on different sides (a misfit is judged within a range)."""
+        the range as one: a key with changes on both sides next to placeholders (a fill would
+        cross them), or records with and without column types on different sides (a misfit is
+        judged within a range)."""
         odd_net = odd.surviving()
-        if columns.held or (odd_net is not None and pc.any(pc.is_valid(odd_net.column(Column.UNCHANGED))).as_py()):
-            raise NotVectorisable("odd records next to unavailable-value placeholders")
         if odd_net is None or net is None or not odd_net.num_rows or not net.num_rows:
             return
+        placeholders = columns.held or pc.any(pc.is_valid(odd_net.column(Column.UNCHANGED))).as_py()
+        if placeholders and pc.any(pc.is_in(odd_net.column(Column.KEY), value_set=net.column(KEY_COLUMN))).as_py():
+            raise NotVectorisable("a key's changes on both ways next to unavailable-value placeholders")
         odd_types = odd_net.column(Column.TYPES)
         bulk_bare = pc.any(pc.equal(net.column(GROUP_COLUMN), BARE)).as_py()
         if (declared and odd_types.null_count) or (bulk_bare and odd_types.null_count < odd_net.num_rows):
