@@ -3,18 +3,25 @@
 Broker choice: KAFKA_BOOTSTRAP set -> that broker; else a Docker engine that answers ->
 Apache Kafka through testcontainers; else Apache Kafka from the Maven jar cache
 (`connectors.kafka.apache_broker`), one KRaft node on free ports, started once per run.
+
+With pytest-xdist workers (`scripts/test.sh` runs two), the controller starts that broker and
+hands it to every worker as KAFKA_BOOTSTRAP, and every module with a test that needs the Spark
+session runs on one worker (one xdist group), so the run still has one broker and one session.
+Other modules are spread over the workers whole (a module fixture is built once).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 import uuid
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
 from connectors.maven_jars import KAFKA_VERSION
-from tests.support.registry.apicurio import apicurio_registry_url
 
 KAFKA_IMAGE = f"apache/kafka:{KAFKA_VERSION}"
 
@@ -29,12 +36,10 @@ def _docker_answers() -> bool:
         return False
 
 
-@pytest.fixture(scope="session")
-def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """host:port of a Kafka-protocol broker for the whole run."""
-    if os.environ.get("KAFKA_BOOTSTRAP"):
-        yield os.environ["KAFKA_BOOTSTRAP"]
-        return
+@contextlib.contextmanager
+def _broker(directory: Path) -> Iterator[str]:
+    """host:port of a broker started here for the run: testcontainers where Docker answers, else
+    Apache Kafka from the jar cache with its logs under `directory`."""
     if _docker_answers():
         from testcontainers.kafka import KafkaContainer
 
@@ -43,8 +48,57 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> str:
         return
     from connectors.kafka.apache_broker import ApacheKafkaBroker
 
-    with ApacheKafkaBroker(tmp_path_factory.mktemp("broker")) as broker:
+    with ApacheKafkaBroker(directory) as broker:
         yield broker.bootstrap_servers
+
+
+_RUN_BROKER = pytest.StashKey[contextlib.ExitStack]()
+
+
+def _controls_workers(config: pytest.Config) -> bool:
+    """This process is the xdist controller of worker processes (not a worker, not a plain run)."""
+    return bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist, the controller starts the run's one broker before the workers start."""
+    if not _controls_workers(config) or os.environ.get("KAFKA_BOOTSTRAP"):
+        return
+    stack = contextlib.ExitStack()
+    directory = Path(tempfile.mkdtemp(prefix="cdc-test-broker-"))
+    os.environ["KAFKA_BOOTSTRAP"] = stack.enter_context(_broker(directory))
+    os.environ["CDC_TEST_RUN_BROKER"] = "1"  # the broker is the run's own, not one the user chose
+    config.stash[_RUN_BROKER] = stack
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    stack = config.stash.get(_RUN_BROKER, None)
+    if stack is not None:
+        stack.close()
+        os.environ.pop("KAFKA_BOOTSTRAP", None)
+        os.environ.pop("CDC_TEST_RUN_BROKER", None)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker: each module is one group, and every module with a test that uses the Spark
+    session joins the one group `spark`."""
+    if not hasattr(config, "workerinput"):
+        return
+    spark_modules = {item.nodeid.split("::")[0] for item in items if "spark" in getattr(item, "fixturenames", ())}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group("spark" if module in spark_modules else module))
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """host:port of a Kafka-protocol broker for the whole run."""
+    if os.environ.get("KAFKA_BOOTSTRAP"):
+        yield os.environ["KAFKA_BOOTSTRAP"]
+        return
+    with _broker(tmp_path_factory.mktemp("broker")) as bootstrap:
+        yield bootstrap
 
 
 @pytest.fixture(scope="session")
