@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import BeforeValidator, Field, ValidationError, model_validator
 
 from service.config.base import Name, Names, SettingsModel
 from service.config.choices import (
@@ -28,6 +28,7 @@ from service.config.databases import DEFAULT_IDLE_TIMEOUT_SECONDS, DatabaseSetti
 from service.config.dead_letters import DeadLetterSettings
 from service.config.exports import ExportSettings
 from service.config.from_changelog import FromChangelogSettings
+from service.config.history import DEBEZIUM_SEQUENCE, HistorySettings, shorthand
 from service.config.joins import JoinSettings
 from service.config.maintenance import MaintenanceSettings
 from service.config.op_mapping import Grouping, parse_op_mapping
@@ -150,13 +151,28 @@ class PipelineSettings(SettingsModel):
     materializer_state_ttl_seconds: float | None = Field(default=None, ge=0)
     # Maintenance of this pipeline's table; unset: the top-level `maintenance` block.
     maintenance: MaintenanceSettings | None = None
+    # An SCD type 2 history table next to the current-row table (service/config/history.py).
+    history: Annotated[HistorySettings | None, BeforeValidator(shorthand)] = None
 
     @property
     def changelog_settings(self) -> FromChangelogSettings:
-        """FROM_CHANGELOG settings with the pipeline's `sequence_by` (the values the materializer orders by)."""
-        if not self.sequence_by:
+        """FROM_CHANGELOG settings with the pipeline's `sequence_by` (the values the materializer orders by),
+        else the history's (the versions' validity)."""
+        sequence_by = self.sequence_by or self.history_sequence_by
+        if not sequence_by:
             return self.from_changelog
-        return self.from_changelog.model_copy(update={"sequence_by": self.sequence_by})
+        return self.from_changelog.model_copy(update={"sequence_by": sequence_by})
+
+    @property
+    def history_sequence_by(self) -> tuple[str, ...]:
+        """The value a history version's validity is taken from: configured, else the source log position
+        for the Debezium presets; empty without a history."""
+        if self.history is None:
+            return ()
+        if self.history.sequence_by:
+            return self.history.sequence_by
+        preset = self.from_changelog.preset
+        return DEBEZIUM_SEQUENCE if preset is not None and preset.startswith("debezium") else ()
 
     @property
     def effective_upsert_key(self) -> tuple[str, ...]:
@@ -239,7 +255,24 @@ class PipelineSettings(SettingsModel):
         if self.compaction == "watermark" and not self.materialized:
             raise ValueError("compaction: watermark needs the materializer (upsert_materialize: force or auto)")
         self._check_retract_source_barrier()
+        self._check_history()
         return self
+
+    def _check_history(self) -> None:
+        if self.history is None:
+            return
+        where = f"pipeline {self.name}: history"
+        if self.materialized:
+            raise ValueError(f"{where} is built from every change of a micro-batch, which the keyed-state "
+                             "materializer does not hand on; use one topic, the primary key as upsert key and "
+                             "no pipeline sequence_by (history.sequence_by orders the versions)")
+        if not self.history_sequence_by:
+            raise ValueError(f"{where} needs `history.sequence_by` (the value versions are valid from) "
+                             "for a source other than the Debezium presets")
+        if self.from_changelog.truncate_handling == "truncate":
+            raise ValueError(f"{where} cannot be combined with truncate_handling: truncate")
+        if self.history.table_for(self.table) == self.table:
+            raise ValueError(f"{where}: the history table must differ from the pipeline's table {self.table!r}")
 
     def _check_retract_source_barrier(self) -> None:
         # Spec (on-conflict): DO ERROR / DO NOTHING assume no barrier between -U and +U, which a
