@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import Iterator
 
 import orjson
 import pyarrow as pa
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 from deltalake import DeltaTable, write_deltalake
 from ingest_benchmark import MAX_RESPONSE_BYTES
 
@@ -22,6 +23,33 @@ SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("email", pa.stri
 DELETED = "_deleted"
 _CONSUME_BATCH = 10_000
 _STALL_S = 30.0
+
+
+def messages_to_high_watermarks(bootstrap: str, topic: str, partitions: int) -> Iterator[Message]:
+    """Every record of `topic`'s `partitions` from offset 0 to the high watermarks seen at the start,
+    in consume order; stops the benchmark (naming the watermarks) when no record arrives for 30 s."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"naive-{uuid.uuid4().hex}",
+                         "enable.auto.commit": False, "enable.partition.eof": False,
+                         "receive.message.max.bytes": MAX_RESPONSE_BYTES})
+    try:
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
+        open_partitions = {p for p, end in ends.items() if end > 0}
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        progressed = time.perf_counter()
+        while open_partitions:
+            messages = consumer.consume(_CONSUME_BATCH, timeout=1.0)
+            if messages:
+                progressed = time.perf_counter()
+            elif time.perf_counter() - progressed > _STALL_S:
+                raise SystemExit(f"FAILED: naive pipeline stalled before the high watermarks {ends}")
+            for message in messages:
+                if message.error():
+                    raise SystemExit(f"FAILED: consumer error {message.error()}")
+                yield message
+                if message.offset() + 1 >= ends[message.partition()]:
+                    open_partitions.discard(message.partition())
+    finally:
+        consumer.close()
 
 
 def _source(last: dict[int, dict | None]) -> pa.Table:
@@ -62,40 +90,19 @@ def run_naive(bootstrap: str, topic: str, partitions: int, uri: str, window: int
     Returns {'records', 'seconds', 'merges'}; seconds from the consumer's creation to the last MERGE.
     """
     started = time.perf_counter()
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"naive-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False, "enable.partition.eof": False,
-                         "receive.message.max.bytes": MAX_RESPONSE_BYTES})
     write_deltalake(uri, SCHEMA.empty_table())
     table = DeltaTable(uri)
     records = merges = pending_records = 0
     last: dict[int, dict | None] = {}
-    try:
-        targets = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                   for p in range(partitions)}
-        pending = {p for p, high in targets.items() if high > 0}
-        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-        progressed = time.perf_counter()
-        while pending:
-            messages = consumer.consume(_CONSUME_BATCH, timeout=1.0)
-            if messages:
-                progressed = time.perf_counter()
-            elif time.perf_counter() - progressed > _STALL_S:
-                raise SystemExit(f"FAILED: naive pipeline stalled before the high watermarks {targets}")
-            for message in messages:
-                if message.error():
-                    raise SystemExit(f"FAILED: consumer error {message.error()}")
-                records += 1
-                pending_records += 1
-                if message.value() is not None:  # a tombstone follows its delete: nothing to do
-                    _apply(last, message.value())
-                if message.offset() + 1 >= targets[message.partition()]:
-                    pending.discard(message.partition())
-                if pending_records >= window:
-                    _merge(table, _source(last))
-                    merges, pending_records, last = merges + 1, 0, {}
-        if last:
+    for message in messages_to_high_watermarks(bootstrap, topic, partitions):
+        records += 1
+        pending_records += 1
+        if message.value() is not None:  # a tombstone follows its delete: nothing to do
+            _apply(last, message.value())
+        if pending_records >= window:
             _merge(table, _source(last))
-            merges += 1
-    finally:
-        consumer.close()
+            merges, pending_records, last = merges + 1, 0, {}
+    if last:
+        _merge(table, _source(last))
+        merges += 1
     return {"records": records, "seconds": time.perf_counter() - started, "merges": merges}

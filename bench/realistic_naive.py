@@ -14,21 +14,18 @@ from __future__ import annotations
 
 import io
 import time
-import uuid
 from typing import Callable
 
 import fastavro
 import orjson
 import pyarrow as pa
 import requests
-from confluent_kafka import Consumer, TopicPartition
 from deltalake import DeltaTable, write_deltalake
-from ingest_benchmark import MAX_RESPONSE_BYTES
+from perf_naive import messages_to_high_watermarks
 
 KEY = "id"
 DELETED = "_deleted"
 UNAVAILABLE = "__debezium_unavailable_value"
-_BATCH, _STALL_S = 10_000, 30.0
 
 Decode = Callable[[bytes], dict]
 """A Kafka value -> its Debezium payload (op, before, after, ...)."""
@@ -122,36 +119,16 @@ def run_naive_changes(bootstrap: str, topic: str, partitions: int, uri: str, dec
     {'records', 'seconds', 'merges'}; seconds from the consumer's creation to the last MERGE.
     """
     started = time.perf_counter()
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"naive-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False, "enable.partition.eof": False,
-                         "receive.message.max.bytes": MAX_RESPONSE_BYTES})
     table, current = NaiveTable(uri), Window()
     records = merges = in_window = 0
-    try:
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
-        open_partitions = {p for p, end in ends.items() if end > 0}
-        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-        progressed = time.perf_counter()
-        while open_partitions:
-            messages = consumer.consume(_BATCH, timeout=1.0)
-            if messages:
-                progressed = time.perf_counter()
-            elif time.perf_counter() - progressed > _STALL_S:
-                raise SystemExit(f"FAILED: naive pipeline stalled before the high watermarks {ends}")
-            for message in messages:
-                if message.error():
-                    raise SystemExit(f"FAILED: consumer error {message.error()}")
-                records, in_window = records + 1, in_window + 1
-                if message.value() is not None:  # a tombstone follows its delete
-                    current.keep(decode(message.value()))
-                if message.offset() + 1 >= ends[message.partition()]:
-                    open_partitions.discard(message.partition())
-                if in_window >= window:
-                    table.merge(current)
-                    merges, in_window, current = merges + 1, 0, Window()
-        if current.last:
+    for message in messages_to_high_watermarks(bootstrap, topic, partitions):
+        records, in_window = records + 1, in_window + 1
+        if message.value() is not None:  # a tombstone follows its delete
+            current.keep(decode(message.value()))
+        if in_window >= window:
             table.merge(current)
-            merges += 1
-    finally:
-        consumer.close()
+            merges, in_window, current = merges + 1, 0, Window()
+    if current.last:
+        table.merge(current)
+        merges += 1
     return {"records": records, "seconds": time.perf_counter() - started, "merges": merges}
