@@ -15,6 +15,11 @@ RSS of this process tree (driver, JVM, Python workers; the broker is measured ap
 
     .venv/bin/python bench/export_benchmark.py --changes 100000
     .venv/bin/python bench/export_benchmark.py                      # 1,000,000 feed rows
+    .venv/bin/python bench/export_benchmark.py --table realistic --format avro
+
+`--table realistic` exports the Delta types of a real Debezium capture (`export_tables.py`);
+`--format avro` writes Confluent Avro (`avro-confluent`) through a real registry: `--registry
+URL`, else an Apicurio started for the run (the registry the tests use).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import tempfile
 import threading
 import time
 import uuid
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Iterator
 
@@ -36,6 +41,7 @@ import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 from deltalake import DeltaTable, write_deltalake
+from export_tables import SHAPES
 
 from connectors.kafka.local_broker import LocalBroker
 from service.config.exports import DEFAULT_MAX_ROWS_PER_TRIGGER
@@ -48,7 +54,6 @@ TABLE = "bench_export"
 BROKER_COMMAND = "noida-db"
 UPDATE_COMMITS = 3
 INSERT_SHARE = 0.4
-SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("amount", pa.float64()), ("active", pa.bool_())])
 _RSS_SAMPLE_S = 0.5
 _CONSUME_BATCH = 10_000
 _MAX_RESPONSE_BYTES = 1 << 30
@@ -59,6 +64,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--changes", type=int, default=1_000_000, help="change-feed rows in the table")
     parser.add_argument("--preset", choices=["debezium", "flat"], default="debezium")
+    parser.add_argument("--table", choices=sorted(SHAPES), default="simple", help="the table's shape")
+    parser.add_argument("--format", choices=["json", "avro"], default="json",
+                        help="json: the preset's JSON layout; avro: avro-confluent through a registry")
+    parser.add_argument("--registry", help="a running Confluent-compatible registry for --format avro "
+                                           "(default: Apicurio started for the run)")
     parser.add_argument("--bootstrap", help="use this broker instead of starting a LocalBroker")
     parser.add_argument("--max-rows", type=int, default=DEFAULT_MAX_ROWS_PER_TRIGGER,
                         help="the export's max_rows_per_trigger (feed rows per micro-batch)")
@@ -87,15 +97,21 @@ def _child_named(parent: int, command: str) -> int | None:
     return None
 
 
-def _rows(ids: list[int], version: int) -> pa.Table:
-    return pa.table({
-        "id": ids, "name": [f"v{version}-{i}" for i in ids], "amount": [i * 0.25 + version for i in ids],
-        "active": [(i + version) % 2 == 0 for i in ids],
-    }, schema=SCHEMA)
+@contextmanager
+def registry(args: argparse.Namespace, workdir: Path) -> Iterator[str | None]:
+    """The schema registry's URL for an Avro run (None for JSON)."""
+    if args.format != "avro" or args.registry:
+        yield args.registry
+        return
+    from tests.support.registry.apicurio import ApicurioRegistry
+
+    with ApicurioRegistry(workdir / "apicurio") as started:
+        yield started.url
 
 
-def build_table(uri: str, changes: int, seed: int = 5) -> dict[str, int]:
+def build_table(uri: str, changes: int, seed: int = 5, shape: str = "simple") -> dict[str, int]:
     """The table and its plan: {'inserts', 'updates', 'deletes', 'feed_rows', 'versions'}."""
+    schema, _rows = SHAPES[shape]
     rng = random.Random(seed)
     inserts = int(changes * INSERT_SHARE)
     per_commit = (changes - inserts) // UPDATE_COMMITS  # feed rows: 2 per update, 1 per delete
@@ -109,7 +125,7 @@ def build_table(uri: str, changes: int, seed: int = 5) -> dict[str, int]:
         source = _rows(picked, version).append_column("deleted", pa.array([i in gone for i in picked]))
         (DeltaTable(uri).merge(source, "t.id = s.id", source_alias="s", target_alias="t")
          .when_matched_delete(predicate="s.deleted")
-         .when_matched_update(updates={c: f"s.{c}" for c in SCHEMA.names if c != "id"}, predicate="NOT s.deleted")
+         .when_matched_update(updates={c: f"s.{c}" for c in schema.names if c != "id"}, predicate="NOT s.deleted")
          .execute())
         live = [i for i in live if i not in gone]
     total_updates, total_deletes = updates * UPDATE_COMMITS, deletes * UPDATE_COMMITS
@@ -200,14 +216,16 @@ def count_committed(bootstrap: str, topic: str) -> int:
 
 
 def run_export(bootstrap: str, workdir: Path, topic: str, args: argparse.Namespace,
-               sampler: RssSampler) -> dict[str, float]:
+               sampler: RssSampler, registry_url: str | None = None) -> dict[str, float]:
     """Export the table until idle; seconds from query start and between first and last batch."""
     name = f"bench-{uuid.uuid4().hex[:8]}"
+    export = {"name": name, "table": TABLE, "topic": topic, "primary_key": "id", "preset": args.preset,
+              "max_versions_per_trigger": 1, "max_rows_per_trigger": args.max_rows}
+    if args.format == "avro":
+        export.update({"format": "avro-confluent", "schema_registry": {"url": registry_url}})
     settings = settings_from_mapping({
         "kafka": {"bootstrap_servers": bootstrap}, "lakehouse": {"root": str(workdir / "tables")},
-        "checkpoint_root": str(workdir / "checkpoints"),
-        "exports": [{"name": name, "table": TABLE, "topic": topic, "primary_key": "id", "preset": args.preset,
-                     "max_versions_per_trigger": 1, "max_rows_per_trigger": args.max_rows}],
+        "checkpoint_root": str(workdir / "checkpoints"), "exports": [export],
     })
     spark = build_spark(SparkSettings(master="local[*]"))
     batches = BatchTimes()
@@ -266,17 +284,17 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("service.delta_to_kafka.pipeline").setLevel(logging.INFO)
     topic = f"bench.export.{uuid.uuid4().hex[:12]}"
-    with tempfile.TemporaryDirectory(prefix="cdc-export-bench-") as tmp, broker(args.bootstrap, Path(tmp)) as (
-        bootstrap, broker_pid,
-    ):
+    with tempfile.TemporaryDirectory(prefix="cdc-export-bench-") as tmp, ExitStack() as stack:
         workdir = Path(tmp)
+        bootstrap, broker_pid = stack.enter_context(broker(args.bootstrap, workdir))
+        registry_url = stack.enter_context(registry(args, workdir))
         started = time.perf_counter()
-        plan = build_table(str(workdir / "tables" / TABLE), args.changes)
+        plan = build_table(str(workdir / "tables" / TABLE), args.changes, shape=args.table)
         build_s = time.perf_counter() - started
         create_topics(bootstrap, [topic], 1)
         sampler = RssSampler(os.getpid(), broker_pid)
         try:
-            run = run_export(bootstrap, workdir, topic, args, sampler)
+            run = run_export(bootstrap, workdir, topic, args, sampler, registry_url)
             records = count_committed(bootstrap, topic)
             want = expected_records(plan, args.preset)
             if records != want:

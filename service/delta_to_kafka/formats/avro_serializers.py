@@ -18,7 +18,7 @@ version. Adding a nullable column with a default keeps the subject backward comp
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Iterable, Literal
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -148,6 +148,16 @@ class TableAvroSerializer:
         if not document.keys() <= self._top_level:
             return False
         return not self._images or _image_keys(document, self._images) <= self._columns
+
+    def registered(self, columns: Iterable[str]) -> tuple[int, Any] | None:
+        """(schema id, schema definition) of the subject's schema for records of these table columns
+        (derived and registered as `encode` would); None when the table has no such columns."""
+        columns = set(columns)
+        if self._encoder is None or not columns <= self._columns:
+            self._derive()
+        if not columns <= self._columns or self._encoder is None:
+            return None
+        return self._encoder.schema_id, self._encoder.codec.definition
 
     def encode(self, document: dict[str, Any] | None) -> bytes | None:
         """The Confluent-framed Avro bytes of `document`; None for a tombstone."""

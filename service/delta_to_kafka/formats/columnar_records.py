@@ -96,7 +96,13 @@ def _braced(inner: Text, rows: np.ndarray) -> Text:
 
 
 class ColumnarRecords:
-    """Kafka records of JSON exports from paired changes, one column operation per field."""
+    """Kafka records of JSON exports from paired changes, one column operation per field.
+
+    The parts of each change kind and their order are the layout's; a subclass writes another
+    encoding of the same parts (`columnar_avro_records`).
+    """
+
+    VALUE_TYPE = pa.string()
 
     def __init__(self, settings: ExportSettings) -> None:
         self.settings = settings
@@ -129,7 +135,7 @@ class ColumnarRecords:
         """The flush's records in order; TypeError when a value has no JSON form (the row path names it)."""
         if len(changes) == 0:
             return []
-        rows = _Rows(feed, self.settings, self._columns)
+        rows = self._rows_of(feed)
         kinds = {"insert": changes.before == NO_ROW, "delete": changes.after == NO_ROW}
         kinds["update"] = ~(kinds["insert"] | kinds["delete"])
         ordinals, slots, values, lasts = [], [], [], []
@@ -146,7 +152,7 @@ class ColumnarRecords:
                 value = None if part.tombstone else self._value(feed, rows, part, images, last, processed_at_ms)
                 ordinals.append(picked)
                 slots.append(np.full(picked.size, slot))
-                values.append(pa.nulls(picked.size, pa.string()) if value is None else as_array(value, picked.size))
+                values.append(pa.nulls(picked.size, self.VALUE_TYPE) if value is None else as_array(value, picked.size))
                 lasts.append(last)
         if not ordinals:
             return []
@@ -155,8 +161,14 @@ class ColumnarRecords:
         texts = pa.concat_arrays(values).take(pa.array(order))
         return self._records(feed, rows, texts, last)
 
+    def _rows_of(self, feed: pa.Table) -> _Rows:
+        return _Rows(feed, self.settings, self._columns)
+
+    def _keys(self, feed: pa.Table, rows: _Rows, last: np.ndarray) -> pa.Array:
+        return _braced(rows.key, last)
+
     def _records(self, feed: pa.Table, rows: _Rows, texts: pa.Array, last: np.ndarray) -> list[KafkaRecord]:
-        keys = pc.cast(_braced(rows.key, last), pa.binary()).to_pylist()
+        keys = pc.cast(self._keys(feed, rows, last), pa.binary()).to_pylist()
         values = pc.cast(texts, pa.binary()).to_pylist()
         versions = feed.column(ChangeFeedColumn.COMMIT_VERSION).take(pa.array(last)).to_pylist()
         version_headers = {v: (Header.COMMIT_VERSION, str(v).encode("ascii")) for v in set(versions)}

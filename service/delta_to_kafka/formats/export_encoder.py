@@ -1,7 +1,8 @@
 """The export's encoder: TO_CHANGELOG, then the record layout, for one flush of the change feed.
 
-The layouts themselves are in `output_formats` (row by row) and `columnar_records` (column by
-column, JSON only); this module chooses between them per flush, so both build on names below it.
+The layouts themselves are in `output_formats` (row by row), `columnar_records` (JSON, column
+by column) and `columnar_avro_records` (Avro, column by column); this module chooses between
+them per flush, so all build on names below it.
 """
 
 from __future__ import annotations
@@ -23,15 +24,29 @@ from service.delta_to_kafka.formats.output_formats import (
 )
 
 
+def _columnar(settings: ExportSettings, key: ValueSerializer | None,
+              value: ValueSerializer | None) -> ColumnarRecords | None:
+    """The column-by-column layout of the export, None where only the row path writes it."""
+    if settings.format != "avro-confluent":
+        return ColumnarRecords(settings)
+    if not (hasattr(key, "registered") and hasattr(value, "registered")):
+        return None  # serializers other than the table's own: their schema is theirs
+    # Imported here: a JSON-only service never loads the registry client.
+    from service.delta_to_kafka.formats.columnar_avro_records import ColumnarAvroRecords
+
+    return ColumnarAvroRecords(settings, key, value)  # type: ignore[arg-type]
+
+
 class ExportEncoder:
     """TO_CHANGELOG and the record layout together: one flush of the change feed -> Kafka records.
 
     Callable as the export pipeline's encoder, and its `EncoderState` (state records per key). The
     clock gives epoch seconds: the state's TTL and the envelope's `ts_ms` both use it.
 
-    JSON formats encode a flush column by column (`feed_changes` pairs and compacts in Arrow,
-    `columnar_records` writes the layout) whenever the flush needs no encoder state; otherwise,
-    and for Avro, TO_CHANGELOG runs row by row. Both give the same bytes.
+    A flush is encoded column by column (`feed_changes` pairs and compacts in Arrow,
+    `columnar_records` or, for Avro with the table's own serializers, `columnar_avro_records`
+    writes the layout) whenever the flush needs no encoder state; otherwise TO_CHANGELOG runs
+    row by row. Both give the same bytes.
     """
 
     def __init__(
@@ -43,7 +58,7 @@ class ExportEncoder:
     ) -> None:
         self.changelog = ToChangelog(settings)
         self.records = KafkaRecordEncoder(settings, key_serializer, value_serializer)
-        self.columnar = ColumnarRecords(settings) if settings.format != "avro-confluent" else None
+        self.columnar = _columnar(settings, key_serializer, value_serializer)
         self._clock = clock
 
     def __call__(self, feed: pa.Table) -> list[KafkaRecord]:
@@ -68,7 +83,7 @@ class ExportEncoder:
         try:
             return self.columnar.encode(feed, changes, processed_at_ms)
         except TypeError:
-            return None  # a value without a JSON form: the row path names it
+            return None  # a value without a JSON or Avro form: the row path names it
 
     def snapshot(self) -> bytes:
         """The encoder's whole state after the last flush."""

@@ -4,9 +4,12 @@ A fragment is byte for byte what `output_formats.JsonSerializer` writes for the 
 (`orjson` of `json_ready(value)`), so records assembled from fragments equal records built
 from Python dicts. Vectorized with Arrow compute: integers, booleans, float64 values that
 orjson writes in plain notation (0, and 1e-5 <= |v| < 1e15), strings without control
-characters, nulls. Every other value (other types, floats in exponent notation or not
-finite, strings with control characters) is converted one value at a time through
-`json_ready`; a column of such a type costs what the row path costs, only for that column.
+characters, decimals (Arrow's plain text, as `format(value, "f")`), dates, microsecond
+timestamps of years 1000 and later (`strftime`, a `Z` when zoned), lists of any of these,
+nulls. Every other value (other types, floats in exponent notation or not finite, strings
+with control characters, timestamps before the year 1000, which Python writes without
+leading zeros) is converted one value at a time through `json_ready`; a column of such a
+type costs what the row path costs, only for that column.
 
 `join` and `json_object` put fragments together into objects, again column by column.
 """
@@ -30,6 +33,8 @@ Text = Union[pa.Array, str]
 _PLAIN_FLOAT_MIN = 1e-5  # orjson writes smaller magnitudes in exponent notation
 _PLAIN_FLOAT_LIMIT = 1e15  # ... and these and larger ones
 _CONTROL = "[\\x00-\\x1f]"  # orjson escapes these; Arrow replacements below do not
+_FIRST_PADDED_YEAR = 1000  # Python's strftime writes earlier years without leading zeros
+_STAMP = "%Y-%m-%dT%H:%M:%S"  # Arrow writes the seconds of a microsecond timestamp with six decimals
 
 
 def dump(value: Any) -> str:
@@ -60,6 +65,24 @@ def _strings(column: pa.Array) -> tuple[pa.Array, pa.Array]:
     return pc.binary_join_element_wise('"', escaped, '"', ""), pc.match_substring_regex(column, _CONTROL)
 
 
+def _quoted(text: pa.Array) -> pa.Array:
+    return pc.binary_join_element_wise('"', text, '"', "")
+
+
+def _timestamps(column: pa.Array) -> tuple[pa.Array, pa.Array]:
+    utc = pc.cast(column, pa.timestamp("us"))  # a zoned timestamp's instant as UTC wall time
+    text = pc.strftime(utc, _STAMP)
+    if column.type.tz is not None:
+        text = pc.binary_join_element_wise(text, "Z", "")
+    return _quoted(text), pc.less(pc.year(utc), _FIRST_PADDED_YEAR)
+
+
+def _lists(column: pa.Array) -> pa.Array:
+    items = json_fragments(column.values)
+    joined = pc.binary_join(type(column).from_arrays(column.offsets, items, mask=column.is_null()), ",")
+    return pc.binary_join_element_wise("[", joined, "]", "")
+
+
 def json_fragments(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     """The JSON text of every value of `column` ("null" for nulls); TypeError if a value has none."""
     if isinstance(column, pa.ChunkedArray):
@@ -74,6 +97,14 @@ def json_fragments(column: pa.Array | pa.ChunkedArray) -> pa.Array:
         text, odd = _floats(column)
     elif pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind):
         text, odd = _strings(pc.cast(column, pa.string()))
+    elif pa.types.is_decimal(kind):
+        text = _quoted(pc.cast(column, pa.string()))
+    elif pa.types.is_date32(kind):
+        text = _quoted(pc.cast(column, pa.string()))
+    elif pa.types.is_timestamp(kind) and kind.unit in ("s", "ms", "us"):
+        text, odd = _timestamps(column)
+    elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        text = _lists(column)
     else:
         return _one_by_one(column)
     text = pc.fill_null(text, NULL)
