@@ -11,6 +11,8 @@ from typing import Mapping
 OffsetMap = dict[str, dict[str, int]]
 RESERVED_PREFIX = "$"
 """Keys of an offset map starting with this are not topics (Kafka topic names cannot hold '$')."""
+PIECES_KEY = "$pieces"
+"""The offset's entry recording how its ranges are cut (`pieces_entry`), so a replay cuts them alike."""
 
 
 def to_map(positions: Mapping[tuple[str, int], int]) -> OffsetMap:
@@ -118,3 +120,19 @@ def split_spans(spans: list[Span], min_pieces: int, min_rows: int) -> list[Span]
         middle = first + (stop - first) // 2
         pieces[widest:widest + 1] = [(tp, first, middle), (tp, middle, stop)]
     return pieces
+
+
+def pieces_entry(min_pieces: int, min_rows: int) -> dict[str, dict[str, int]]:
+    """The offset entry of a plan that cuts ranges (`split_spans`); none when nothing is cut."""
+    if min_pieces <= 1:
+        return {}
+    return {PIECES_KEY: {"min_pieces": int(min_pieces), "min_rows": int(min_rows)}}
+
+
+def planned_pieces(end: Mapping[str, object]) -> tuple[int, int]:
+    """(min_pieces, min_rows) as the end offset recorded them; (0, 0), no cut, when it records none
+    (an offset planned before ranges were cut, or by a reader that does not cut)."""
+    entry = end.get(PIECES_KEY)
+    if not isinstance(entry, Mapping):
+        return 0, 0
+    return int(entry.get("min_pieces", 0)), int(entry.get("min_rows", 0))

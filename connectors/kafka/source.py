@@ -20,8 +20,9 @@ Options (keys are case-insensitive):
                            the one furthest behind in event time (default 0)
   ondataloss               fail (default) | earliest: when offsets still to be read were deleted
   minpartitions            cut the largest ranges in two until a micro-batch has this many input
-                           partitions (default: one per Kafka partition); only for readers that
-                           apply a partition's records in offset order wherever they were read
+                           partitions (default: one per Kafka partition); only for readers whose
+                           result does not depend on where a partition's records were read. The
+                           cut is recorded in the end offset (`$pieces`): a replay cuts alike
   minpartitionrows         no piece smaller than this (default 1000)
   kafka.<name>             any librdkafka option, passed through
 """
@@ -175,7 +176,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         available = {tp: max(end, begin[tp]) for tp, end in available.items()}
         max_rows = getattr(limit, "max_rows", None) if isinstance(limit, ReadMaxRows) else None
         if self.progress_file is None:
-            return om.to_map(self.admit(begin, available, max_rows))
+            end = self.admit(begin, available, max_rows)
+            if all(end[tp] == om.from_map(start).get(tp) for tp in end):  # nothing new: keep the start's plan
+                return {**om.to_map(end), **{k: v for k, v in start.items() if k == om.PIECES_KEY}}
+            return {**om.to_map(end), **self._pieces()}
         progress = wm.Progress.from_json(start.get(wm.PROGRESS_KEY)).advanced(
             self.progress_file.read(), {tp: available[tp] > begin[tp] for tp in available}, _now_ms()
         )
@@ -187,7 +191,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return start  # nothing new: the very same offset, or Spark would run an empty batch
         holding = progress.holding({tp: available[tp] > end[tp] for tp in available}, self.idle_timeout_ms)
         floors = progress.floors([tp for tp in end if end[tp] > begin[tp]], holding)
-        return {**om.to_map(end), wm.PROGRESS_KEY: progress.floors_json(floors)}
+        return {**om.to_map(end), wm.PROGRESS_KEY: progress.floors_json(floors), **self._pieces()}
+
+    def _pieces(self) -> dict:
+        """The offset's record of how its ranges are cut: `partitions` cuts by it, not by the options
+        of the process that replays the batch (whose core count may differ)."""
+        return om.pieces_entry(self.min_partitions, self.min_partition_rows)
 
     def reportLatestOffset(self) -> dict | None:
         marks = self._marks or self._watermarks()
@@ -197,7 +206,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin = om.from_map(start)
         stops = om.from_map(end)
         ranges = [(tp, begin.get(tp, 0), stop) for tp, stop in sorted(stops.items()) if stop > begin.get(tp, 0)]
-        ranges = om.split_spans(ranges, self.min_partitions, self.min_partition_rows)
+        ranges = om.split_spans(ranges, *om.planned_pieces(end))  # as planned: a replay cuts alike
         floors = wm.planned_floors(end.get(wm.PROGRESS_KEY))  # as planned: a replay uses the same
         return [KafkaRange(tp[0], tp[1], first, stop, floors.get(tp)) for tp, first, stop in ranges]
 

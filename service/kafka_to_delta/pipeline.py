@@ -49,7 +49,7 @@ from service.kafka_to_delta.source.bucket_packing import PackedBuckets
 from service.kafka_to_delta.source.changes_source import changes_source, changes_source_name
 from service.kafka_to_delta.source.decode_stage import DecodedRanges, batch_decoder
 from service.kafka_to_delta.source.event_time_progress import EventTimeMaxima
-from service.kafka_to_delta.source.partition_changes import PartitionReducer
+from service.kafka_to_delta.source.piece_reducer import PieceReducer
 from service.kafka_to_delta.table_query import TableQuery
 from service.observability import metrics
 from service.operations.maintenance import TableMaintenance
@@ -104,7 +104,12 @@ class IngestPipeline(TableQuery):
         """Where the largest event time read per partition is handed to the source's planner."""
         return os.path.join(self.settings.checkpoint_dir(self.pipeline.name), "event_time_progress.json")
 
-    def _source(self, format_name: str, watermarked: bool, min_partitions: int = 0) -> DataFrame:
+    def _source(self, format_name: str, watermarked: bool) -> DataFrame:
+        """The pipeline's Kafka ranges, the largest cut in pieces until there is one per core (a topic
+        of one partition, Debezium's default, is read and decoded on every core): every path's
+        result is independent of where a partition's records were read (the plain path's driver
+        merge fills unchanged columns across pieces; the stateful stages sort a key's rows by
+        source position)."""
         pipeline = self.pipeline
         reader = (
             self.spark.readStream.format(format_name)
@@ -125,8 +130,7 @@ class IngestPipeline(TableQuery):
         reader = reader.option("startingOffsets", starting)
         if self.pipeline.max_offsets_per_trigger:
             reader = reader.option("maxOffsetsPerTrigger", str(self.pipeline.max_offsets_per_trigger))
-        if min_partitions:
-            reader = reader.option("minPartitions", str(min_partitions))
+        reader = reader.option("minPartitions", str(self.spark.sparkContext.defaultParallelism))
         return reader.load()
 
     def _decoded_source(self, config: StageConfig | None) -> DataFrame:
@@ -137,10 +141,7 @@ class IngestPipeline(TableQuery):
         if config is not None and self.shape.packed_buckets:
             packed = PackedBuckets(decoded, config.key_buckets)
             self.spark.dataSource.register(changes_source(self.pipeline.name, packed, PACKED_SPARK_SCHEMA))
-            # The bucket stage applies a key's changes in arrival order wherever they were read, so
-            # a partition's range may be read in pieces: event-time aligned admission often gives
-            # a whole micro-batch to the one partition furthest behind, which would read on one core.
-            return self._source(name, watermarked=True, min_partitions=self.spark.sparkContext.defaultParallelism)
+            return self._source(name, watermarked=True)
         self.spark.dataSource.register(changes_source(self.pipeline.name, decoded, STREAM_SPARK_SCHEMA))
         stream = self._source(name, watermarked=True)
         if not self.shape.changelog_stage:
@@ -223,7 +224,7 @@ class IngestPipeline(TableQuery):
         self.shape = pipeline_shape(self.pipeline, stored_key_buckets(self.pipeline.name, checkpoint))
         config = stage_config(self.pipeline, self.shape.key_buckets) if self.shape.materializer else None
         if self.shape.reduces_where_read:
-            reducer = PartitionReducer(batch_decoder(self.pipeline), self.pipeline.primary_key)
+            reducer = PieceReducer(batch_decoder(self.pipeline), self.pipeline.primary_key)
             self.spark.dataSource.register(changes_source(self.pipeline.name, reducer))
             stream = self._source(changes_source_name(self.pipeline.name), watermarked=False)
         else:  # decoded where read as well: changelog rows and watermark candidates

@@ -234,6 +234,7 @@ class DatabaseQuery(QueryIdentity, BatchPipeline):
             .option("onDataLoss", self.database.on_data_loss)
             .option("startingOffsets", self.database.starting_offsets)
             .option("quarantineFile", self.quarantine_file)
+            .option("minPartitions", str(self.spark.sparkContext.defaultParallelism))  # a large lone range in pieces
         )
         for key, value in self.settings.kafka.options.items():
             reader = reader.option(f"kafka.{key}", value)

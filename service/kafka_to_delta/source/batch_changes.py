@@ -6,23 +6,26 @@ types win, the data types the rest, as for one range), a range whose rows were t
 differently is cast, and a key present in several ranges keeps its last change in source
 order (topic, partition, offset, change_index).
 
-Shortcut: a change that left columns unchanged is filled from earlier images of its own range
-only; a key whose changes are spread over several partitions (a producer not keying by
-primary key) is not filled across them, and the sink keeps the stored value instead.
+A change that left columns unchanged (TOAST) and was not filled within its range is filled from
+the key's latest earlier upsert of another range of the same topic partition holding them (a
+partition read in pieces, `fill_across_ranges`). A key whose changes are spread over several
+partitions (a producer not keying by primary key) is not filled across them, and the sink keeps
+the stored value instead.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from connectors.delta.arrow_types import arrow_type, typed_column
-from service.kafka_to_delta.materialize.last_change import last_rows
 from service.kafka_to_delta.materialize.payload import TypeEvidence, payload_table
 from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
 from service.kafka_to_delta.rows.names import FAILED_COLUMNS, Meta, Part
+from service.kafka_to_delta.source.fill_across_ranges import RANGE_COLUMN, filled_last_rows
 from vocabulary.errors import DecodeError, SourceCoordinates
 
 
@@ -152,10 +155,14 @@ def batch_changes(payloads: pa.Table) -> BatchChanges:
     types = evidence.types()
     changes = pa.table({})
     if ranges:
-        changes = pa.concat_tables([_conformed(table, types) for table in ranges])
         if len(ranges) > 1:
+            changes = pa.concat_tables([
+                _conformed(table, types).append_column(RANGE_COLUMN, pa.array(np.full(table.num_rows, i, np.int32)))
+                for i, table in enumerate(ranges)])
             ordered = changes.sort_by([(name, "ascending") for name in Meta.ORDER])
-            changes = last_rows(ordered, Meta.KEY)
+            changes = filled_last_rows(ordered, [frozenset(table.column_names) for table in ranges])
+        else:
+            changes = _conformed(ranges[0], types)
         changes = without_truncated(changes, truncates)
     return BatchChanges(
         changes=changes,

@@ -11,6 +11,9 @@ primary key). Output rows are the plain path's payload rows with the table they 
 Small ranges are packed: one Spark task reads several ranges in turn (a database of hundreds of
 mostly quiet tables would otherwise cost a task per partition per micro-batch); a task holds
 up to `_PACK_ROWS` records, and there are at least as many tasks as cores when there is data.
+When a micro-batch has fewer ranges than cores, the largest are first cut in pieces (the
+`minPartitions` of the Kafka source, recorded in the offset), so a large table of one partition
+is read on every core; the driver merges the pieces as a pipeline's (`batch_changes`).
 """
 
 from __future__ import annotations
@@ -105,10 +108,12 @@ class TableReducers:
         cache_key = (table if changelog is not None else "", *primary_key)
         if cache_key not in self._reducers:
             from service.kafka_to_delta.source.database_decoder import table_decoder
-            from service.kafka_to_delta.source.partition_changes import PartitionReducer
+            from service.kafka_to_delta.source.piece_reducer import (
+                PieceReducer,  # a large range is cut
+            )
 
             decoder = table_decoder(self.database, primary_key, changelog)
-            self._reducers[cache_key] = PartitionReducer(decoder, primary_key)
+            self._reducers[cache_key] = PieceReducer(decoder, primary_key)
         return self._reducers[cache_key]
 
     def primary_key(self, table: str, kafka_range: KafkaRange, first_key: bytes | None) -> tuple[str, ...]:

@@ -117,3 +117,24 @@ def test_cap_rows_by_topic_stays_within_bounds_and_makes_progress(backlogs, max_
     assert all(start[tp] <= end[tp] <= available[tp] for tp in end)
     admitted = sum(end[tp] - start[tp] for tp in end)
     assert admitted == min(max_rows, sum(available[tp] - start[tp] for tp in end))
+
+
+def test_the_cut_is_planned_from_the_end_offset_not_from_the_replaying_process():
+    from connectors.kafka.source import KafkaStreamReader
+
+    planner = KafkaStreamReader({"bootstrap.servers": "unused:9092", "topics": "t", "minPartitions": "2"})
+    replayer = KafkaStreamReader({"bootstrap.servers": "unused:9092", "topics": "t", "minPartitions": "8"})
+    start = {"t": {"0": 0}}
+    end = {"t": {"0": 10_000}, **planner._pieces()}
+    assert end[om.PIECES_KEY] == {"min_pieces": 2, "min_rows": 1_000}
+    planned = [(r.start, r.end) for r in planner.partitions(start, end)]
+    assert planned == [(0, 5_000), (5_000, 10_000)]
+    assert [(r.start, r.end) for r in replayer.partitions(start, end)] == planned
+    # an offset recorded before ranges were cut (or by a reader that does not cut) is read whole
+    assert [(r.start, r.end) for r in replayer.partitions(start, {"t": {"0": 10_000}})] == [(0, 10_000)]
+
+
+def test_the_pieces_entry_is_reserved_and_absent_without_a_cut():
+    assert om.pieces_entry(0, 1_000) == {} and om.pieces_entry(1, 1_000) == {}
+    assert om.planned_pieces({"t": {"0": 5}}) == (0, 0)
+    assert from_map({"t": {"0": 5}, **om.pieces_entry(4, 10)}) == {("t", 0): 5}

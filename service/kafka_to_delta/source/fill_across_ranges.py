@@ -1,0 +1,97 @@
+"""Unchanged (TOAST) columns of a batch's net changes filled across the Kafka ranges that hold them.
+
+A range fills a placeholder from the key's earlier images of that range (`debezium_columns`,
+`fill_unchanged`); what none of them holds reaches the driver as `unchanged`. When one partition is
+read in pieces (`connectors.kafka.offsets.split_spans`), the image may sit in an earlier piece: the
+driver keeps the last change per key, and fills each column it left unchanged from the latest
+earlier upsert of the same key in the same topic partition that holds the column (a range whose
+rows lack the column holds nothing for it). What no range holds stays `unchanged`: the sink keeps
+the stored value. All in Arrow; Python runs once per distinct `unchanged` list, not per row.
+
+As within a range, a delete does not stop the fill: the placeholder of a key deleted and
+re-inserted is filled from the re-insert, which Debezium writes whole. Only a piece's last change
+per key reaches the driver, so an image followed by a delete in the same piece is not at hand for
+a placeholder of a later piece (an update of a deleted row that was not inserted again, which a
+database does not write).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from service.kafka_to_delta.materialize.last_change import last_rows
+from service.kafka_to_delta.rows.names import Meta
+from vocabulary.changes import ChangeKind
+
+RANGE_COLUMN = "__cdc_range"
+"""The index of the range a row came from (into the `present` list of `filled_last_rows`)."""
+_FILL_KEY = "__cdc_fill_key"
+
+
+def _contains(unchanged: pa.ChunkedArray, texts: list[str], lists: list[list[str]], column: str) -> np.ndarray:
+    """Per row: whether its `unchanged` list names `column`."""
+    named = np.array([column in names for names in lists] + [False], np.bool_)
+    code = pc.fill_null(pc.index_in(unchanged, value_set=pa.array(texts, pa.string())), -1)
+    return named[code.to_numpy()]
+
+
+def filled_last_rows(ordered: pa.Table, present: list[frozenset[str]]) -> pa.Table:
+    """The last row per key of `ordered` (rows in source order, `RANGE_COLUMN` naming each row's
+    range, whose columns are `present[range]`), its unchanged columns filled across ranges; without
+    `RANGE_COLUMN`."""
+    fill_key = pc.binary_join_element_wise(ordered.column(Meta.KEY), ordered.column(Meta.TOPIC),
+                                           pc.cast(ordered.column(Meta.PARTITION), pa.string()), "\x1f")
+    ordered = ordered.append_column(_FILL_KEY, fill_key)
+    last = last_rows(ordered, Meta.KEY)
+    unchanged = last.column(Meta.UNCHANGED)
+    if unchanged.null_count == last.num_rows:
+        return last.drop_columns([RANGE_COLUMN, _FILL_KEY])
+    texts = pc.unique(ordered.column(Meta.UNCHANGED).drop_null()).to_pylist()
+    lists = [json.loads(text) for text in texts]
+    wanted = [c for c in dict.fromkeys(c for names in lists for c in names) if c in last.column_names]
+    upserts = pc.equal(ordered.column(Meta.KIND), ChangeKind.UPDATE_AFTER.value).to_numpy(zero_copy_only=False)
+    last_upserts = pc.equal(last.column(Meta.KIND), ChangeKind.UPDATE_AFTER.value).to_numpy(zero_copy_only=False)
+    ranges = ordered.column(RANGE_COLUMN).to_numpy()
+    filled: dict[str, np.ndarray] = {}
+    for column in wanted:
+        need = last_upserts & _contains(unchanged, texts, lists, column)
+        if not need.any():
+            continue
+        holding = [i for i, names in enumerate(present) if column in names]
+        holds = upserts & np.isin(ranges, holding) & ~_contains(ordered.column(Meta.UNCHANGED), texts, lists, column)
+        holders = last_rows(ordered.filter(pa.array(holds)).select([_FILL_KEY, column]), _FILL_KEY)
+        position = pc.index_in(last.column(_FILL_KEY), value_set=holders.column(_FILL_KEY))
+        found = need & position.is_valid().to_numpy(zero_copy_only=False)
+        if not found.any():
+            continue
+        values = holders.column(column).take(position)
+        index = last.schema.get_field_index(column)
+        last = last.set_column(index, column, pc.if_else(pa.array(found), values, last.column(column)))
+        filled[column] = found
+    if filled:
+        last = last.set_column(last.schema.get_field_index(Meta.UNCHANGED), Meta.UNCHANGED,
+                               _still_unchanged(unchanged, filled))
+    return last.drop_columns([RANGE_COLUMN, _FILL_KEY])
+
+
+def _still_unchanged(unchanged: pa.ChunkedArray, filled: dict[str, np.ndarray]) -> pa.Array:
+    """`unchanged` without the columns `filled` per row; null where none is left. The JSON is built
+    once per distinct (list, filled columns) pair."""
+    names = list(filled)
+    texts = pc.unique(unchanged.drop_null()).to_pylist()
+    code = pc.fill_null(pc.index_in(unchanged, value_set=pa.array(texts, pa.string())), -1).to_numpy()
+    combos = np.column_stack([code, *(filled[name].astype(np.int64) for name in names)])
+    distinct, inverse = np.unique(combos, axis=0, return_inverse=True)
+    results: list[str | None] = []
+    for combo in distinct:
+        if combo[0] < 0:
+            results.append(None)
+            continue
+        gone = {name for name, flag in zip(names, combo[1:]) if flag}
+        left = [c for c in json.loads(texts[combo[0]]) if c not in gone]
+        results.append(json.dumps(left, separators=(",", ":")) if left else None)
+    return pa.array(results, pa.string()).take(pa.array(inverse.reshape(-1), pa.int64()))
