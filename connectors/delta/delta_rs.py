@@ -11,7 +11,14 @@ from __future__ import annotations
 import json
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Transaction, write_deltalake
+import pyarrow.compute as pc
+from deltalake import (
+    CommitProperties,
+    DeltaTable,
+    PostCommitHookProperties,
+    Transaction,
+    write_deltalake,
+)
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from connectors.delta.arrow_types import plain_type, widens
@@ -54,6 +61,15 @@ def widen_info(columns: dict[str, pa.DataType], app_id: str, batch_id: int) -> d
     """Commit info of a widening: the new types and the batch that asked for it."""
     return {"cdc.widened": json.dumps({name: str(kind) for name, kind in columns.items()}),
             "cdc.app_id": app_id, "cdc.batch_id": str(int(batch_id))}
+
+
+def rows_matching(keys: pa.Table) -> pc.Expression:
+    """A filter passing every row whose values of `keys`' columns each occur in that column of `keys`."""
+    condition = None
+    for name in keys.column_names:
+        one = pc.field(name).isin(pc.unique(keys.column(name)))
+        condition = one if condition is None else condition & one
+    return condition
 
 
 class DeltaRsTable:
@@ -99,6 +115,16 @@ class DeltaRsTable:
         """Current table version, or None when the table does not exist."""
         table = self._open()
         return None if table is None else table.version()
+
+    def rows_with_keys(self, keys: pa.Table) -> pa.Table:
+        """The stored rows whose values of `keys`' columns are one of its rows: the files are pruned by
+        each column's values, the rows then matched on all of them."""
+        table = self._open()
+        if table is None:
+            return pa.table({})
+        found = table.to_pyarrow_dataset().to_table(filter=rows_matching(keys))
+        return found.join(keys.cast(found.select(keys.column_names).schema), keys=keys.column_names,
+                          join_type="left semi") if found.num_rows else found
 
     def create(self, schema: pa.Schema) -> None:
         """Create the table (change data feed on) unless it exists."""

@@ -237,6 +237,15 @@ class DeltaSparkTable:
         """Current table version, or None when the table does not exist."""
         return self._log.version()
 
+    def rows_with_keys(self, keys: pa.Table) -> pa.Table:
+        """The stored rows whose values of `keys`' columns are one of its rows (a semi join in Spark)."""
+        if self.schema() is None:
+            return pa.table({})
+        stored = self._session.read.format("delta").load(self.uri)
+        wanted = self._session.createDataFrame(keys)
+        return self._run(f"read rows of {self.uri} by key",
+                         lambda: stored.join(wanted, on=list(keys.column_names), how="left_semi").toArrow())
+
     def create(self, schema: pa.Schema) -> None:
         """Create the table (change data feed on) unless it exists."""
         _refuse_unstorable(self.uri, schema.names)

@@ -36,6 +36,10 @@ class DeltaEngineTable(Protocol):
     def version(self) -> int | None:
         """Current table version, or None when the table does not exist."""
 
+    def rows_with_keys(self, keys: pa.Table) -> pa.Table:
+        """The stored rows whose values of `keys`' columns are one of its rows (empty when the table
+        does not exist)."""
+
     def create(self, schema: pa.Schema) -> None:
         """Create the table (change data feed on) unless it exists."""
 

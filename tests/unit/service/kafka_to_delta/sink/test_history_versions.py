@@ -15,6 +15,7 @@ from service.kafka_to_delta.sink.history_versions import (
     recompute,
     stored_events,
 )
+from tests.support.history_reference import reference
 
 EXAMPLES = settings(max_examples=60, derandomize=True, deadline=None)
 KEY = ("id",)
@@ -23,45 +24,6 @@ SCHEMA = pa.schema([("id", pa.int64()), ("a", pa.string()), ("b", pa.int64()), (
 # (id, sequence, delete?, a, b): small domains so that keys, sequences and values repeat.
 change = st.tuples(st.integers(1, 3), st.integers(0, 12), st.booleans(), st.sampled_from(["x", "y", None]),
                    st.integers(0, 2))
-
-
-def reference(changes: list[tuple], tracked: tuple[str, ...], markers: bool) -> list[dict]:
-    """History rows from the whole list of changes in delivery order: per key, sorted by sequence (a later
-    delivery wins at an equal sequence), walked one change at a time. A delete is kept as a marker row
-    when it closes nothing (or always, with `markers`): its key alone, valid until the key's next change."""
-    rows: list[dict] = []
-    for key in sorted({c[0] for c in changes}):
-        latest: dict[int, tuple] = {}
-        for c in changes:
-            if c[0] == key:
-                latest[c[1]] = c  # a later delivery replaces an earlier one at the same sequence
-        current: dict | None = None
-        marker: dict | None = None
-        for seq in sorted(latest):
-            _, _, is_delete, a, b = latest[seq]
-            if marker is not None:
-                marker[END_AT] = seq
-                marker = None
-            if is_delete:
-                if markers or current is None:
-                    marker = {"id": key, "a": None, "b": None, START_AT: seq, END_AT: None, UPDATED_AT: seq, DELETED: True}
-                    rows.append(marker)
-                if current is not None:
-                    current[END_AT] = seq
-                    rows.append(current)
-                    current = None
-                continue
-            values = {"a": a, "b": b}
-            if current is not None and all(current[c] == values[c] for c in tracked):
-                current.update(values, **{UPDATED_AT: seq})
-                continue
-            if current is not None:
-                current[END_AT] = seq
-                rows.append(current)
-            current = {"id": key, **values, START_AT: seq, END_AT: None, UPDATED_AT: seq, DELETED: False}
-        if current is not None:
-            rows.append(current)
-    return sorted(rows, key=lambda r: (r["id"], r[START_AT]))
 
 
 def _events(changes: list[tuple], first_order: int) -> pa.Table:

@@ -1,0 +1,153 @@
+"""Writes a pipeline's SCD type 2 history table (`history:`), one commit per micro-batch, idempotently.
+
+Per batch: every change of the batch (not only the net change per key) with its sequence value
+becomes an event; the stored history rows of the touched keys are read back; the keys' histories
+are recomputed in Arrow (`history_versions`); and the difference is MERGEd on (key, `__START_AT`)
+under the application transaction (app id, batch id), so a replayed batch is skipped and a batch
+whose changes the history already holds commits nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from connectors.delta.arrow_types import rows_to_table
+from connectors.delta.delta_rs import DELETE_FLAG, DeltaSchemaError
+from connectors.delta.engines import DeltaEngineTable
+from service.config.choices import SchemaChanges
+from service.config.history import DELETED, END_AT, START_AT, UPDATED_AT, HistorySettings
+from service.kafka_to_delta.rows.names import Column
+from service.kafka_to_delta.sink.history_versions import (
+    IS_DELETE,
+    ORDER,
+    changed_rows,
+    recompute,
+    stored_events,
+)
+from service.kafka_to_delta.sink.merge_sink import _batch_types
+from service.kafka_to_delta.sink.schema_changes import conform
+from vocabulary.changes import ChangeKind
+from vocabulary.errors import SourceCoordinates
+
+log = logging.getLogger(__name__)
+_ROW_KINDS = (ChangeKind.INSERT.value, ChangeKind.UPDATE_AFTER.value, ChangeKind.UPDATE_BEFORE.value,
+              ChangeKind.DELETE.value)
+CHANGE_COLUMNS = (Column.TOPIC, Column.PARTITION, Column.OFFSET, Column.CHANGE_INDEX, Column.KIND, Column.KEY,
+                  Column.ROW, Column.TYPES, Column.SEQUENCE, Column.ERROR)
+"""What the history needs of a batch's changelog rows."""
+
+
+@dataclass(frozen=True)
+class HistoryOutcome:
+    """What one batch did to the history table."""
+
+    batch_id: int
+    keys: int
+    written: int  # rows inserted or replaced
+    removed: int
+    skipped_replay: bool = False
+
+
+def _row_changes(changelog: pa.Table) -> pa.Table:
+    """The batch's row changes in source order, without a -U its +U follows (an update's before image)."""
+    rows = changelog.filter(pc.and_(pc.is_null(changelog.column(Column.ERROR)),
+                                    pc.is_in(changelog.column(Column.KIND), pa.array(_ROW_KINDS))))
+    rows = rows.take(pc.sort_indices(rows, [(c, "ascending") for c in
+                                            (Column.KEY, Column.TOPIC, Column.PARTITION, Column.OFFSET,
+                                             Column.CHANGE_INDEX)]))
+    kinds = rows.column(Column.KIND).to_numpy(zero_copy_only=False)
+    keys = rows.column(Column.KEY).to_numpy(zero_copy_only=False)
+    before = kinds == ChangeKind.UPDATE_BEFORE.value
+    followed = np.zeros(len(kinds), dtype=bool)
+    followed[:-1] = (kinds[1:] == ChangeKind.UPDATE_AFTER.value) & (keys[1:] == keys[:-1])
+    return rows.filter(pa.array(~(before & followed)))
+
+
+def _sequence(rows: pa.Table, table: str) -> pa.Array:
+    """The changes' sequence values; a change without one is an error naming it."""
+    values = [None if text is None else json.loads(text)[0] for text in rows.column(Column.SEQUENCE).to_pylist()]
+    missing = [i for i, value in enumerate(values) if value is None]
+    if missing:
+        at = rows.slice(missing[0], 1).to_pylist()[0]
+        where = SourceCoordinates(at[Column.TOPIC], at[Column.PARTITION], at[Column.OFFSET], at[Column.KEY])
+        raise DeltaSchemaError(f"history table {table}: a change has no sequence value for __START_AT "
+                               f"({where}); set history.sequence_by to a value every change carries")
+    return pa.array(values)
+
+
+def batch_events(changelog: pa.Table, primary_key: tuple[str, ...], table: str) -> tuple[pa.Table, pa.Table]:
+    """(events, their source coordinates) of a batch's changelog rows: the typed row (a delete's before
+    image, else its key), `START_AT` its sequence value, `IS_DELETE`, `ORDER` 1 + its source position."""
+    rows = _row_changes(changelog)
+    deletes = pc.is_in(rows.column(Column.KIND), pa.array([ChangeKind.DELETE.value, ChangeKind.UPDATE_BEFORE.value]))
+    images = [dict(zip(primary_key, json.loads(key))) if text is None else json.loads(text)
+              for key, text in zip(rows.column(Column.KEY).to_pylist(), rows.column(Column.ROW).to_pylist())]
+    net_like = pa.table({"types": rows.column(Column.TYPES)})
+    typed = rows_to_table(images, _batch_types(net_like, images))
+    position = pc.sort_indices(rows, [(c, "ascending") for c in
+                                      (Column.TOPIC, Column.PARTITION, Column.OFFSET, Column.CHANGE_INDEX)])
+    order = np.empty(rows.num_rows, dtype=np.int64)
+    order[position.to_numpy()] = np.arange(1, rows.num_rows + 1)
+    events = (typed.append_column(START_AT, _sequence(rows, table)).append_column(IS_DELETE, deletes)
+              .append_column(ORDER, pa.array(order)))
+    return events, rows.select([Column.TOPIC, Column.PARTITION, Column.OFFSET, Column.KEY])
+
+
+class HistorySink:
+    """Keeps one history table in step with a pipeline's changes (see the module's text)."""
+
+    def __init__(self, table: DeltaEngineTable, primary_key: tuple[str, ...], settings: HistorySettings,
+                 schema_changes: SchemaChanges = "lenient") -> None:
+        self.table = table
+        self.primary_key = primary_key
+        self.settings = settings
+        self.schema_changes = schema_changes
+
+    def already_committed(self, app_id: str, batch_id: int) -> bool:
+        """True when this batch's commit is already in the history table (a replay)."""
+        last = self.table.last_batch(app_id)
+        return last is not None and last >= batch_id
+
+    def apply(self, changelog: pa.Table, app_id: str, batch_id: int) -> HistoryOutcome:
+        """Bring the history of the batch's keys up to date with its changelog rows (`CHANGE_COLUMNS`)."""
+        if self.already_committed(app_id, batch_id):
+            return HistoryOutcome(batch_id, 0, 0, 0, skipped_replay=True)
+        events, _ = batch_events(changelog, self.primary_key, self.table.uri)
+        if events.num_rows == 0:
+            return HistoryOutcome(batch_id, 0, 0, 0)
+        existing = self.table.schema()
+        if existing is not None:
+            data_schema = pa.schema([f for f in existing if f.name not in (START_AT, END_AT, UPDATED_AT, DELETED)])
+            data = conform(events.drop_columns([START_AT, IS_DELETE, ORDER]), data_schema, self.table.uri,
+                           self.schema_changes)
+            if data.widen:
+                self.table.widen(data.widen, app_id, batch_id)
+            events = data.batch.append_column(START_AT, events.column(START_AT)).append_column(
+                IS_DELETE, events.column(IS_DELETE)).append_column(ORDER, events.column(ORDER))
+        touched = events.select(list(self.primary_key)).group_by(list(self.primary_key)).aggregate([])
+        stored = self.table.rows_with_keys(touched) if existing is not None else None
+        if stored is not None and stored.num_rows:
+            old = stored_events(stored, self.primary_key)
+            if old.schema != events.schema:
+                old = old.cast(pa.schema([old.schema.field(n) if n not in events.column_names
+                                          else events.schema.field(n) for n in old.column_names]))
+            events = pa.concat_tables([old, events], promote_options="default")
+        tracked = self.settings.tracked([c for c in events.column_names if c not in (START_AT, IS_DELETE, ORDER)],
+                                        self.primary_key)
+        new = recompute(events, self.primary_key, tracked, self.settings.delete_markers)
+        if stored is None or stored.num_rows == 0:
+            stored = new.schema.empty_table()
+        changes = changed_rows(new, stored, self.primary_key, DELETE_FLAG)
+        if changes.num_rows == 0:
+            return HistoryOutcome(batch_id, touched.num_rows, 0, 0)
+        if existing is None:
+            self.table.create(changes.drop_columns([DELETE_FLAG]).schema)
+        self.table.merge(changes, (*self.primary_key, START_AT), app_id, batch_id)
+        removed = pc.sum(changes.column(DELETE_FLAG)).as_py() or 0
+        return HistoryOutcome(batch_id, touched.num_rows, changes.num_rows - removed, removed)
