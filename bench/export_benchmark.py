@@ -67,6 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--table", choices=sorted(SHAPES), default="simple", help="the table's shape")
     parser.add_argument("--format", choices=["json", "avro"], default="json",
                         help="json: the preset's JSON layout; avro: avro-confluent through a registry")
+    parser.add_argument("--input-changelog", choices=["retract", "upsert"], default="retract",
+                        help="upsert: the export keeps every key's last image in state (a stateful flush)")
     parser.add_argument("--registry", help="a running Confluent-compatible registry for --format avro "
                                            "(default: Apicurio started for the run)")
     parser.add_argument("--bootstrap", help="use this broker instead of starting a LocalBroker")
@@ -220,7 +222,8 @@ def run_export(bootstrap: str, workdir: Path, topic: str, args: argparse.Namespa
     """Export the table until idle; seconds from query start and between first and last batch."""
     name = f"bench-{uuid.uuid4().hex[:8]}"
     export = {"name": name, "table": TABLE, "topic": topic, "primary_key": "id", "preset": args.preset,
-              "max_versions_per_trigger": 1, "max_rows_per_trigger": args.max_rows}
+              "max_versions_per_trigger": 1, "max_rows_per_trigger": args.max_rows,
+              "input_changelog": args.input_changelog}
     if args.format == "avro":
         export.update({"format": "avro-confluent", "schema_registry": {"url": registry_url}})
     settings = settings_from_mapping({

@@ -146,6 +146,10 @@ class ChangelogState:
     def __len__(self) -> int:
         return len(self._pending) + len(self._previous)
 
+    def has_pending(self) -> bool:
+        """True when a -U image waits for its +U."""
+        return bool(self._pending)
+
     def keys(self) -> int:
         """How many keys hold an entry (the number of live state records)."""
         return len(self._previous) + sum(1 for key in self._pending if key not in self._previous)

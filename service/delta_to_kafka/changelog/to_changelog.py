@@ -118,6 +118,21 @@ class ToChangelog:
         """True when the next flush neither reads nor keeps state unless a commit holds half an update."""
         return len(self.state) == 0 and not self._keeps_previous
 
+    @property
+    def pairs_alone(self) -> bool:
+        """True when a flush whose commits hold whole changes needs no state to write its records:
+        no -U waits for its +U. Upsert input may still keep previous images (`remember_images`)."""
+        return self.stateless or (self._keeps_previous and not self.state.has_pending())
+
+    def remember_images(self, keys: list[Key], images: list[Image | None], now: float) -> None:
+        """Keep each key's new image (None: deleted) as `encode_flush` does for upsert input; the
+        commit changes of a flush that `pairs_alone` wrote, in record order before compaction."""
+        if not self._keeps_previous:
+            return
+        self.state.expire(now)
+        for key, image in zip(keys, images):
+            self.state.remember(key, image, now)
+
     def encode_flush(self, feed: pa.Table, now: float) -> list[OutputRecord]:
         """Records for one flush (one or more whole commit versions); `now` is epoch seconds for TTL."""
         self.check_columns(feed)

@@ -12,9 +12,9 @@ from collections.abc import Callable, Mapping
 
 import pyarrow as pa
 
-from service.config.exports import ExportSettings
+from service.config.exports import ChangeFeedColumn, ExportSettings
 from service.delta_to_kafka.changelog.changelog_state import StateRecord
-from service.delta_to_kafka.changelog.feed_changes import pair_changes, plain_strings
+from service.delta_to_kafka.changelog.feed_changes import NO_ROW, pair_changes, plain_strings
 from service.delta_to_kafka.changelog.to_changelog import ToChangelog
 from service.delta_to_kafka.formats.columnar_records import ColumnarRecords
 from service.delta_to_kafka.formats.output_formats import (
@@ -67,12 +67,13 @@ class ExportEncoder:
         processed_at_ms = int(now * 1000)
         records = self._by_column(feed, processed_at_ms)
         if records is not None:
+            self._remember_images(feed, now)
             return records
         return self.records.encode(self.changelog.encode_flush(feed, now), processed_at_ms=processed_at_ms)
 
     def _by_column(self, feed: pa.Table, processed_at_ms: int) -> list[KafkaRecord] | None:
         """The flush encoded column by column; None when it needs the row path (state, errors, Avro)."""
-        if self.columnar is None or not self.changelog.stateless:
+        if self.columnar is None or not self.changelog.pairs_alone:
             return None
         settings = self.changelog.settings
         self.changelog.check_columns(feed)
@@ -84,6 +85,22 @@ class ExportEncoder:
             return self.columnar.encode(feed, changes, processed_at_ms)
         except TypeError:
             return None  # a value without a JSON or Avro form: the row path names it
+
+    def _remember_images(self, feed: pa.Table, now: float) -> None:
+        """Upsert input: each commit change's after image into state, as TO_CHANGELOG row by row keeps it."""
+        if self.changelog.stateless:
+            return
+        feed = plain_strings(feed)
+        primary_key = self.changelog.settings.primary_key
+        changes = pair_changes(feed, primary_key, compact=False)
+        if changes is None:
+            raise AssertionError("a flush paired for its records did not pair for its state")
+        columns = [c for c in feed.column_names if c not in ChangeFeedColumn.ALL]
+        keys = feed.select(list(primary_key)).take(pa.array(changes.last)).to_pylist()
+        after = changes.after
+        images = feed.select(columns).take(pa.array(after, mask=after == NO_ROW)).to_pylist()
+        self.changelog.remember_images([tuple(k[c] for c in primary_key) for k in keys],
+                                       [image if row != NO_ROW else None for image, row in zip(images, after)], now)
 
     def snapshot(self) -> bytes:
         """The encoder's whole state after the last flush."""

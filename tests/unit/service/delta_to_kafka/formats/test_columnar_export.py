@@ -123,3 +123,22 @@ def test_string_views_as_delta_rs_reads_them():
     assert columnar is not None
     rows = ToChangelog(settings).encode_flush(feed, NOW)
     assert columnar == KafkaRecordEncoder(settings).encode(rows, int(NOW * 1000))
+
+
+@pytest.mark.parametrize("layout", [{"preset": "debezium"}, {"before": "b", "after": "a", "compaction": "none"},
+                                    {"op_mapping": {"INSERT": "c", "UPDATE_BEFORE, UPDATE_AFTER": "u", "DELETE": "d"}}],
+                         ids=["debezium", "images", "combined"])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_upsert_input_keeps_the_same_state_column_by_column(layout, seed):
+    settings = export({"input_changelog": "upsert", "state_ttl_seconds": 3600, **layout})
+    feed = random_feed(seed, commits=5)
+    encoder, reference = ExportEncoder(settings, clock=lambda: NOW), ToChangelog(settings)
+    rows = KafkaRecordEncoder(settings)
+    versions = feed.column("_commit_version")
+    for version in range(5):
+        flush = feed.filter(pa.compute.equal(versions, version))
+        assert encoder._by_column(flush, int(NOW * 1000)) is not None  # whole pairs: the column path
+        assert encoder(flush) == rows.encode(reference.encode_flush(flush, NOW), int(NOW * 1000))
+        assert encoder.state_changes() == reference.state_changes()
+        assert encoder.state_entries() == reference.state_entries() > 0
+    assert encoder.snapshot() == reference.snapshot()
