@@ -8,6 +8,9 @@ its streaming query follows from that list alone:
 - `order_by` and/or `from_changelog`: a stateful FROM_CHANGELOG stage (`changelog.stage`) runs on
   the decoded rows and declares the query's watermark; without a materializer the batch is then
   reduced to one net change per key (`materialize.net_changes`).
+- `history` (an SCD type 2 history table, `sink.history_sink`): the batch's changes are decoded where
+  read and reduced per micro-batch as with a FROM_CHANGELOG stage, the history taking every change
+  of the batch before the reduction.
 - `materializer`: the keyed-state materializer, per key (`state_layout` "per key") or per key bucket.
   The bucket stage reads the decoded changes packed per bucket where they are read, unless a
   stateful FROM_CHANGELOG stage in front hands it one row per change.
@@ -31,7 +34,7 @@ from service.kafka_to_delta.plan.compiled_plan import (
 )
 
 _CHANGELOG_KINDS = frozenset({Kind.ORDER_BY, Kind.FROM_CHANGELOG})
-_INGEST_KINDS = _CHANGELOG_KINDS | {Kind.MATERIALIZER}
+_INGEST_KINDS = _CHANGELOG_KINDS | {Kind.MATERIALIZER, Kind.HISTORY}
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class Shape:
     materializer: bool = False
     key_buckets: int = 0  # the materializer's state per key bucket (how many); 0: per key
     watermark_compaction: bool = False  # the materializer compacts when the watermark passes
+    history: bool = False  # a history table is written from every change of a batch, before its reduction
 
     @property
     def name(self) -> str:
@@ -55,7 +59,7 @@ class Shape:
     @property
     def reduces_where_read(self) -> bool:
         """The plain path: ranges decoded and reduced to net changes where they are read."""
-        return not self.changelog_stage and not self.materializer
+        return not self.changelog_stage and not self.materializer and not self.history
 
     @property
     def packed_buckets(self) -> bool:
@@ -65,7 +69,7 @@ class Shape:
     @property
     def reduces_per_batch(self) -> bool:
         """The batch's changelog rows are reduced to net changes by the query (no materializer)."""
-        return self.changelog_stage and not self.materializer
+        return (self.changelog_stage or self.history) and not self.materializer
 
     @property
     def materializer_declares_watermark(self) -> bool:
@@ -81,14 +85,15 @@ def shape_of(operators: Sequence[Operator]) -> Shape:
     if unknown:
         raise ValueError(f"not an ingest pipeline's operators: {sorted(unknown)}")
     materializer = next((op for op in operators if op.kind == Kind.MATERIALIZER), None)
+    history = Kind.HISTORY in kinds
     if materializer is None:
-        return Shape(changelog_stage=bool(kinds & _CHANGELOG_KINDS))
+        return Shape(changelog_stage=bool(kinds & _CHANGELOG_KINDS), history=history)
     buckets = key_buckets_of(materializer.properties.get("state_layout"))
     if buckets is None:
         raise ValueError(f"operator {materializer.id}: no state layout")
     return Shape(
         changelog_stage=bool(kinds & _CHANGELOG_KINDS), materializer=True, key_buckets=buckets,
-        watermark_compaction=materializer.properties.get("compaction") == "watermark",
+        watermark_compaction=materializer.properties.get("compaction") == "watermark", history=history,
     )
 
 

@@ -7,12 +7,14 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from pyspark.sql import SparkSession
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from connectors.delta.engines import open_table
 from service.config.choices import SchemaChanges
-from service.config.settings import Settings
+from service.config.settings import PipelineSettings, Settings
+from service.kafka_to_delta.sink.history_sink import CHANGE_COLUMNS, HistoryOutcome, HistorySink
 from service.kafka_to_delta.sink.merge_sink import MergeOutcome, MergeSink
 from service.observability import metrics
 from service.supervisor.batch_pipeline import BatchPipeline, commit_app_id
@@ -27,6 +29,34 @@ def count_merged(name: str, outcome: MergeOutcome, changes: int) -> None:
     metrics.UPSERTS.labels(name).inc(outcome.upserts)
     metrics.DELETES.labels(name).inc(outcome.deletes)
     metrics.LAST_BATCH.labels(name).set(outcome.batch_id)
+
+
+class HistoryWriter:
+    """The history table of an ingest pipeline with `history:`: each micro-batch's changelog rows, taken
+    before the batch is reduced to net changes, committed after the current-row table's MERGE (a replay
+    finds either commit done or not, each on its own)."""
+
+    def __init__(self, spark: SparkSession, settings: Settings, pipeline: PipelineSettings) -> None:
+        assert pipeline.history is not None
+        lakehouse = settings.lakehouse
+        uri = lakehouse.table_uri(pipeline.history.table_for(pipeline.table))
+        table = open_table(lakehouse.engine, uri, lakehouse.storage_options, spark)
+        self.sink = HistorySink(table, pipeline.primary_key, pipeline.history, pipeline.schema_changes)
+        self.last_outcome: HistoryOutcome | None = None
+
+    def changes(self, batch: DataFrame) -> pa.Table:
+        """The batch's changelog rows; the batch is kept (persisted) for the reduction's action that
+        follows, so the plan runs once (`release` when done)."""
+        batch.persist()
+        return batch.select(*CHANGE_COLUMNS).toArrow()
+
+    def release(self, batch: DataFrame) -> None:
+        """Drop the batch kept by `changes`."""
+        batch.unpersist()
+
+    def commit(self, rows: pa.Table, app_id: str, batch_id: int) -> None:
+        """Bring the history table up to date with the batch's changelog `rows`, once per batch id."""
+        self.last_outcome = self.sink.apply(rows, app_id, batch_id)
 
 
 class QueryIdentity:

@@ -55,6 +55,7 @@ class Kind:
     JOIN = "join"
     SNAPSHOT_GATE = "snapshot_gate"
     ENRICHMENT = "enrichment"
+    HISTORY = "history"
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,11 @@ def pipeline_operators(pipeline: PipelineSettings, key_buckets: int = DEFAULT_KE
              "primary_key": list(pipeline.primary_key), "sequence_by": list(pipeline.sequence_by),
              "topics": sorted(pipeline.topics), "state_layout": state_layout(key_buckets)},
         ))
+    if pipeline.history is not None:
+        table = pipeline.history.table_for(pipeline.table)
+        operators.append(Operator(pipeline.name, Kind.HISTORY, pipeline.primary_key,
+                                  (StateEntry(0, 0, f"versions in table {table}"),),
+                                  pipeline.history.plan_properties(pipeline.table, pipeline.history_sequence_by)))
     return operators
 
 
@@ -259,6 +265,8 @@ def _ttl_text(ms: int) -> str:
 
 
 def _state_size(operator: Operator) -> str:
+    if operator.kind == Kind.HISTORY:
+        return f"none in Spark: every version of a key in table {operator.properties.get('history_table')}"
     overhead = _OVERHEAD_BYTES[operator.kind]
     if operator.kind == Kind.ORDER_BY:
         return f"the rows within the watermark delay, ~{overhead} B each beyond the row"
@@ -287,6 +295,8 @@ def summary(settings: Settings) -> list[str]:
             ttls = ", ".join(f"{e.name} {_ttl_text(e.ttl_ms)}" for e in operator.state)
             if operator.kind == Kind.ORDER_BY:
                 ttls = "none (the watermark releases the buffer)"
+            if operator.kind == Kind.HISTORY:
+                ttls = "none (versions are kept)"
             shown = ", ".join(f"{k}={v}" for k, v in operator.properties.items() if k not in ("topics", "state_layout"))
             lines.append(f"  {operator.id:<32} key ({', '.join(operator.key)}); TTL {ttls}; "
                          f"state {_state_size(operator)}" + (f"; {shown}" if shown else ""))

@@ -6,8 +6,9 @@ checkpoint (`<checkpoint>/plan.json`) before anything runs:
   pipeline, a new pipeline (no checkpoint yet): the start goes ahead, the change is logged;
 - incompatible: a changed key, an operator added to or removed from a pipeline whose
   checkpoint has started, a changed on_conflict, compaction, primary key, sequence_by, order_by
-  column, state layout (the materializer's key buckets), join type or a join input's key: refused, naming the
-  operator and the change and how to proceed (for an ingest pipeline's materializer: `rebuild-state`).
+  column, state layout (the materializer's key buckets), join type or a join input's key, the history's
+  mode, table, sequence, tracked columns or delete markers: refused, naming the operator and the change and
+  how to proceed (for an ingest pipeline's materializer: `rebuild-state`; for a history: a new history table).
 Then the current plan is stored. A checkpoint from before plans were stored is taken as it is.
 """
 
@@ -33,12 +34,20 @@ from vocabulary.errors import ConfigError
 log = logging.getLogger(__name__)
 PLAN_FILE = "plan.json"
 INCOMPATIBLE_PROPERTIES = ("on_conflict", "compaction", "primary_key", "sequence_by", "order_by", "state_layout",
-                           "type", "left_key", "right_key", "right_join_key", "probe_key", "build_topics")
+                           "type", "left_key", "right_key", "right_join_key", "probe_key", "build_topics",
+                           "history_mode", "history_table", "history_sequence_by", "track_history_column_list",
+                           "track_history_except_column_list", "delete_markers")
 _HOW_TO_PROCEED = (
     "the state in the checkpoint was built under the stored plan and cannot be carried over. To proceed, move "
     "the checkpoint directory away and start a new one: with starting_offsets earliest the pipeline replays "
     "the topics and rebuilds its state (the MERGEs are idempotent), or from a chosen offset when the topics "
     "no longer hold everything the state needs"
+)
+_REBUILD_HISTORY = (
+    ". For the history table, whose versions were cut under the stored settings: write the history under the "
+    "new settings to a new table (`history.table`) from a new checkpoint with starting_offsets earliest while "
+    "the topics still hold every change, or build it yourself from the current table's change feed (which "
+    "holds each micro-batch's last change per key, not every change), then switch readers over"
 )
 _REBUILD = (
     ". For the materializer, without a replay: stop the service and run `cdc-lakehouse rebuild-state CONFIG "
@@ -135,6 +144,8 @@ def check_and_store(pipeline: str, checkpoint_dir: str, operators: list[Operator
         refused, allowed = _changes(stored, current)
         if refused:
             rebuild = _REBUILD.format(pipeline=pipeline) if _rebuildable(pipeline, operators, refused) else ""
+            if any(f"{pipeline}/{Kind.HISTORY}" in change for change in refused):
+                rebuild += _REBUILD_HISTORY
             raise ConfigError(f"pipeline {pipeline}: incompatible change to the plan of checkpoint {checkpoint}: "
                               f"{'; '.join(refused)}. {_HOW_TO_PROCEED}{rebuild}")
         for change in allowed:
