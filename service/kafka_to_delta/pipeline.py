@@ -50,7 +50,7 @@ from service.kafka_to_delta.source.changes_source import changes_source, changes
 from service.kafka_to_delta.source.decode_stage import DecodedRanges, batch_decoder
 from service.kafka_to_delta.source.event_time_progress import EventTimeMaxima
 from service.kafka_to_delta.source.piece_reducer import PieceReducer
-from service.kafka_to_delta.table_query import TableQuery
+from service.kafka_to_delta.table_query import HistoryWriter, TableQuery
 from service.observability import metrics
 from service.operations.maintenance import TableMaintenance
 from service.runtime import test_hooks
@@ -82,12 +82,19 @@ def stage_config(pipeline: PipelineSettings, key_buckets: int = DEFAULT_KEY_BUCK
     )
 
 
+def _ranges_read(prepared: BatchChanges) -> str:
+    """How many Kafka ranges (pieces of partitions) the plain path read in parallel, for the log."""
+    ranges = prepared.vectorised + prepared.record_by_record
+    return f" from {ranges} Kafka range(s)" if ranges else ""
+
+
 class IngestPipeline(TableQuery):
     """Runs one `PipelineSettings` as a streaming query into its Delta table."""
 
     def __init__(self, spark: SparkSession, settings: Settings, pipeline: PipelineSettings) -> None:
         self._open_table(spark, settings, pipeline.name, pipeline.table, pipeline.primary_key, pipeline.schema_changes)
         self.pipeline = pipeline
+        self.history = HistoryWriter(spark, settings, pipeline) if pipeline.history is not None else None
         self.maintenance = TableMaintenance(settings, pipeline, spark=spark)
         self.dead_letters: DeadLetterStore | None = None
         if pipeline.dead_letters is not None:
@@ -169,21 +176,28 @@ class IngestPipeline(TableQuery):
         self._await_query_id()
         name = self.pipeline.name
         started = time.monotonic()
+        history_rows = self.history.changes(batch) if self.history is not None else None
         prepared = self._prepared(batch)
+        if self.history is not None:
+            self.history.release(batch)
         metrics.record_state(name, self._query.lastProgress if self._query is not None else None)
         metrics.DECODE_ERRORS.labels(name).inc(prepared.failed.num_rows)
         handle_bad_records(name, prepared.failed, batch_id, self.dead_letters)
         reduced = time.monotonic()
-        if self.sink.already_committed(self.app_id, batch_id):
+        if self.sink.already_committed(self.app_id, batch_id) and (
+                self.history is None or self.history.sink.already_committed(self.app_id, batch_id)):
             log.info("pipeline %s: batch %d already in Delta, skipped", name, batch_id)
             metrics.BATCHES.labels(name, "replay_skipped").inc()
             return
         outcome = self.sink.apply_typed(prepared.changes, self.app_id, batch_id, truncate=prepared.truncated)
+        if self.history is not None and history_rows is not None:
+            self.history.commit(history_rows, self.app_id, batch_id)
         merged = time.monotonic()
         self._record(outcome, prepared.count, merged - reduced, reduced - started)
         log.info(
-            "pipeline %s: batch %d -> %s: %d upserts, %d deletes (read+decode+reduce %.2fs, merge %.2fs)",
-            name, batch_id, self.table.uri, outcome.upserts, outcome.deletes, reduced - started, merged - reduced,
+            "pipeline %s: batch %d -> %s: %d upserts, %d deletes%s (read+decode+reduce %.2fs, merge %.2fs)",
+            name, batch_id, self.table.uri, outcome.upserts, outcome.deletes, _ranges_read(prepared),
+            reduced - started, merged - reduced,
         )
         self.maintenance.after_batch()  # between this table's MERGEs: its commits never collide with them
 

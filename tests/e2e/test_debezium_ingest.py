@@ -3,6 +3,8 @@ to a dictionary replay; idempotent re-runs; SIGKILL in the middle loses and doub
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from service.operations.workload import DebeziumWorkload, create_topics, produce
@@ -39,7 +41,8 @@ def _pipelines(workloads: list[DebeziumWorkload], max_per_trigger: int | None = 
 
 
 def _load(kafka_bootstrap: str, workloads: list[DebeziumWorkload], events: int, keys: int) -> int:
-    create_topics(kafka_bootstrap, [w.topic for w in workloads], 4)
+    for w in workloads:
+        create_topics(kafka_bootstrap, [w.topic], w.partitions)
     return sum(produce(kafka_bootstrap, w.generate(events, keys)) for w in workloads)
 
 
@@ -50,6 +53,7 @@ def _assert_tables_match(workdir, workloads) -> None:
 
 def test_until_idle_matches_replay_and_reruns_change_nothing(kafka_bootstrap, unique, workdir):
     workloads = _workloads(unique, 0, 0)
+    workloads[-1].partitions = 1  # Debezium's default: its range is read in pieces, one per core
     produced = _load(kafka_bootstrap, workloads, 6_700, 1_500)
     assert produced >= 20_000
     config = write_config(workdir / "config.yaml", kafka_bootstrap, workdir, _pipelines(workloads))
@@ -60,6 +64,8 @@ def test_until_idle_matches_replay_and_reruns_change_nothing(kafka_bootstrap, un
     output = first.stdout + first.stderr
     assert all(f"pipeline p_{mode}: batch 0 ->" in output for mode in SCHEMA_MODES), output[-3000:]
     assert "decoded record by record" not in output, output[-3000:]
+    pieces = re.search(rf"pipeline p_{SCHEMA_MODES[-1]}: batch 0 -> .* from (\d+) Kafka range", output)
+    assert pieces is not None and int(pieces.group(1)) >= 2, output[-3000:]
     versions = {w.topic: table_version(workdir / "tables" / f"t_{w.schema_mode}") for w in workloads}
     second = run_cli(config, "--until-idle")
     assert second.returncode == 0, second.stderr[-3000:]
