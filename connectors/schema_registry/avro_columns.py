@@ -87,6 +87,11 @@ from connectors.schema_registry.avro_types import (
     resolve,
     timestamp_unit,
 )
+from connectors.schema_registry.checked_unions import (
+    RecursiveSchema,
+    with_checked_unions,
+    without_checked_unions,
+)
 from connectors.schema_registry.client import SchemaRegistryClient
 from connectors.schema_registry.errors import DecodeError, SchemaRegistryUnavailable
 from connectors.schema_registry.wire_format import HEADER, HEADER_SIZE, MAGIC_BYTE
@@ -356,6 +361,22 @@ class _Plan:
         shifted = np.flatnonzero(read != np.frombuffer(sentinel, np.uint64)[0])
         return batch, (int(shifted[0]) if len(shifted) else None)
 
+    def nullable(self, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, np.ndarray]:
+        """The batch's checked unions back to nullable columns (dropped fields left out), and the
+        mask of the rows whose union index is out of range for their schema."""
+        bad = np.zeros(batch.num_rows, bool)
+        kept = {name for name, _ in self.fields}
+        arrays, names = [], []
+        for name, column in zip(batch.schema.names, batch.columns):
+            if name == SENTINEL_FIELD:
+                continue
+            array, misread = without_checked_unions(column)
+            bad |= misread
+            if name in kept:
+                arrays.append(array)
+                names.append(name)
+        return pa.RecordBatch.from_arrays(arrays, names=names), bad
+
     def typed(self, raw: pa.Table) -> pa.Table:
         arrays = [convert(raw.column(name).combine_chunks()) for name, convert in self.fields]
         return pa.Table.from_arrays(arrays, names=[name for name, _ in self.fields])
@@ -379,14 +400,17 @@ def _plan(codec: AvroRecordCodec) -> _Plan:
 
     named: dict[str, Any] = {}
     parsed: Any = fastavro.parse_schema(codec.definition, named)
-    projected: list[str] = []
     fields: list[tuple[str, Callable[[pa.Array], pa.Array]]] = []
     images: list[str] = []
+    checked: list[str] = []  # every field the reader decodes (the rest it skips, unchecked)
     for item in parsed["fields"]:
         name = item["name"]
-        if codec.is_envelope and name in DROPPED_ENVELOPE_FIELDS:
-            continue
         problem = _bulk_problem(item["type"], named)
+        if codec.is_envelope and name in DROPPED_ENVELOPE_FIELDS:
+            if problem is None:
+                checked.append(name)
+            continue
+        checked.append(name)
         if problem is not None:
             raise _Unfit(f"field {name!r} holds {problem}")
         image = non_null(item["type"], named) if codec.is_envelope and name in IMAGE_FIELDS else None
@@ -396,10 +420,12 @@ def _plan(codec: AvroRecordCodec) -> _Plan:
         else:
             type_name = codec.column_types[name] if not codec.is_envelope else column_type(item["type"], named)
             fields.append((name, _Column(name, type_name, item["type"], named).typed))
-        projected.append(name)
     if len(set(images)) > 1:
         raise _Unfit("before and after are different records")
-    definition = without_logical_types(codec.definition)
+    try:
+        definition = with_checked_unions(without_logical_types(codec.definition))
+    except RecursiveSchema as exc:
+        raise _Unfit(str(exc)) from None
     taken = {item["name"] for item in definition["fields"]}
     if {SENTINEL_FIELD, FRAME_FIELD} & taken or any(kind in json.dumps(definition) for kind in (SENTINEL_TYPE, FRAME_TYPE)):
         raise _Unfit("the schema uses a name the bulk container needs")
@@ -411,7 +437,7 @@ def _plan(codec: AvroRecordCodec) -> _Plan:
     header = CONTAINER_MAGIC + _zigzag(len(metadata))
     header += b"".join(_avro_bytes(key.encode()) + _avro_bytes(value) for key, value in metadata.items())
     header += b"\x00" + sync
-    return _Plan(header, sync, [*projected, SENTINEL_FIELD], fields, codec.is_envelope, codec.column_types)
+    return _Plan(header, sync, [*checked, SENTINEL_FIELD], fields, codec.is_envelope, codec.column_types)
 
 
 _SKIP_EXCEPTIONS = (KeyboardInterrupt, SystemExit, GeneratorExit)
@@ -473,24 +499,26 @@ class BulkAvroDecoder:
                 continue
             result.fallback.extend(positions[index] for index in bad)
             if table is not None:
-                kept = positions if not bad else [
-                    positions[index] for start, batch in good for index in range(start, start + batch.num_rows)]
+                kept = positions if not bad else [positions[index] for indices, _ in good for index in indices.tolist()]
                 result.groups[schema_id] = SchemaColumns(schema_id, kept, table, plan.column_types, plan.is_envelope)
         result.tombstones.sort()
         result.fallback.sort()
         return result
 
 
-def _read_all(plan: _Plan, framed: list[bytes]) -> tuple[list[tuple[int, pa.RecordBatch]], list[int]]:
-    """(start, raw batch) of the ranges read in bulk, in order, and the indices that were not."""
+def _read_all(plan: _Plan, framed: list[bytes]) -> tuple[list[tuple[np.ndarray, pa.RecordBatch]], list[int]]:
+    """(indices, raw batch) of the records read in bulk, in order, and the indices that were not:
+    records the reader refuses (found by bisecting), records whose sentinel moved (their body ends
+    early or late) and records with a union index outside their union."""
     sentinel = _sentinel()
-    good: list[tuple[int, pa.RecordBatch]] = []
+    good: list[tuple[np.ndarray, pa.RecordBatch]] = []
     bad: list[int] = []
     ranges = [(0, len(framed))]
     while ranges:
         start, end = ranges.pop()
         try:
             batch, shifted = plan.read(framed[start:end], sentinel)
+            batch, misread = plan.nullable(batch)
         except BaseException as exc:  # noqa: BLE001 - the Rust reader raises its own errors and panics
             if isinstance(exc, _SKIP_EXCEPTIONS):
                 raise
@@ -500,17 +528,21 @@ def _read_all(plan: _Plan, framed: list[bytes]) -> tuple[list[tuple[int, pa.Reco
                 middle = (start + end) // 2
                 ranges += [(middle, end), (start, middle)]
             continue
-        if shifted is None:
-            good.append((start, batch))
-            continue
-        if shifted:
-            good.append((start, batch.slice(0, shifted)))
-        bad.append(start + shifted)
-        if start + shifted + 1 < end:
-            ranges.append((start + shifted + 1, end))
-    good.sort(key=lambda item: item[0])
+        read = end - start if shifted is None else shifted  # rows before the first moved sentinel
+        if shifted is not None:
+            bad.append(start + shifted)
+            if start + shifted + 1 < end:
+                ranges.append((start + shifted + 1, end))
+        misread = misread[:read]
+        bad.extend((start + np.flatnonzero(misread)).tolist())
+        if read:
+            batch = batch.slice(0, read)
+            if misread.any():
+                batch = batch.filter(pa.array(~misread))
+            good.append((start + np.flatnonzero(~misread), batch))
+    good.sort(key=lambda item: int(item[0][0]) if len(item[0]) else -1)
     bad.sort()
-    return [(start, batch.drop_columns([SENTINEL_FIELD])) for start, batch in good], bad
+    return [(indices, batch) for indices, batch in good if len(indices)], bad
 
 
 def decode_avro_columns(framed: Sequence[bytes | None], client: SchemaRegistryClient | ConfluentAvroDecoder

@@ -216,14 +216,20 @@ def test_bulk_columns_equal_the_reference_record_by_record(client, data) -> None
             record = data.draw(envelopes(columns[side]))
             values.append(frame(ids[side], _body(schemas[side], record)))
     well_formed = {i for i, value in enumerate(values) if value is not None}
-    # one malformed record: bytes after its end or a body cut short, anywhere in the list
-    victim = data.draw(st.sampled_from(sorted(well_formed)), label="malformed") if well_formed else None
+    # one damaged record, anywhere in the list: bytes after its end, a body cut short, or one byte of
+    # the body replaced (a union index, a length, a UTF-8 byte...: the reference may refuse it or not)
+    victim = data.draw(st.sampled_from(sorted(well_formed)), label="damaged") if well_formed else None
     if victim is not None:
         value = values[victim]
-        if data.draw(st.booleans(), label="trailing bytes"):
+        damage = data.draw(st.sampled_from(["trailing bytes", "cut short", "byte replaced"]), label="damage")
+        if damage == "trailing bytes":
             values[victim] = value + data.draw(st.binary(min_size=1, max_size=3))
-        else:
+        elif damage == "cut short":
             values[victim] = value[: data.draw(st.integers(5, len(value) - 1))]
+        else:
+            at = data.draw(st.integers(5, len(value) - 1), label="at")
+            byte = data.draw(st.sampled_from([0x01, 0x03, 0x04, 0x06, 0x7F, 0x80, 0xC3, 0xFF]) | st.integers(0, 255))
+            values[victim] = value[:at] + bytes([byte]) + value[at + 1:]
         well_formed.discard(victim)
     values += [frame(99_999, b"\x02"), b"\x00\x01", b"\x01" + values[-1][1:] if values[-1] else b"\x01\x00\x00\x00\x01"]
     decoder = ConfluentAvroDecoder(client)
