@@ -22,6 +22,10 @@ from typing import Iterator
 import pytest
 
 from connectors.maven_jars import KAFKA_VERSION
+from tests.support import run_seed
+from tests.support.registry.apicurio import (
+    apicurio_registry_url,  # noqa: F401 - a fixture of the whole suite
+)
 
 KAFKA_IMAGE = f"apache/kafka:{KAFKA_VERSION}"
 
@@ -61,7 +65,9 @@ def _controls_workers(config: pytest.Config) -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under xdist, the controller starts the run's one broker before the workers start."""
+    """The run's random seed, chosen before any worker starts; under xdist, the controller also
+    starts the run's one broker before the workers start."""
+    run_seed.choose()
     if not _controls_workers(config) or os.environ.get("KAFKA_BOOTSTRAP"):
         return
     stack = contextlib.ExitStack()
@@ -69,6 +75,10 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["KAFKA_BOOTSTRAP"] = stack.enter_context(_broker(directory))
     os.environ["CDC_TEST_RUN_BROKER"] = "1"  # the broker is the run's own, not one the user chose
     config.stash[_RUN_BROKER] = stack
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"run seed: {run_seed.choose()} (replay with {run_seed.ENV}=<seed>)"
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 from collections import Counter
 
 import pyarrow as pa
@@ -31,11 +30,12 @@ from service.kafka_to_delta.sink.bad_records import failed_rows, handle_bad_reco
 from service.kafka_to_delta.sink.dead_letters import DeadLetterSink
 from testbed.fuzz_accounting import PAYLOAD_MARKERS, Accounting, run
 from testbed.fuzz_records import POLICIES, FuzzInput, generate, header_rows
+from tests.support.run_seed import run_seed
 from vocabulary.errors import DecodeError
 
 RECORDS = 10_000
 FIXED_SEEDS = (0, 994)
-RANDOM_SEED = int(os.environ.get("FUZZ_SEED", random.SystemRandom().randrange(1_000_000)))
+RANDOM_SEED = int(os.environ.get("FUZZ_SEED", run_seed(1_000_000)))
 SEEDS = (*FIXED_SEEDS, RANDOM_SEED)
 ERROR_OUTCOMES = ("FAIL", "LOG", "SKIP", "DEAD_LETTER")
 BAD_RECORDS_METRIC = "cdc_bad_records_total"

@@ -19,6 +19,7 @@ from service.kafka_to_delta.joins.regular_join_rules import (
 from service.kafka_to_delta.materialize.rules import ConflictError, MaterializerConfig
 from service.kafka_to_delta.rows.names import Column
 from tests.support.join_reference import normalized, reference_join
+from tests.support.run_seed import run_seed
 
 ORDERS = SideRules(("order_id",), ("customer_id",))
 CUSTOMERS = SideRules(("customer_id",), ("customer_id",))
@@ -200,7 +201,7 @@ def random_changes(run: Run, rng: random.Random, topic: str, table: dict[int, di
     return changes
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3, random.randrange(1_000_000)])
+@pytest.mark.parametrize("seed", [1, 2, 3, run_seed(1_000_000)])
 @pytest.mark.parametrize("outer", [False, True])
 def test_random_batches_equal_the_join_of_the_final_tables(seed, outer):
     rng = random.Random(seed)

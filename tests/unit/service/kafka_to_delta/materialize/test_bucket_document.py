@@ -20,6 +20,7 @@ from service.kafka_to_delta.materialize.bucket_document import (
     decode_bucket,
     encode_bucket,
 )
+from tests.support.run_seed import run_seed
 
 SEEDS = [0, 1, 2, 3, 17, 2024]
 TTL_MS = 1_000
@@ -59,7 +60,7 @@ def _run(rnd: random.Random, ttl_ms: int) -> None:
 
 
 @pytest.mark.parametrize("ttl_ms", [0, TTL_MS])
-@pytest.mark.parametrize("seed", [*SEEDS, random.SystemRandom().randrange(2**32)])
+@pytest.mark.parametrize("seed", [*SEEDS, run_seed(2**32)])
 def test_the_document_holds_what_a_dict_of_the_same_keys_holds(seed, ttl_ms):
     _run(random.Random(seed), ttl_ms)  # the random seed is in the test id when it fails
 

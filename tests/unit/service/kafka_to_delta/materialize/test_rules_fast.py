@@ -19,6 +19,7 @@ from service.kafka_to_delta.materialize.bulk import change_of
 from service.kafka_to_delta.materialize.rules import Materializer, MaterializerConfig
 from service.kafka_to_delta.materialize.rules_fast import simple_outcome
 from service.kafka_to_delta.rows.names import EVENT_TIME
+from tests.support.run_seed import run_seed
 
 SEEDS = [0, 1, 2, 5, 11, 99, 2024]
 STRATEGIES = ["error", "nothing", "deduplicate"]
@@ -64,7 +65,7 @@ def _run(seed: int, strategy: str, caplog: pytest.LogCaptureFixture) -> tuple[in
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("seed", [*SEEDS, random.SystemRandom().randrange(2**32)])
+@pytest.mark.parametrize("seed", [*SEEDS, run_seed(2**32)])
 def test_the_common_case_decides_as_the_rules_do(seed, strategy, caplog):
     caplog.set_level(logging.WARNING)
     answered, refused = _run(seed, strategy, caplog)

@@ -24,10 +24,11 @@ from service.kafka_to_delta.source.batch_changes import batch_changes
 from service.kafka_to_delta.source.decode_stage import batch_decoder
 from service.kafka_to_delta.source.partition_changes import PartitionReducer
 from service.operations.workload import DebeziumWorkload
+from tests.support.run_seed import run_seed
 from vocabulary.errors import DecodeError
 
 FIXED_SEEDS = (0, 7, 994)
-RANDOM_SEED = random.SystemRandom().randrange(1_000_000)
+RANDOM_SEED = run_seed(1_000_000)
 _HEADERS = SOURCE_SCHEMA.field("headers").type
 
 
