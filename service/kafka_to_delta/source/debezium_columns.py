@@ -1,4 +1,5 @@
-"""Vectorised decode of one Kafka range of Debezium JSON envelopes, straight to typed net changes.
+"""Vectorised decode of one Kafka range of Debezium envelopes (JSON, or Confluent-framed Avro),
+straight to typed net changes.
 
 The plain path's fast way (`partition_changes.PartitionReducer`): instead of parsing, converting
 and re-encoding record by record, a batch's values are parsed together by `pyarrow.json` into
@@ -21,6 +22,14 @@ range. Debezium's unavailable-value placeholder (a TOASTed column left unchanged
 bulk: the column is filled from the key's latest earlier image of the range holding it, else
 left to the sink (`unchanged`).
 
+Confluent Avro values (the value decoder is `ConfluentAvroDecoder`) are decoded per schema id by
+`connectors.schema_registry.avro_columns` (Arrow's Rust Avro reader, typed columns); each schema
+id is a group with its codec's column types and goes through the same changelog, key and
+reduction steps. Odd records there: what the bulk reader cannot vouch for (a frame or schema id
+it does not take, a body that does not end where the record does, a union index outside its
+union, invalid UTF-8, a value its column type does not take), besides the op, image and key
+checks above. Non-finite doubles become null, as the reference's JSON rows make them.
+
 What still sends the whole range back (`NotVectorisable`): settings other than envelopes with an
 op field and plain op groupings; declared types other than integers, floats, booleans, text,
 dates and integer-coded millisecond/microsecond timestamps; a row column no schema declares next
@@ -42,6 +51,7 @@ import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -72,7 +82,7 @@ _FLAG = "__vec_kept__"
 _RECORD = "__record"
 _INFERRED_KINDS = {pa.int64(): TypeName.INT64, pa.float64(): TypeName.FLOAT64, pa.bool_(): TypeName.BOOL,
                    pa.string(): TypeName.STRING}
-_KEY_TYPES = (pa.int64(), pa.bool_(), pa.string())
+_KEY_TYPES = (pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.bool_(), pa.string())
 _PLAIN_TEXT = r'^[ !#-\[\]-~]*$'  # printable ASCII without '"' and '\': its JSON is itself
 _ERROR_COLUMN = re.compile(r"Column\((/[^)]*)\)")
 _ERROR_ROW = re.compile(r" in row (\d+)$")
@@ -115,7 +125,10 @@ class VectorPlan:
 def vector_plan(decoder: ChangelogBatchDecoder, primary_key: tuple[str, ...]) -> VectorPlan | None:
     """The plan for a decoder's records, or None when its settings are not this path's."""
     settings = decoder.settings
-    if not isinstance(decoder.decode_value, JsonDocuments) or decoder.decode_value.layout.passthrough:
+    if isinstance(decoder.decode_value, JsonDocuments):
+        if decoder.decode_value.layout.passthrough:
+            return None
+    elif not _is_avro(decoder.decode_value):
         return None
     if (settings.op is None or settings.before is None or settings.after is None or settings.before == settings.after
             or settings.stateful or settings.order_by is not None or settings.sequence_by or settings.passthrough
@@ -147,7 +160,8 @@ class RangeColumns:
     """The net changes of one range's batches, decoded and reduced in Arrow."""
 
     plan: VectorPlan
-    documents: JsonDocuments
+    documents: JsonDocuments | Any
+    """The value decoder: JSON documents, or the Confluent Avro decoder."""
     changes: int = 0
     topic: str | None = None
     partition: int | None = None
@@ -159,6 +173,11 @@ class RangeColumns:
     net: pa.Table | None = None
     odd: list[int] = field(default_factory=list)
     """Offsets of the records left to the record-by-record way."""
+    avro: Any = None
+    """The bulk Avro decoder (`avro_columns.BulkAvroDecoder`) when the values are Confluent Avro."""
+    _avro_groups: dict[int, int] = field(default_factory=dict)
+    typed_groups: set[int] = field(default_factory=set)
+    """Groups whose columns arrive typed (Avro): no JSON value checks."""
     nested_types: dict[int, dict[str, pa.DataType]] = field(default_factory=dict)
     """Per group: nested columns parsed with the type Arrow inferred for them (`_valid_lists`)."""
     held: dict[str, pa.Table] = field(default_factory=dict)
@@ -168,30 +187,22 @@ class RangeColumns:
     (their earlier images are no longer at hand)."""
 
     def __post_init__(self) -> None:
-        if self.layouts is None:
-            self.layouts = Layouts(self.documents)
+        if isinstance(self.documents, JsonDocuments):
+            if self.layouts is None:
+                self.layouts = Layouts(self.documents)
+            return
+        from connectors.schema_registry.avro_columns import BulkAvroDecoder
+
+        self.avro = BulkAvroDecoder(self.documents)
+        self.layouts = Layouts(JsonDocuments())  # holds a layout per schema id (`_avro_parts`)
 
     def add(self, chunk: ValueChunk) -> None:
         """Decode and fold in one chunk of the range's records; raises `NotVectorisable`."""
         assert self.layouts is not None
         self.topic, self.partition = chunk.topic, chunk.partition
-        values = pa.array(chunk.values, pa.binary())
-        present = pc.indices_nonzero(values.is_valid())  # tombstones, which follow a delete, give nothing
-        if not len(present):
-            return
-        values = values.take(present)
-        groups, payloads = self.layouts.split(values)
-        odd = groups == ODD
-        parts = []
-        for group in np.unique(groups[~odd]):
-            members = np.flatnonzero(groups == group)
-            rows, refused = self._group_changes(int(group), payloads.take(pa.array(members)))
-            odd[members[refused]] = True
-            if rows.num_rows:
-                parts.append(rows.set_column(rows.schema.get_field_index(_RECORD), _RECORD,
-                                             pa.array(members).take(rows.column(_RECORD))))
-        offsets = pa.array(chunk.offsets, pa.int64()).take(present)
-        self.odd.extend(offsets.filter(pa.array(odd)).to_pylist())
+        parts, odd = self._avro_parts(chunk) if self.avro is not None else self._json_parts(chunk)
+        offsets = pa.array(chunk.offsets, pa.int64())
+        self.odd.extend(offsets.take(pa.array(odd, pa.int64())).to_pylist())
         if not parts:
             return
         try:
@@ -204,7 +215,7 @@ class RangeColumns:
         rows = rows.append_column(_TOPIC, pa.array([chunk.topic] * rows.num_rows, pa.string()))
         rows = rows.append_column(_PARTITION, pa.array(np.full(rows.num_rows, chunk.partition, np.int32)))
         rows = rows.append_column(_OFFSET, offsets.take(source))
-        rows = rows.append_column(_TIMESTAMP, pa.array(chunk.timestamps, pa.int64()).take(present).take(source))
+        rows = rows.append_column(_TIMESTAMP, pa.array(chunk.timestamps, pa.int64()).take(source))
         rows = self._conformed(rows)
         self.changes += rows.num_rows
         self._track_placeholders(rows)
@@ -214,6 +225,52 @@ class RangeColumns:
             except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
                 raise NotVectorisable(f"batches of the range typed a column differently ({_shown(exc)})") from None
         self.net = last_rows(rows, _KEY)
+
+    def _json_parts(self, chunk: ValueChunk) -> tuple[list[pa.Table], np.ndarray]:
+        """(changelog rows of the chunk's JSON values per schema version, `__record` their position
+        in the chunk; positions of the odd records)."""
+        assert self.layouts is not None
+        values = pa.array(chunk.values, pa.binary())
+        present = pc.indices_nonzero(values.is_valid())  # tombstones, which follow a delete, give nothing
+        if not len(present):
+            return [], np.zeros(0, np.int64)
+        positions = present.to_numpy()
+        groups, payloads = self.layouts.split(values.take(present))
+        odd = groups == ODD
+        parts = []
+        for group in np.unique(groups[~odd]):
+            members = np.flatnonzero(groups == group)
+            rows, refused = self._group_changes(int(group), payloads.take(pa.array(members)))
+            odd[members[refused]] = True
+            if rows.num_rows:
+                parts.append(rows.set_column(rows.schema.get_field_index(_RECORD), _RECORD,
+                                             pa.array(positions[members]).take(rows.column(_RECORD))))
+        return parts, positions[odd]
+
+    def _avro_parts(self, chunk: ValueChunk) -> tuple[list[pa.Table], np.ndarray]:
+        """The same for Confluent-framed Avro values, decoded per schema id by `avro_columns`."""
+        assert self.avro is not None and self.layouts is not None
+        decoded = self.avro.decode(chunk.values)
+        odd = list(decoded.fallback)
+        parts = []
+        for schema_id, columns in decoded.groups.items():
+            if not columns.is_envelope:
+                raise NotVectorisable("Avro records that are not change envelopes")
+            group = self._avro_groups.get(schema_id)
+            if group is None:
+                group = len(self.layouts.known)
+                self.layouts.known.append(Layout(b"", b"", dict(columns.column_types), {}))
+                self._avro_groups[schema_id] = group
+                self.typed_groups.add(group)
+            if {self.plan.op, self.plan.before, self.plan.after} - set(columns.table.column_names):
+                raise NotVectorisable("Avro envelopes without the configured op and image fields")
+            rows, kept = self._changelog(columns.table, group)
+            indices = np.asarray(columns.indices, np.int64)
+            odd.extend(indices[~kept].tolist())
+            if rows.num_rows:
+                parts.append(rows.set_column(rows.schema.get_field_index(_RECORD), _RECORD,
+                                             pa.array(indices).take(rows.column(_RECORD))))
+        return parts, np.asarray(sorted(odd), np.int64)
 
     # -- one schema version of a chunk --------------------------------------------------------------
 
@@ -409,7 +466,10 @@ class RangeColumns:
             if layout is not None and child.name in layout.nested:
                 column, misfit = json_text(column, fixed_key_order=True)
                 misfits |= misfit
-            elif layout is not None:  # values stay as parsed until the net rows are typed
+            elif group in self.typed_groups and pa.types.is_floating(column.type):
+                # the reference's rows travel as JSON text, where NaN and infinities become null
+                column = pc.if_else(pc.is_finite(column), column, pa.scalar(None, column.type))
+            elif layout is not None and group not in self.typed_groups:  # typed with the net rows
                 misfits |= bulk_column(column, layout.types[child.name])[1]
             elif pa.types.is_nested(column.type):
                 column, misfit = json_text(column)
@@ -618,6 +678,11 @@ def _has_list(data_type: pa.DataType) -> bool:
     return pa.types.is_struct(data_type) and any(_has_list(f.type) for f in data_type)
 
 
+def _is_avro(decode_value: Any) -> bool:
+    """Whether a value decoder is the Confluent Avro one (imported only where Avro is in use)."""
+    return type(decode_value).__name__ == "ConfluentAvroDecoder"
+
+
 def _shown(error: Exception) -> str:
     """An Arrow error without the values it may quote (rows may carry personal data): its kind,
     and the column path when it names one."""
@@ -676,7 +741,7 @@ def meta_columns(net: pa.Table) -> dict[str, pa.ChunkedArray]:
             "unchanged": net.column(_UNCHANGED)}
 
 
-def decode_range(plan: VectorPlan, documents: JsonDocuments, chunks: Iterable[ValueChunk]) -> RangeColumns:
+def decode_range(plan: VectorPlan, documents: JsonDocuments | Any, chunks: Iterable[ValueChunk]) -> RangeColumns:
     """All of a range's chunks folded into one `RangeColumns`; raises `NotVectorisable`."""
     columns = RangeColumns(plan, documents)
     for chunk in chunks:

@@ -31,7 +31,7 @@ from connectors.delta.arrow_types import (
 )
 from connectors.kafka.range_reader import ValueChunk
 from service.kafka_to_delta.changelog.changelog_batch import ChangelogBatchDecoder
-from service.kafka_to_delta.formats.debezium_json import JsonDocuments, loads
+from service.kafka_to_delta.formats.debezium_json import loads
 from service.kafka_to_delta.formats.row_fit import BARE_MISFIT, TypedRows
 from service.kafka_to_delta.materialize.fill_unchanged import filled_images
 from service.kafka_to_delta.materialize.last_change import last_rows
@@ -130,7 +130,6 @@ class PartitionReducer:
         to read, all the vectorised decode needs)."""
         fallback = None
         if self.plan is not None:
-            assert isinstance(self.decoder.decode_value, JsonDocuments)
             chunks = read_values() if read_values is not None else map(ValueChunk.of_batch, read())
             try:
                 columns = decode_range(self.plan, self.decoder.decode_value, chunks)
