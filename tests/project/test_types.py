@@ -34,6 +34,9 @@ class HalfEngine:
     def version(self) -> int | None:
         return None
 
+    def rows_with_keys(self, keys: pa.Table) -> pa.Table:
+        return keys
+
     def create(self, schema: pa.Schema) -> None:
         pass
 
