@@ -169,6 +169,7 @@ class ExportPipeline(BatchPipeline):
         store = self._open_store()
         started = time.monotonic()
         rows = sort_feed(feed.toArrow())
+        read = time.monotonic()
         end = self._end_offset(feed.sparkSession, batch_id, rows)
         committed = None if self.position is None else self.position.next_offset
         if end is None or end <= (0, 0):
@@ -186,7 +187,8 @@ class ExportPipeline(BatchPipeline):
         encoded = time.monotonic()
         self.position = store.publish(records, end[0] - 1, state, entries, row=end[1])
         self.committed_batches += 1
-        self._record(batch_id, fresh.num_rows, len(records), encoded - started, time.monotonic() - encoded)
+        self._record(batch_id, fresh.num_rows, len(records), (read - started, encoded - read),
+                     time.monotonic() - encoded)
 
     def _end_offset(self, spark: SparkSession, batch_id: int, rows: pa.Table) -> Offset | None:
         """Where the batch ends: from Spark's offset log, else after the last feed row's version."""
@@ -195,14 +197,18 @@ class ExportPipeline(BatchPipeline):
             return end
         return (pc.max(rows.column(COMMIT_VERSION)).as_py() + 1, 0) if rows.num_rows else None
 
-    def _record(self, batch_id: int, rows: int, records: int, encode_s: float, publish_s: float) -> None:
+    def _record(self, batch_id: int, rows: int, records: int, read_encode_s: tuple[float, float],
+                publish_s: float) -> None:
+        read_s, encode_s = read_encode_s
         metrics.BATCHES.labels(self.name, "committed" if records else "empty").inc()
-        metrics.STAGE_SECONDS.labels(self.name, "read_encode").observe(encode_s)
+        metrics.STAGE_SECONDS.labels(self.name, "read_encode").observe(read_s + encode_s)
         metrics.STAGE_SECONDS.labels(self.name, "publish").observe(publish_s)
         inside = f" and {self.position.row} rows of the next" if self.position.row else ""
         log.info(
-            "export %s: batch %d -> %s: versions to %d%s, %d feed rows, %d records (read+encode %.2fs, publish %.2fs)",
-            self.name, batch_id, self.output_topic, self.position.version, inside, rows, records, encode_s, publish_s,
+            "export %s: batch %d -> %s: versions to %d%s, %d feed rows, %d records (read+encode %.2fs: read %.2fs, "
+            "encode %.2fs; publish %.2fs)",
+            self.name, batch_id, self.output_topic, self.position.version, inside, rows, records, read_s + encode_s,
+            read_s, encode_s, publish_s,
         )
 
     def close(self) -> None:

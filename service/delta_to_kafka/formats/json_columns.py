@@ -32,9 +32,10 @@ Text = Union[pa.Array, str]
 
 _PLAIN_FLOAT_MIN = 1e-5  # orjson writes smaller magnitudes in exponent notation
 _PLAIN_FLOAT_LIMIT = 1e15  # ... and these and larger ones
-_CONTROL = "[\\x00-\\x1f]"  # orjson escapes these; Arrow replacements below do not
+_FIRST_PRINTABLE = 0x20  # orjson escapes the bytes below; Arrow replacements below do not
+_QUOTE, _BACKSLASH = ord('"'), ord("\\")
 _FIRST_PADDED_YEAR = 1000  # Python's strftime writes earlier years without leading zeros
-_STAMP = "%Y-%m-%dT%H:%M:%S"  # Arrow writes the seconds of a microsecond timestamp with six decimals
+_DATE_END = 10  # Arrow's text of a timestamp: `YYYY-MM-DD HH:MM:SS.ffffff` (microseconds), for years >= 1000
 
 
 def dump(value: Any) -> str:
@@ -60,9 +61,39 @@ def _floats(column: pa.Array) -> tuple[pa.Array, pa.Array]:
     return pc.if_else(whole, pc.binary_join_element_wise(text, ".0", ""), text), odd
 
 
+def _special_rows(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(rows with a quote, backslash or control character, rows with a control character) of a string column."""
+    none = np.zeros(0, dtype=np.int64)
+    if len(column) == 0 or column.buffers()[2] is None:
+        return none, none
+    offsets = np.frombuffer(column.buffers()[1], dtype=np.int32)[column.offset:column.offset + len(column) + 1]
+    data = np.frombuffer(column.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[-1]]
+    control = data < _FIRST_PRINTABLE
+    escaped = control | (data == _QUOTE) | (data == _BACKSLASH)
+
+    def rows(hits: np.ndarray) -> np.ndarray:
+        return np.unique(np.searchsorted(offsets, np.flatnonzero(hits) + offsets[0], side="right") - 1)
+
+    return rows(escaped), (rows(control) if control.any() else none)
+
+
+def _mask(length: int, rows: np.ndarray) -> pa.Array:
+    mask = np.zeros(length, dtype=bool)
+    mask[rows] = True
+    return pa.array(mask)
+
+
+def _escaped(column: pa.Array) -> pa.Array:
+    return pc.replace_substring(pc.replace_substring(column, "\\", "\\\\"), '"', '\\"')
+
+
 def _strings(column: pa.Array) -> tuple[pa.Array, pa.Array]:
-    escaped = pc.replace_substring(pc.replace_substring(column, "\\", "\\\\"), '"', '\\"')
-    return pc.binary_join_element_wise('"', escaped, '"', ""), pc.match_substring_regex(column, _CONTROL)
+    escaping, control = _special_rows(column)
+    if escaping.size * 2 > len(column):
+        column = _escaped(column)
+    elif escaping.size:  # only rows with a quote, a backslash or a control character are rewritten
+        column = pc.replace_with_mask(column, _mask(len(column), escaping), _escaped(column.take(pa.array(escaping))))
+    return pc.binary_join_element_wise('"', column, '"', ""), _mask(len(column), control)
 
 
 def _quoted(text: pa.Array) -> pa.Array:
@@ -71,7 +102,7 @@ def _quoted(text: pa.Array) -> pa.Array:
 
 def _timestamps(column: pa.Array) -> tuple[pa.Array, pa.Array]:
     utc = pc.cast(column, pa.timestamp("us"))  # a zoned timestamp's instant as UTC wall time
-    text = pc.strftime(utc, _STAMP)
+    text = pc.utf8_replace_slice(pc.cast(utc, pa.string()), _DATE_END, _DATE_END + 1, "T")
     if column.type.tz is not None:
         text = pc.binary_join_element_wise(text, "Z", "")
     return _quoted(text), pc.less(pc.year(utc), _FIRST_PADDED_YEAR)
