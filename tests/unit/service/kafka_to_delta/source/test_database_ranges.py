@@ -56,3 +56,18 @@ def test_quarantine_states_say_what_to_skip_and_what_to_read_again(tmp_path):
     })
     skipped, rewound = quarantine.topic_states(quarantine.read(path))
     assert skipped == {"db.a"} and rewound == {"db.b": {"0": 3, "1": 9}}
+
+
+def test_a_lone_large_range_is_cut_into_a_task_per_core_as_the_offset_recorded(tmp_path):
+    from connectors.kafka import offsets as om
+    from service.config.databases import DatabaseSettings
+    from service.kafka_to_delta.source.database_ranges import DatabaseStreamReader
+
+    database = DatabaseSettings(name="db", topic_pattern=r"db\.public\.(?P<table>.+)")
+    options = {"bootstrap.servers": "unused:9092", "quarantineFile": str(tmp_path / "q.json"), "minPartitions": "2"}
+    reader = DatabaseStreamReader(options, database, b"", min_tasks=2)
+    start, end = {"db.public.big": {"0": 0}}, {"db.public.big": {"0": 100_000}, **reader._pieces()}
+    tasks = reader.partitions(start, end)
+    assert [[(r.start, r.end) for r in task.ranges] for task in tasks] == [[(0, 50_000)], [(50_000, 100_000)]]
+    assert len(reader.partitions(start, {"db.public.big": {"0": 100_000}})) == 1  # planned before the cut
+    assert om.planned_pieces(end) == (2, 1_000)
