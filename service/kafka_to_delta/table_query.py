@@ -4,6 +4,7 @@ wait for before they commit."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -19,6 +20,7 @@ from service.kafka_to_delta.sink.merge_sink import MergeOutcome, MergeSink
 from service.observability import metrics
 from service.supervisor.batch_pipeline import BatchPipeline, commit_app_id
 
+log = logging.getLogger(__name__)
 QUERY_ID_TIMEOUT_S = 60.0
 
 
@@ -56,7 +58,10 @@ class HistoryWriter:
 
     def commit(self, rows: pa.Table, app_id: str, batch_id: int) -> None:
         """Bring the history table up to date with the batch's changelog `rows`, once per batch id."""
-        self.last_outcome = self.sink.apply(rows, app_id, batch_id)
+        outcome = self.last_outcome = self.sink.apply(rows, app_id, batch_id)
+        if not outcome.skipped_replay:
+            log.info("history %s: batch %d: %d key(s), %d row(s) written, %d removed", self.sink.table.uri,
+                     batch_id, outcome.keys, outcome.written, outcome.removed)
 
 
 class QueryIdentity:

@@ -26,6 +26,7 @@ from service.kafka_to_delta.rows.names import Column
 from service.kafka_to_delta.sink.history_versions import (
     IS_DELETE,
     ORDER,
+    UNCHANGED,
     changed_rows,
     recompute,
     stored_events,
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 _ROW_KINDS = (ChangeKind.INSERT.value, ChangeKind.UPDATE_AFTER.value, ChangeKind.UPDATE_BEFORE.value,
               ChangeKind.DELETE.value)
 CHANGE_COLUMNS = (Column.TOPIC, Column.PARTITION, Column.OFFSET, Column.CHANGE_INDEX, Column.KIND, Column.KEY,
-                  Column.ROW, Column.TYPES, Column.SEQUENCE, Column.ERROR)
+                  Column.ROW, Column.TYPES, Column.UNCHANGED, Column.SEQUENCE, Column.ERROR)
 """What the history needs of a batch's changelog rows."""
 
 
@@ -95,7 +96,7 @@ def batch_events(changelog: pa.Table, primary_key: tuple[str, ...], table: str) 
     order = np.empty(rows.num_rows, dtype=np.int64)
     order[position.to_numpy()] = np.arange(1, rows.num_rows + 1)
     events = (typed.append_column(START_AT, _sequence(rows, table)).append_column(IS_DELETE, deletes)
-              .append_column(ORDER, pa.array(order)))
+              .append_column(ORDER, pa.array(order)).append_column(UNCHANGED, rows.column(Column.UNCHANGED)))
     return events, rows.select([Column.TOPIC, Column.PARTITION, Column.OFFSET, Column.KEY])
 
 
@@ -124,12 +125,12 @@ class HistorySink:
         existing = self.table.schema()
         if existing is not None:
             data_schema = pa.schema([f for f in existing if f.name not in (START_AT, END_AT, UPDATED_AT, DELETED)])
-            data = conform(events.drop_columns([START_AT, IS_DELETE, ORDER]), data_schema, self.table.uri,
-                           self.schema_changes)
+            control = [START_AT, IS_DELETE, ORDER, UNCHANGED]
+            data = conform(events.drop_columns(control), data_schema, self.table.uri, self.schema_changes)
             if data.widen:
                 self.table.widen(data.widen, app_id, batch_id)
-            events = data.batch.append_column(START_AT, events.column(START_AT)).append_column(
-                IS_DELETE, events.column(IS_DELETE)).append_column(ORDER, events.column(ORDER))
+            events = pa.Table.from_arrays([*data.batch.columns, *(events.column(c) for c in control)],
+                                          names=[*data.batch.column_names, *control])
         touched = events.select(list(self.primary_key)).group_by(list(self.primary_key)).aggregate([])
         stored = self.table.rows_with_keys(touched) if existing is not None else None
         if stored is not None and stored.num_rows:
@@ -138,7 +139,8 @@ class HistorySink:
                 old = old.cast(pa.schema([old.schema.field(n) if n not in events.column_names
                                           else events.schema.field(n) for n in old.column_names]))
             events = pa.concat_tables([old, events], promote_options="default")
-        tracked = self.settings.tracked([c for c in events.column_names if c not in (START_AT, IS_DELETE, ORDER)],
+        tracked = self.settings.tracked([c for c in events.column_names
+                                         if c not in (START_AT, IS_DELETE, ORDER, UNCHANGED)],
                                         self.primary_key)
         new = recompute(events, self.primary_key, tracked, self.settings.delete_markers)
         if stored is None or stored.num_rows == 0:

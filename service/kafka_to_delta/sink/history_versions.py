@@ -17,11 +17,16 @@ wins, a batch's over a stored one's. What a version's untracked columns held bef
 in-place update is not stored: a late change that splits such a version gives the earlier part
 the values of that last update.
 
-Every step is a sort, a comparison with the neighbouring row or a take: no per-row Python.
+A column an event left unchanged (an unavailable TOAST value) takes the value of the key's previous
+event that had one, among the events known when the event is first recomputed.
+
+Every step is a sort, a comparison with the neighbouring row or a take: no per-row Python beyond
+reading the list of unchanged columns of the events that have one.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Sequence
 
 import numpy as np
@@ -33,6 +38,8 @@ from service.config.history import DELETED, END_AT, START_AT, UPDATED_AT
 ORDER = "__history_order"
 """An event's rank among events of one key at one sequence: stored ones 0, a batch's 1 + its source position."""
 IS_DELETE = "__history_delete"
+UNCHANGED = "__history_unchanged"
+"""Optional: per event, the JSON list of columns the source left unchanged (an unavailable TOAST value), or null."""
 
 
 def _same_as_previous(table: pa.Table, columns: Sequence[str]) -> np.ndarray:
@@ -68,6 +75,25 @@ def _previous(flags: np.ndarray) -> np.ndarray:
     return shifted
 
 
+def _filled_unchanged(t: pa.Table, unchanged: pa.ChunkedArray, same_key: np.ndarray) -> pa.Table:
+    """Each column an event left unchanged takes the value of the key's previous event that had it."""
+    if unchanged.null_count == len(unchanged):
+        return t
+    flagged = np.flatnonzero(pc.is_valid(unchanged).to_numpy(zero_copy_only=False))
+    lists = [json.loads(text) for text in unchanged.take(pa.array(flagged)).to_pylist()]  # the flagged rows only
+    index = np.arange(t.num_rows)
+    key_start = np.maximum.accumulate(np.where(same_key, 0, index))
+    for name in sorted({column for columns in lists for column in columns} & set(t.column_names)):
+        missing = np.zeros(t.num_rows, dtype=bool)
+        missing[[row for row, columns in zip(flagged, lists) if name in columns]] = True
+        source = np.maximum.accumulate(np.where(missing, -1, index))
+        known = source >= key_start
+        taken = t.column(name).take(pa.array(np.where(known, source, 0)))
+        filled = pc.if_else(pa.array(known | ~missing), taken, pa.nulls(t.num_rows, taken.type))
+        t = t.set_column(t.schema.get_field_index(name), t.schema.field(name), filled)
+    return t
+
+
 def stored_events(stored: pa.Table, primary_key: Sequence[str]) -> pa.Table:
     """The events the stored history rows of some keys stand for (columns: data, `START_AT`, `IS_DELETE`, `ORDER`)."""
     data = [c for c in stored.column_names if c not in (START_AT, END_AT, UPDATED_AT, DELETED)]
@@ -90,13 +116,15 @@ def recompute(events: pa.Table, primary_key: Sequence[str], tracked: Sequence[st
               delete_markers: bool) -> pa.Table:
     """The history rows of the keys of `events` (data columns, `START_AT` the event's sequence,
     `IS_DELETE`, `ORDER`): versions, and marker rows for deletes (see the module's text)."""
-    data = [c for c in events.column_names if c not in (START_AT, IS_DELETE, ORDER)]
+    data = [c for c in events.column_names if c not in (START_AT, IS_DELETE, ORDER, UNCHANGED)]
     order = pc.sort_indices(events, [(c, "ascending") for c in (*primary_key, START_AT, ORDER)])
     t = events.take(order)
     same_key = _same_as_previous(t, primary_key)
     same_sequence = same_key & _same_as_previous(t, [START_AT])
     t = t.filter(pa.array(~_next(same_sequence)))  # the last event at one sequence wins
     same_key = _same_as_previous(t, primary_key)
+    if UNCHANGED in t.column_names:
+        t = _filled_unchanged(t.drop_columns([UNCHANGED]), t.column(UNCHANGED), same_key)
     upsert = ~t.column(IS_DELETE).to_numpy()
     after_upsert = same_key & _previous(upsert)
     unchanged = _same_as_previous(t, tracked) if tracked else np.ones(t.num_rows, dtype=bool)

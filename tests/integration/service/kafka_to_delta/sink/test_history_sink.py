@@ -30,10 +30,11 @@ def changelog(batch: list[tuple], first_offset: int) -> pa.Table:
                      "kind": "-D" if deleted else "+U", "key": json.dumps([key]),
                      "row": None if deleted else json.dumps({"id": key, "a": a, "b": b}),
                      "types": json.dumps({"id": "int64", "a": "string", "b": "int64"}),
-                     "sequence": json.dumps([seq]), "error": None})
+                     "unchanged": None, "sequence": json.dumps([seq]), "error": None})
     schema = pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
                         ("change_index", pa.int32()), ("kind", pa.string()), ("key", pa.string()),
-                        ("row", pa.string()), ("types", pa.string()), ("sequence", pa.string()),
+                        ("row", pa.string()), ("types", pa.string()), ("unchanged", pa.string()),
+                        ("sequence", pa.string()),
                         ("error", pa.string())])
     return pa.Table.from_pylist(rows, schema)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -11,6 +12,7 @@ from service.config.history import DELETED, END_AT, START_AT, UPDATED_AT
 from service.kafka_to_delta.sink.history_versions import (
     IS_DELETE,
     ORDER,
+    UNCHANGED,
     changed_rows,
     recompute,
     stored_events,
@@ -114,3 +116,19 @@ def test_changed_rows_replace_update_and_delete():
     got = changed_rows(new, stored, KEY, DELETE_FLAG).to_pylist()
     assert [(r[START_AT], r[END_AT], r[DELETE_FLAG]) for r in got] == [(10, 20, False), (20, 30, False),
                                                                        (40, None, True)]
+
+
+def test_a_column_left_unchanged_takes_the_previous_value_of_the_key():
+    """An update whose `b` Debezium could not read (TOAST) keeps `b` of the key's previous event, whether that
+    event is stored or in the same batch, delivered before or after it; another key's value is never taken."""
+    schema = SCHEMA.append(pa.field(UNCHANGED, pa.string()))
+    def event(key, seq, a, b, unchanged=None, order=1):
+        return {"id": key, "a": a, "b": b, START_AT: seq, IS_DELETE: False, ORDER: order, UNCHANGED: unchanged}
+    batch = pa.Table.from_pylist([event(1, 20, "y", None, '["b"]', 1), event(1, 10, "x", 5, None, 2),
+                                  event(2, 15, "x", None, '["b"]', 3)], schema)
+    first = recompute(batch, KEY, ("a",), False)
+    assert [(r["id"], r[START_AT], r["b"]) for r in _rows(first)] == [(1, 10, 5), (1, 20, 5), (2, 15, None)]
+    later = pa.Table.from_pylist([event(1, 30, "z", None, '["b"]')], schema)
+    old = stored_events(first.filter(pc.equal(first.column("id"), 1)), KEY).select(SCHEMA.names)
+    again = recompute(pa.concat_tables([old, later], promote_options="default"), KEY, ("a",), False)
+    assert [(r[START_AT], r["b"]) for r in _rows(again)] == [(10, 5), (20, 5), (30, 5)]
