@@ -43,13 +43,11 @@ def filled_last_rows(ordered: pa.Table, present: list[frozenset[str]]) -> pa.Tab
     """The last row per key of `ordered` (rows in source order, `RANGE_COLUMN` naming each row's
     range, whose columns are `present[range]`), its unchanged columns filled across ranges; without
     `RANGE_COLUMN`."""
-    fill_key = pc.binary_join_element_wise(ordered.column(Meta.KEY), ordered.column(Meta.TOPIC),
-                                           pc.cast(ordered.column(Meta.PARTITION), pa.string()), "\x1f")
-    ordered = ordered.append_column(_FILL_KEY, fill_key)
     last = last_rows(ordered, Meta.KEY)
     unchanged = last.column(Meta.UNCHANGED)
     if unchanged.null_count == last.num_rows:
-        return last.drop_columns([RANGE_COLUMN, _FILL_KEY])
+        return last.drop_columns([RANGE_COLUMN])
+    ordered, last = ordered.append_column(_FILL_KEY, _fill_key(ordered)), last.append_column(_FILL_KEY, _fill_key(last))
     texts = pc.unique(ordered.column(Meta.UNCHANGED).drop_null()).to_pylist()
     lists = [json.loads(text) for text in texts]
     wanted = [c for c in dict.fromkeys(c for names in lists for c in names) if c in last.column_names]
@@ -76,6 +74,12 @@ def filled_last_rows(ordered: pa.Table, present: list[frozenset[str]]) -> pa.Tab
         last = last.set_column(last.schema.get_field_index(Meta.UNCHANGED), Meta.UNCHANGED,
                                _still_unchanged(unchanged, filled))
     return last.drop_columns([RANGE_COLUMN, _FILL_KEY])
+
+
+def _fill_key(table: pa.Table) -> pa.ChunkedArray:
+    """Key, topic and partition as one text: a fill never crosses partitions."""
+    return pc.binary_join_element_wise(table.column(Meta.KEY), table.column(Meta.TOPIC),
+                                       pc.cast(table.column(Meta.PARTITION), pa.string()), "\x1f")
 
 
 def _still_unchanged(unchanged: pa.ChunkedArray, filled: dict[str, np.ndarray]) -> pa.Array:
