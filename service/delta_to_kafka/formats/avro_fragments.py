@@ -12,8 +12,10 @@ row path writes (`avro_values.writer` then `fastavro.schemaless_writer`):
   `local-timestamp-micros` from s/ms/us timestamps, double, boolean, string from strings,
   bytes from binaries, `decimal` bytes from decimal128 of at most 18 digits at the schema's
   scale (the row path's length, `bit_length // 8 + 1`, big-endian two's complement);
-- any other pairing of Arrow type and Avro type is written value by value through the row
-  path's converter and fastavro, for that column only.
+- a list of strings in an Avro string (the row path writes its compact `json.dumps` text):
+  the list's JSON fragments (`json_columns`) where they are printable ASCII;
+- any other pairing of Arrow type and Avro type, and those list rows, are written value by
+  value through the row path's converter and fastavro, for that column only.
 
 A value the row path refuses (a decimal with more digits than the schema allows, a required
 field that is null) raises TypeError, so the caller falls back to the row path, which names it.
@@ -33,6 +35,7 @@ import pyarrow.compute as pc
 from connectors.schema_registry import avro_values
 from connectors.schema_registry.avro_codec import without_logical_types
 from connectors.schema_registry.avro_types import AVRO_NULL, LOGICAL_TYPE, resolve
+from service.delta_to_kafka.formats.json_columns import json_fragments, rows_where
 
 Bytes = Union[pa.Array, bytes]
 """A column of Avro encodings, or one encoding for every row."""
@@ -43,6 +46,7 @@ _DECIMAL_BYTES = 8
 _MAX_FAST_DIGITS = 18  # an unscaled value of at most 18 digits fits an int64
 _MICROS = ("timestamp-micros", "local-timestamp-micros")
 _NONE = b""
+_FIRST_PRINTABLE, _LAST_ASCII = 0x20, 0x7F
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,30 @@ def _fast(schema: Any, column: pa.Array) -> pa.Array | None:
     return None
 
 
+def _outside_ascii_text(data: np.ndarray) -> np.ndarray:
+    return (data < _FIRST_PRINTABLE) | (data > _LAST_ASCII)
+
+
+def _list_text(schema: Any, column: pa.Array, named: dict[str, Any]) -> pa.Array | None:
+    """A list of strings as the row path's JSON text (`json.dumps`, compact, ASCII) in an Avro string.
+
+    The JSON fragments of the list are that text wherever it is printable ASCII; other rows
+    (non-ASCII or control characters, which `json.dumps` escapes its own way) go one by one."""
+    kind = schema.get("type") if isinstance(schema, dict) else schema
+    arrow = column.type
+    listed = pa.types.is_list(arrow) or pa.types.is_large_list(arrow)
+    if kind != "string" or not listed or not pa.types.is_string(arrow.value_type):
+        return None
+    text = json_fragments(column)
+    encoded = _with_length(text.cast(pa.binary()))
+    odd = rows_where(text, _outside_ascii_text)
+    if odd.size == 0:
+        return encoded
+    mask = np.zeros(len(column), dtype=bool)
+    mask[odd] = True
+    return pc.replace_with_mask(encoded, pa.array(mask), _one_by_one(schema, column.take(pa.array(odd)), named))
+
+
 def _one_by_one(schema: Any, column: pa.Array, named: dict[str, Any]) -> pa.Array:
     """The row path's bytes of each value of `column` (converter, then fastavro)."""
     convert = avro_values.writer(schema, named)
@@ -160,6 +188,7 @@ def _nullable(schema: list, node: Any, length: int, named: dict[str, Any]) -> By
         body, present = record_bytes(branch, node, length, named), node.present
     elif isinstance(node, pa.Array):
         fast = _fast(branch, node)
+        fast = _list_text(branch, node, named) if fast is None else fast
         if fast is None:
             return _one_by_one(schema, node, named)
         body, present = fast, node.is_valid()
@@ -184,6 +213,7 @@ def field_bytes(schema: Any, node: Any, length: int, named: dict[str, Any]) -> B
         raise TypeError("a required Avro field is null")
     if isinstance(node, pa.Array):
         fast = _fast(schema, node)
+        fast = _list_text(schema, node, named) if fast is None else fast
         return _one_by_one(schema, node, named) if fast is None else fast
     return _constant(schema, node, named)
 

@@ -17,7 +17,7 @@ type costs what the row path costs, only for that column.
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence, Union
+from typing import Any, Callable, Sequence, Union
 
 import numpy as np
 import orjson
@@ -61,20 +61,21 @@ def _floats(column: pa.Array) -> tuple[pa.Array, pa.Array]:
     return pc.if_else(whole, pc.binary_join_element_wise(text, ".0", ""), text), odd
 
 
-def _special_rows(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(rows with a quote, backslash or control character, rows with a control character) of a string column."""
-    none = np.zeros(0, dtype=np.int64)
+def rows_where(column: pa.Array, byte_test: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """Rows of a string or binary column holding a byte for which `byte_test` (on a uint8 array) is true."""
     if len(column) == 0 or column.buffers()[2] is None:
-        return none, none
+        return np.zeros(0, dtype=np.int64)
     offsets = np.frombuffer(column.buffers()[1], dtype=np.int32)[column.offset:column.offset + len(column) + 1]
-    data = np.frombuffer(column.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[-1]]
-    control = data < _FIRST_PRINTABLE
-    escaped = control | (data == _QUOTE) | (data == _BACKSLASH)
+    hits = np.flatnonzero(byte_test(np.frombuffer(column.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[-1]]))
+    return np.unique(np.searchsorted(offsets, hits + offsets[0], side="right") - 1)
 
-    def rows(hits: np.ndarray) -> np.ndarray:
-        return np.unique(np.searchsorted(offsets, np.flatnonzero(hits) + offsets[0], side="right") - 1)
 
-    return rows(escaped), (rows(control) if control.any() else none)
+def _needs_escape(data: np.ndarray) -> np.ndarray:
+    return (data < _FIRST_PRINTABLE) | (data == _QUOTE) | (data == _BACKSLASH)
+
+
+def _control(data: np.ndarray) -> np.ndarray:
+    return data < _FIRST_PRINTABLE
 
 
 def _mask(length: int, rows: np.ndarray) -> pa.Array:
@@ -88,7 +89,7 @@ def _escaped(column: pa.Array) -> pa.Array:
 
 
 def _strings(column: pa.Array) -> tuple[pa.Array, pa.Array]:
-    escaping, control = _special_rows(column)
+    escaping, control = rows_where(column, _needs_escape), rows_where(column, _control)
     if escaping.size * 2 > len(column):
         column = _escaped(column)
     elif escaping.size:  # only rows with a quote, a backslash or a control character are rewritten
