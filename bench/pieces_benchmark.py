@@ -6,7 +6,9 @@ and as `--pieces` pieces, and the pieces' payloads are merged by the driver (`ba
 fill across pieces). Printed: CPU seconds (`time.process_time`) of the whole range and of each piece,
 the longest piece (the wall a batch needs when every piece has its own core), the extra CPU of the cut,
 and the driver merge of one payload against the pieces'. Best of `--repeat` runs each. The two results
-are checked equal. CPU times, so a busy machine inflates them less than wall times; still say the load.
+are checked equal. Then the fill across pieces alone (`filled_last_rows`) on `--keys` keys whose last
+change, in a second piece, left a column unchanged that the first piece holds (the workload has no
+placeholders). CPU times, so a busy machine inflates them less than wall times; still say the load.
 
     .venv/bin/python bench/pieces_benchmark.py --events 100000 --keys 20000 --pieces 2
 """
@@ -25,8 +27,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from connectors.kafka.range_reader import SOURCE_SCHEMA  # noqa: E402
 from service.config.settings import PipelineSettings  # noqa: E402
+from service.kafka_to_delta.rows.names import Meta  # noqa: E402
 from service.kafka_to_delta.source.batch_changes import batch_changes  # noqa: E402
 from service.kafka_to_delta.source.decode_stage import batch_decoder  # noqa: E402
+from service.kafka_to_delta.source.fill_across_ranges import (  # noqa: E402
+    RANGE_COLUMN,
+    filled_last_rows,
+)
 from service.kafka_to_delta.source.piece_reducer import PieceReducer  # noqa: E402
 from service.operations.workload import DebeziumWorkload  # noqa: E402
 
@@ -49,6 +56,28 @@ def _reduced(reducer: PieceReducer, records: pa.Table) -> tuple[float, pa.Table]
     started = time.process_time()
     payloads = pa.Table.from_batches(list(reducer(lambda: iter(batches))))
     return time.process_time() - started, payloads
+
+
+def _fill_seconds(keys: int, repeat: int) -> float:
+    """CPU of filling every key's placeholder from an earlier piece (two pieces, one row a key each)."""
+    def piece(index: int, placeholder: bool) -> pa.Table:
+        return pa.table({
+            "id": pa.array(range(keys), pa.int64()),
+            "name": pa.array([None if placeholder else f"v{i}" for i in range(keys)], pa.string()),
+            Meta.KEY: [f"[{i}]" for i in range(keys)], Meta.KIND: ["+U"] * keys, Meta.TOPIC: ["t"] * keys,
+            Meta.PARTITION: pa.array([0] * keys, pa.int32()), Meta.OFFSET: pa.array(range(index * keys, (index + 1) * keys)),
+            Meta.CHANGE_INDEX: pa.array([0] * keys, pa.int32()), Meta.TIMESTAMP: pa.array([0] * keys, pa.int64()),
+            Meta.UNCHANGED: pa.array(['["name"]' if placeholder else None] * keys, pa.string()),
+            RANGE_COLUMN: pa.array([index] * keys, pa.int32()),
+        })
+    ordered = pa.concat_tables([piece(0, False), piece(1, True)]).sort_by([(c, "ascending") for c in Meta.ORDER])
+    best = float("inf")
+    for _ in range(repeat):
+        started = time.process_time()
+        filled = filled_last_rows(ordered, [frozenset({"id", "name"})] * 2)
+        best = min(best, time.process_time() - started)
+    assert filled.column(Meta.UNCHANGED).null_count == keys and filled.column("name").null_count == 0
+    return best
 
 
 def main() -> None:
@@ -88,6 +117,7 @@ def main() -> None:
     print(f"extra CPU of the cut           {sum(piece_s[best]) - min(whole_s):+6.2f} s")
     print(f"driver merge: 1 payload {min(merge_whole_s) * 1000:.0f} ms, {args.pieces} pieces "
           f"{min(merge_pieces_s) * 1000:.0f} ms ({cut.changes.num_rows:,} keys)")
+    print(f"fill across pieces, {args.keys:,} placeholders  {_fill_seconds(args.keys, args.repeat) * 1000:.0f} ms")
     print(f"load at end: {os.getloadavg()[0]:.2f}")
 
 
