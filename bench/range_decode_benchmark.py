@@ -6,10 +6,14 @@ table with bigint id, numeric(12,2) (Decimal), timestamptz (ZonedTimestamp), dat
 uuid, an enum, text[] and a TOASTed text column (half the updates carry the unavailable-value
 placeholder), written compact and with `json.dumps`' spaces; the same with a second schema version
 from the middle of the range on (a column added by DDL); and compact with one undecodable record
-in the middle (`--records` records, 3 keys in 5 updated). Prints records/s of each way, the
-ratio, and how the fast way went (vectorised, odd records, fallback reason).
+in the middle (`--records` records, 3 keys in 5 updated). Then Confluent-framed Avro through the
+registry (the in-process double): `bench.avro_decode_benchmark`'s orders envelopes (Decimal,
+ZonedTimestamp, Date, text, int, bool and Debezium's source block), clean and with one record
+in the middle whose union index is out of its union (one found by the extra branch, one by
+bisection), through the same reducer with the Avro value decoder. Prints records/s of each way, the ratio, and how the fast way went (vectorised, odd
+records, fallback reason).
 
-    .venv/bin/python bench/range_decode_benchmark.py --records 50000
+    .venv/bin/python -m bench.range_decode_benchmark --records 50000
 """
 
 from __future__ import annotations
@@ -23,11 +27,18 @@ import uuid
 
 import pyarrow as pa
 
+from bench.avro_decode_benchmark import ENVELOPE
+from bench.avro_decode_benchmark import records as avro_records
 from connectors.kafka.range_reader import SOURCE_SCHEMA, ValueChunk
+from connectors.schema_registry.avro_codec import ConfluentAvroDecoder
+from connectors.schema_registry.client import SchemaRegistryClient
+from connectors.schema_registry.wire_format import HEADER_SIZE
 from service.config.settings import PipelineSettings
+from service.kafka_to_delta.changelog.changelog_batch import ChangelogBatchDecoder
 from service.kafka_to_delta.materialize.payload import payload_table
 from service.kafka_to_delta.source.decode_stage import batch_decoder
 from service.kafka_to_delta.source.partition_changes import PartitionReducer
+from tests.support.schema_registry_double import SchemaRegistryDouble
 
 _FIELDS = [
     {"field": "id", "type": "int64", "optional": False},
@@ -96,9 +107,23 @@ def _batches(values: list[bytes]) -> list[pa.RecordBatch]:
     return [batch.slice(start, _CHUNK) for start in range(0, n, _CHUNK)]
 
 
-def _run(values: list[bytes], vectorised: bool) -> tuple[float, dict]:
+def _avro_records(client: SchemaRegistryClient, count: int, union_index: int | None) -> list[bytes]:
+    """The orders envelopes; with `union_index` as the middle record's `before` union index (out of
+    its 2-branch union: 2 is the bulk container's extra branch, 3 one the Rust reader refuses)."""
+    values = avro_records(client.register("orders-value", ENVELOPE), count)
+    if union_index is not None:
+        damaged = bytearray(values[count // 2])
+        damaged[HEADER_SIZE] = union_index * 2  # zigzag
+        values[count // 2] = bytes(damaged)
+    return values
+
+
+def _run(values: list[bytes], vectorised: bool, client: SchemaRegistryClient | None = None) -> tuple[float, dict]:
     pipeline = PipelineSettings(name="p", topics=["t"], table="t", primary_key=["id"])
-    reducer = PartitionReducer(batch_decoder(pipeline), ("id",), vectorised=vectorised)
+    decoder = batch_decoder(pipeline) if client is None else ChangelogBatchDecoder(
+        pipeline.changelog_settings, pipeline.primary_key, pipeline.effective_upsert_key,
+        value_decoder=ConfluentAvroDecoder(client))
+    reducer = PartitionReducer(decoder, ("id",), vectorised=vectorised)
     batches = _batches(values)
     started = time.perf_counter()
     out = list(reducer(lambda: iter(batches), lambda: map(ValueChunk.of_batch, batches)))
@@ -116,13 +141,21 @@ def main() -> None:
     print("| input | fast records/s | reference records/s | x | fast way |")
     print("|---|---|---|---|---|")
     for name, spaced, versions, undecodable in rows:
-        values = records(args.records, spaced, versions, undecodable)
-        fast, info = min((_run(values, True) for _ in range(2)), key=lambda pair: pair[0])
-        exact, _ = _run(values, False)
-        how = "vectorised" if info.get("vectorised") else f"record by record ({info.get('fallback')})"
-        if info.get("odd_records"):
-            how += f", {info['odd_records']} odd record(s)"
-        print(f"| {name} | {len(values) / fast:,.0f} | {len(values) / exact:,.0f} | {exact / fast:.1f} | {how} |")
+        _row_figures(name, records(args.records, spaced, versions, undecodable), None)
+    with SchemaRegistryDouble(compatibility="NONE") as registry:
+        client = SchemaRegistryClient(registry.url)
+        for name, union_index in (("Avro", None), ("Avro, one union index 2 of 2 branches", 2),
+                                  ("Avro, one union index 3 of 2 branches", 3)):
+            _row_figures(name, _avro_records(client, args.records, union_index), client)
+
+
+def _row_figures(name: str, values: list[bytes], client: SchemaRegistryClient | None) -> None:
+    fast, info = min((_run(values, True, client) for _ in range(2)), key=lambda pair: pair[0])
+    exact, _ = _run(values, False, client)
+    how = "vectorised" if info.get("vectorised") else f"record by record ({info.get('fallback')})"
+    if info.get("odd_records"):
+        how += f", {info['odd_records']} odd record(s)"
+    print(f"| {name} | {len(values) / fast:,.0f} | {len(values) / exact:,.0f} | {exact / fast:.1f} | {how} |")
 
 
 if __name__ == "__main__":

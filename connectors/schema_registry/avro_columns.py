@@ -41,9 +41,22 @@ decoder (which then raises the precise error or decodes them): short frames and 
 bytes, unknown or unusable schema ids (and an unreachable registry), schemas the bulk path does
 not take (maps, unions of several non-null types, recursive records, a `before` record other
 than `after`'s, schemas arrow-avro refuses), bodies that do not decode (found by bisecting the
-block) or do not end where the next begins, and a whole schema id's records when a value does
-not fit its column type (the reference's typing raises there too). Tombstones (None) come back
-in `tombstones`.
+block: invalid UTF-8, a union or enum index the reader refuses, a length past the end) or do not
+end where the next begins, records that took a union branch their schema does not have
+(`checked_unions`: arrow-avro reads any non-null index of a nullable union as the value, fastavro
+refuses an index outside the union), and a whole schema id's records when a value does not fit
+its column type (the reference's typing raises there too). Tombstones (None) come back in
+`tombstones`. One bad record costs a re-read of the rest of its block (a moved sentinel) or
+about two reads of it (bisection); the others stay in bulk.
+
+The envelope's `source` and `transaction` are decoded too (their union indices are checked), but
+not kept. A field the reader skips would not be checked: only a dropped field the bulk path does
+not take (a map, a multi-type union) is skipped.
+
+The container's schema is the registered one without logical types, written out in full by
+`checked_unions.with_checked_unions` (named types defined where used, under generated names;
+each nullable union with a third, unused branch): the raw columns come back as dense unions and
+are read back to nullable arrays before typing.
 
 Boundaries: concatenated bodies lose their lengths, so each body is followed in the block by a
 random 8-byte sentinel, read as an extra `fixed` field; a body longer or shorter than its record
