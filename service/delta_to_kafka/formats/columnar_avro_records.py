@@ -32,7 +32,8 @@ class _Schema:
     """A registered schema, parsed once: its id, the parsed record and its named types."""
 
     def __init__(self, schema_id: int, definition: Any) -> None:
-        self.schema_id, self.named = schema_id, {}
+        self.schema_id = schema_id
+        self.named: dict[str, Any] = {}
         self.parsed = fastavro.parse_schema(definition, self.named)
 
     def values(self, document: Columns, length: int) -> pa.Array:
