@@ -55,7 +55,7 @@ def stages(settings: ExportSettings, feed: pa.Table, repeat: int, key=None, valu
     layout = KafkaRecordEncoder(settings, key, value)
     output = rows.encode_flush(feed, NOW)
     return {
-        "column path, whole flush": _best(repeat, lambda: encoder._by_column(feed, int(NOW * 1000))),
+        "column path, whole flush": _best(repeat, lambda: encoder(feed)),
         "  pairing (Arrow sorts)": _best(repeat, lambda: pair_changes(plain, settings.primary_key, True)),
         "  layout + records": _best(repeat, lambda: encoder.columnar.encode(plain, changes, int(NOW * 1000))),
         "row path, whole flush": _best(1, lambda: layout.encode(ToChangelog(settings).encode_flush(feed, NOW),
@@ -74,16 +74,19 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--registry", help="a running registry: also time Avro")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--input-changelog", choices=["retract", "upsert"], default="retract",
+                        help="upsert: a stateful export (every key's last image kept in state)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="cdc-encode-profile-") as tmp:
         uri = str(Path(tmp) / "table")
         build_table(uri, args.changes, shape=args.table)
         feed = pa.table(DeltaTable(uri).load_cdf(starting_version=1, ending_version=1).read_all())
         feed = feed.slice(0, args.rows).combine_chunks()
-        formats = {"json": ({"preset": "debezium"}, None, None)}
+        formats = {"json": ({"preset": "debezium", "input_changelog": args.input_changelog}, None, None)}
         if args.registry:
             client = SchemaRegistryClient(args.registry)
-            avro = {"preset": "debezium", "format": "avro-confluent", "schema_registry_url": args.registry}
+            avro = {"preset": "debezium", "format": "avro-confluent", "schema_registry_url": args.registry,
+                    "input_changelog": args.input_changelog}
             probe = ExportSettings(name="p", table="t", topic=f"profile.{uuid.uuid4().hex[:8]}", primary_key=("id",),
                                    **avro)
             formats["avro"] = (avro, *(TableAvroSerializer(probe, uri, {}, role, client) for role in ("key", "value")))
