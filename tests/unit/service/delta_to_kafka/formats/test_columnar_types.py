@@ -93,7 +93,7 @@ AVRO_LAYOUTS = [
     {"preset": "flat", "passthrough": ["_commit_version"]},
     {"before": "b", "after": "a", "passthrough": ["tags", "_commit_timestamp"], "compaction": "none"},
 ]
-HYPOTHESIS = settings(derandomize=True, max_examples=40, deadline=None,
+HYPOTHESIS = settings(derandomize=True, max_examples=25, deadline=None,
                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
