@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh test
 # Two workers: one runs every module that needs the Spark session, the other the rest (tests/conftest.py).
-exec .venv/bin/python -m pytest -n "${CDC_TEST_WORKERS:-2}" --dist loadgroup "$@"
+exec .venv/bin/python -m pytest -n "${CDC_TEST_WORKERS:-2}" --dist loadscope "$@"

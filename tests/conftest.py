@@ -13,6 +13,7 @@ Other modules are spread over the workers whole (a module fixture is built once)
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 import uuid
@@ -57,6 +58,7 @@ def _broker(directory: Path) -> Iterator[str]:
 
 
 _RUN_BROKER = pytest.StashKey[contextlib.ExitStack]()
+_SPARK_MODULES_ENV = "CDC_TEST_SPARK_MODULES"  # where the workers name the modules that need the Spark session
 
 
 def _controls_workers(config: pytest.Config) -> bool:
@@ -68,7 +70,10 @@ def pytest_configure(config: pytest.Config) -> None:
     """The run's random seed, chosen before any worker starts; under xdist, the controller also
     starts the run's one broker before the workers start."""
     run_seed.choose()
-    if not _controls_workers(config) or os.environ.get("KAFKA_BOOTSTRAP"):
+    if not _controls_workers(config):
+        return
+    os.environ[_SPARK_MODULES_ENV] = str(Path(tempfile.mkdtemp(prefix="cdc-test-groups-")) / "spark_modules.json")
+    if os.environ.get("KAFKA_BOOTSTRAP"):
         return
     stack = contextlib.ExitStack()
     directory = Path(tempfile.mkdtemp(prefix="cdc-test-broker-"))
@@ -89,16 +94,31 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         os.environ.pop("CDC_TEST_RUN_BROKER", None)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On an xdist worker: each module is one group, and every module with a test that uses the Spark
-    session joins the one group `spark`."""
-    if not hasattr(config, "workerinput"):
-        return
-    spark_modules = {item.nodeid.split("::")[0] for item in items if "spark" in getattr(item, "fixturenames", ())}
-    for item in items:
-        module = item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group("spark" if module in spark_modules else module))
+    """On an xdist worker: tell the controller's scheduler which modules need the Spark session."""
+    if hasattr(config, "workerinput") and os.environ.get(_SPARK_MODULES_ENV):
+        modules = sorted({item.nodeid.split("::")[0] for item in items if "spark" in getattr(item, "fixturenames", ())})
+        target = Path(os.environ[_SPARK_MODULES_ENV])
+        partial = target.with_name(f"{target.name}.{os.getpid()}")
+        partial.write_text(json.dumps(modules))
+        os.replace(partial, target)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Whole modules to whichever worker is free, and every module that needs the Spark session to one."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SparkModulesOnOneWorker(LoadScopeScheduling):
+        spark_modules: frozenset[str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.spark_modules is None:  # the workers wrote it before they reported their collection
+                self.spark_modules = frozenset(json.loads(Path(os.environ[_SPARK_MODULES_ENV]).read_text()))
+            module = nodeid.split("::")[0]
+            return "spark" if module in self.spark_modules else module
+
+    return SparkModulesOnOneWorker(config, log)
 
 
 @pytest.fixture(scope="session")
