@@ -6,8 +6,9 @@ Apache Kafka through testcontainers; else Apache Kafka from the Maven jar cache
 
 With pytest-xdist workers (`scripts/test.sh` runs two), the controller starts that broker and
 hands it to every worker as KAFKA_BOOTSTRAP, and every module with a test that needs the Spark
-session runs on one worker (one xdist group), so the run still has one broker and one session.
-Other modules are spread over the workers whole (a module fixture is built once).
+session runs on one worker (the scheduler below), so the run still has one broker and one session.
+Other modules go whole to whichever worker is free (a module fixture is built once). Each worker
+starts the registry and PostgreSQL for itself if its modules need them.
 """
 
 from __future__ import annotations
