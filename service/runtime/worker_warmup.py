@@ -34,6 +34,7 @@ READER_MODULES = (
     "connectors.kafka.range_reader",
     "service.kafka_to_delta.source.changes_source",
     "service.kafka_to_delta.source.partition_changes",
+    "service.kafka_to_delta.source.piece_reducer",
     "service.kafka_to_delta.source.decode_stage",
     "service.kafka_to_delta.source.debezium_columns",
 )
