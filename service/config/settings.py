@@ -34,6 +34,7 @@ from service.config.maintenance import MaintenanceSettings
 from service.config.op_mapping import Grouping, parse_op_mapping
 from service.config.registry import SchemaRegistrySettings, share_registry
 from service.config.sources import interpolate, read_config_file
+from service.config.table_shape import TableShape
 from vocabulary.engines import Engine
 from vocabulary.errors import ConfigError
 
@@ -153,6 +154,8 @@ class PipelineSettings(SettingsModel):
     maintenance: MaintenanceSettings | None = None
     # An SCD type 2 history table next to the current-row table (service/config/history.py).
     history: Annotated[HistorySettings | None, BeforeValidator(shorthand)] = None
+    # Soft deletes, ignore_null_updates, partitioning and clustering (service/config/table_shape.py).
+    table_shape: TableShape = Field(default_factory=TableShape)
 
     @property
     def changelog_settings(self) -> FromChangelogSettings:
@@ -256,6 +259,8 @@ class PipelineSettings(SettingsModel):
             raise ValueError("compaction: watermark needs the materializer (upsert_materialize: force or auto)")
         self._check_retract_source_barrier()
         self._check_history()
+        self.table_shape.check(f"pipeline {self.name}: table_shape", None,
+                               self.from_changelog.truncate_handling == "truncate")
         return self
 
     def _check_history(self) -> None:
@@ -328,6 +333,8 @@ class Settings(SettingsModel):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"pipeline, database, join and export names must be unique; repeated: {', '.join(dupes)}")
+        for pipeline in self.pipelines:
+            pipeline.table_shape.check(f"pipeline {pipeline.name}: table_shape", self.lakehouse.engine, False)
         return self
 
     def maintenance_of(self, pipeline: PipelineSettings) -> MaintenanceSettings:

@@ -1,0 +1,80 @@
+"""A pipeline's table shape besides its columns: how deletes are applied, whether nulls in an update
+overwrite, and how the table is laid out.
+
+- `deletes: hard` (default) removes a deleted key's row; `deletes: soft` keeps it, with `__DELETED`
+  true and `__DELETED_AT` the delete's time (the Kafka record's timestamp); a later upsert of the key
+  clears both. A delete of a key the table lacks stores a deleted row holding the key alone.
+- `ignore_null_updates: true`: a null in an upsert keeps the stored value (the mechanism that keeps a
+  stored value under Debezium's unavailable-value placeholder).
+- `partition_by`: the table's partition columns, set when the table is created (both engines).
+- `cluster_by`: liquid clustering columns, set when the table is created (delta-spark only).
+
+The partition and clustering columns must be columns of the table: validated against the pipeline's
+primary key and, once the table exists, its schema; changing any of these on a started pipeline is
+refused by the upgrade check (`plan.upgrades`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import model_validator
+
+from service.config.base import Names, SettingsModel
+
+DeleteMode = Literal["hard", "soft"]
+DELETED = "__DELETED"
+DELETED_AT = "__DELETED_AT"
+SOFT_DELETE_COLUMNS = (DELETED, DELETED_AT)
+CLUSTERING_ENGINES = ("delta-spark",)
+NO_CLUSTERING_REASON = (
+    "the delta-rs engine cannot create a table with liquid clustering (deltalake's Python API has no "
+    "clustering option at table creation); use `partition_by`, or `lakehouse.engine: delta-spark`"
+)
+
+
+class TableShape(SettingsModel):
+    """How one pipeline's table applies deletes and nulls, and how it is laid out (see the module's text)."""
+
+    deletes: DeleteMode = "hard"
+    ignore_null_updates: bool = False
+    partition_by: Names = ()
+    cluster_by: Names = ()
+
+    @model_validator(mode="after")
+    def _layout(self) -> "TableShape":
+        if self.partition_by and self.cluster_by:
+            raise ValueError("give partition_by or cluster_by, not both (Delta refuses clustering a partitioned table)")
+        for name, columns in (("partition_by", self.partition_by), ("cluster_by", self.cluster_by)):
+            if len(set(columns)) != len(columns):
+                raise ValueError(f"{name} names a column twice: {list(columns)}")
+            reserved = [c for c in columns if c in SOFT_DELETE_COLUMNS]
+            if reserved:
+                raise ValueError(f"{name}: {reserved} are the soft deletes' own columns")
+        return self
+
+    @property
+    def soft_deletes(self) -> bool:
+        """Whether a delete keeps the row, flagged."""
+        return self.deletes == "soft"
+
+    def check(self, where: str, engine: str | None, truncates: bool) -> None:
+        """Refuse what the pipeline's `engine` (None: not known here) or TRUNCATE handling cannot do with this
+        shape (`where` names it)."""
+        if self.cluster_by and engine is not None and engine not in CLUSTERING_ENGINES:
+            raise ValueError(f"{where}: cluster_by {list(self.cluster_by)}: {NO_CLUSTERING_REASON}")
+        if self.soft_deletes and truncates:
+            raise ValueError(f"{where}: deletes: soft cannot be combined with truncate_handling: truncate (a TRUNCATE "
+                             "would remove the rows soft deletes keep); use truncate_handling fail or skip")
+
+    def check_columns(self, where: str, columns: list[str]) -> None:
+        """Refuse partition or clustering columns that are not among the table's `columns`."""
+        for name, chosen in (("partition_by", self.partition_by), ("cluster_by", self.cluster_by)):
+            missing = [c for c in chosen if c not in columns]
+            if missing:
+                raise ValueError(f"{where}: {name} column(s) {missing} are not columns of the table ({columns})")
+
+    def plan_properties(self) -> dict[str, Any]:
+        """What the compiled plan records of the shape (the upgrade check compares it)."""
+        return {"deletes": self.deletes, "ignore_null_updates": self.ignore_null_updates,
+                "partition_by": list(self.partition_by), "cluster_by": list(self.cluster_by)}
