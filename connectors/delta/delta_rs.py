@@ -126,10 +126,13 @@ class DeltaRsTable:
         return found.join(keys.cast(found.select(keys.column_names).schema), keys=keys.column_names,
                           join_type="left semi") if found.num_rows else found
 
-    def create(self, schema: pa.Schema) -> None:
-        """Create the table (change data feed on) unless it exists."""
+    def create(self, schema: pa.Schema, partition_by: tuple[str, ...] = (), cluster_by: tuple[str, ...] = ()) -> None:
+        """Create the table (change data feed on, partitioned by `partition_by`) unless it exists;
+        delta-rs creates no clustered table (`cluster_by` is refused)."""
+        if cluster_by:
+            raise DeltaSchemaError(f"table {self.uri}: delta-rs cannot create a table clustered by {list(cluster_by)}")
         DeltaTable.create(
-            self.uri, schema, mode="ignore", configuration=CDF_ENABLED,
+            self.uri, schema, mode="ignore", partition_by=list(partition_by) or None, configuration=CDF_ENABLED,
             storage_options=self.storage_options,
         )
 

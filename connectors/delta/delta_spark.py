@@ -246,11 +246,16 @@ class DeltaSparkTable:
         return self._run(f"read rows of {self.uri} by key",
                          lambda: stored.join(wanted, on=list(keys.column_names), how="left_semi").toArrow())
 
-    def create(self, schema: pa.Schema) -> None:
-        """Create the table (change data feed on) unless it exists."""
+    def create(self, schema: pa.Schema, partition_by: tuple[str, ...] = (), cluster_by: tuple[str, ...] = ()) -> None:
+        """Create the table (change data feed on, partitioned by `partition_by` or liquid-clustered by
+        `cluster_by`) unless it exists."""
         _refuse_unstorable(self.uri, schema.names)
         builder = DeltaTable.createIfNotExists(self._session).location(self.uri)
         builder = builder.addColumns(from_arrow_schema(schema))
+        if partition_by:
+            builder = builder.partitionedBy(*partition_by)
+        if cluster_by:
+            builder = builder.clusterBy(*cluster_by)
         for key, value in {**CDF_ENABLED, **NO_LOG_CLEANUP_ON_COMMIT}.items():
             builder = builder.property(key, value)
         self._run(f"create {self.uri}", builder.execute)

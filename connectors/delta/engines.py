@@ -40,8 +40,9 @@ class DeltaEngineTable(Protocol):
         """The stored rows whose values of `keys`' columns are one of its rows (empty when the table
         does not exist)."""
 
-    def create(self, schema: pa.Schema) -> None:
-        """Create the table (change data feed on) unless it exists."""
+    def create(self, schema: pa.Schema, partition_by: tuple[str, ...] = (), cluster_by: tuple[str, ...] = ()) -> None:
+        """Create the table (change data feed on, partitioned by `partition_by` or clustered by
+        `cluster_by`) unless it exists."""
 
     def create_with(self, changes: pa.Table, primary_key: tuple[str, ...], app_id: str, batch_id: int) -> None:
         """Create the table holding what a `merge` of `changes` into an empty table would leave, under

@@ -96,7 +96,8 @@ class TableQuery(QueryIdentity, BatchPipeline):
         self._table_name = table
         lakehouse = settings.lakehouse
         self.table = open_table(lakehouse.engine, lakehouse.table_uri(table), lakehouse.storage_options, spark)
-        self.sink = MergeSink(self.table, primary_key, schema_changes)
+        shape = next((p.table_shape for p in settings.pipelines if (p.name, p.table) == (name, table)), None)
+        self.sink = MergeSink(self.table, primary_key, schema_changes, shape=shape)
         self.committed_batches = 0
         self.last_outcome: MergeOutcome | None = None
         self.failure: BaseException | None = None
