@@ -67,12 +67,13 @@ class TableShape(SettingsModel):
             raise ValueError(f"{where}: deletes: soft cannot be combined with truncate_handling: truncate (a TRUNCATE "
                              "would remove the rows soft deletes keep); use truncate_handling fail or skip")
 
-    def check_columns(self, where: str, columns: list[str]) -> None:
-        """Refuse partition or clustering columns that are not among the table's `columns`."""
+    def layout_problem(self, columns: list[str]) -> str | None:
+        """Why the partition or clustering columns cannot lay out a table of `columns` (None: they can)."""
         for name, chosen in (("partition_by", self.partition_by), ("cluster_by", self.cluster_by)):
             missing = [c for c in chosen if c not in columns]
             if missing:
-                raise ValueError(f"{where}: {name} column(s) {missing} are not columns of the table ({columns})")
+                return f"table_shape.{name} column(s) {missing} are not columns of the table ({columns})"
+        return None
 
     def plan_properties(self) -> dict[str, Any]:
         """What the compiled plan records of the shape (the upgrade check compares it)."""

@@ -12,6 +12,8 @@ Operators:
 - `from_changelog`: the previous image per key of the upsert unzip (`from_changelog.state_ttl_seconds`).
 - `order_by`: the ORDER BY buffer (rows wait for the watermark; no TTL: the watermark empties it).
 - `materializer`: the live rows per upsert key (`materializer_state_ttl_seconds`, else `state_ttl_seconds`).
+- `table_shape`: no state; the table's `deletes` mode, `ignore_null_updates` and layout (`partition_by`,
+  `cluster_by`), listed when they differ from the default, which its absence stands for.
 A pipeline on the plain path (one topic, no materializer, no stateful FROM_CHANGELOG) has none.
 
 Join pipelines (`joins:`):
@@ -32,6 +34,7 @@ from typing import Any
 from service.config.joins import EnrichmentJoinSettings, JoinSettings, RegularJoinSettings
 from service.config.settings import PipelineSettings, Settings
 from service.config.sources import read_plan_file
+from service.config.table_shape import TableShape
 from service.kafka_to_delta.materialize.bulk import DEFAULT_KEY_BUCKETS
 from vocabulary.errors import ConfigError
 
@@ -56,6 +59,7 @@ class Kind:
     SNAPSHOT_GATE = "snapshot_gate"
     ENRICHMENT = "enrichment"
     HISTORY = "history"
+    TABLE_SHAPE = "table_shape"
 
 
 @dataclass(frozen=True)
@@ -139,7 +143,15 @@ def pipeline_operators(pipeline: PipelineSettings, key_buckets: int = DEFAULT_KE
         operators.append(Operator(pipeline.name, Kind.HISTORY, pipeline.primary_key,
                                   (StateEntry(0, 0, f"versions in table {table}"),),
                                   pipeline.history.plan_properties(pipeline.table, pipeline.history_sequence_by)))
+    if pipeline.table_shape != TableShape():
+        operators.append(table_shape_operator(pipeline.name, pipeline.table_shape))
     return operators
+
+
+def table_shape_operator(pipeline: str, shape: TableShape) -> Operator:
+    """The table shape of a pipeline as a plan node without state: listed when it differs from the
+    default (hard deletes, nulls overwrite, no layout), which a plan without the node stands for."""
+    return Operator(pipeline, Kind.TABLE_SHAPE, (), (), shape.plan_properties())
 
 
 def _regular_join_operators(join: RegularJoinSettings) -> list[Operator]:
@@ -267,6 +279,8 @@ def _ttl_text(ms: int) -> str:
 def _state_size(operator: Operator) -> str:
     if operator.kind == Kind.HISTORY:
         return f"none in Spark: every version of a key in table {operator.properties.get('history_table')}"
+    if operator.kind == Kind.TABLE_SHAPE:
+        return "none (how the table is written and laid out)"
     overhead = _OVERHEAD_BYTES[operator.kind]
     if operator.kind == Kind.ORDER_BY:
         return f"the rows within the watermark delay, ~{overhead} B each beyond the row"
@@ -297,6 +311,8 @@ def summary(settings: Settings) -> list[str]:
                 ttls = "none (the watermark releases the buffer)"
             if operator.kind == Kind.HISTORY:
                 ttls = "none (versions are kept)"
+            if operator.kind == Kind.TABLE_SHAPE:
+                ttls = "none"
             shown = ", ".join(f"{k}={v}" for k, v in operator.properties.items() if k not in ("topics", "state_layout"))
             lines.append(f"  {operator.id:<32} key ({', '.join(operator.key)}); TTL {ttls}; "
                          f"state {_state_size(operator)}" + (f"; {shown}" if shown else ""))

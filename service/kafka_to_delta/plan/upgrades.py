@@ -7,8 +7,10 @@ checkpoint (`<checkpoint>/plan.json`) before anything runs:
 - incompatible: a changed key, an operator added to or removed from a pipeline whose
   checkpoint has started, a changed on_conflict, compaction, primary key, sequence_by, order_by
   column, state layout (the materializer's key buckets), join type or a join input's key, the history's
-  mode, table, sequence, tracked columns or delete markers: refused, naming the operator and the change and
-  how to proceed (for an ingest pipeline's materializer: `rebuild-state`; for a history: a new history table).
+  mode, table, sequence, tracked columns or delete markers, the table shape's `deletes` mode, `partition_by` or
+  `cluster_by`: refused, naming the operator and the change and how to proceed (for an ingest pipeline's
+  materializer: `rebuild-state`; for a history: a new history table; for a table shape: a new table).
+  A plan without a `table_shape` node stands for the default shape (`ignore_null_updates` may change).
 Then the current plan is stored. A checkpoint from before plans were stored is taken as it is.
 """
 
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from service.config.settings import PipelineSettings
+from service.config.table_shape import TableShape
 from service.kafka_to_delta.materialize.bulk import DEFAULT_KEY_BUCKETS, LEGACY_KEY_BUCKETS
 from service.kafka_to_delta.plan.compiled_plan import (
     PLAN_FORMAT,
@@ -27,6 +30,7 @@ from service.kafka_to_delta.plan.compiled_plan import (
     Operator,
     key_buckets_of,
     pipeline_operators,
+    table_shape_operator,
 )
 from service.runtime.checkpoints import local_path
 from vocabulary.errors import ConfigError
@@ -36,7 +40,8 @@ PLAN_FILE = "plan.json"
 INCOMPATIBLE_PROPERTIES = ("on_conflict", "compaction", "primary_key", "sequence_by", "order_by", "state_layout",
                            "type", "left_key", "right_key", "right_join_key", "probe_key", "build_topics",
                            "history_mode", "history_table", "history_sequence_by", "track_history_column_list",
-                           "track_history_except_column_list", "delete_markers")
+                           "track_history_except_column_list", "delete_markers", "deletes", "partition_by",
+                           "cluster_by")
 _HOW_TO_PROCEED = (
     "the state in the checkpoint was built under the stored plan and cannot be carried over. To proceed, move "
     "the checkpoint directory away and start a new one: with starting_offsets earliest the pipeline replays "
@@ -49,6 +54,13 @@ _REBUILD_HISTORY = (
     "the topics still hold every change, or build it yourself from the current table's change feed (which "
     "holds each micro-batch's last change per key, not every change), then switch readers over"
 )
+_RESHAPE_TABLE = (
+    ". For the table, which was written and laid out under the stored table_shape: write the pipeline under "
+    "the new table_shape to a new table (`table`) from a new checkpoint with starting_offsets earliest while "
+    "the topics still hold every change (soft deletes need every delete), or rewrite the table yourself "
+    "(e.g. delta-spark's REPLACE TABLE ... PARTITIONED BY / CLUSTER BY ... AS SELECT) before moving the "
+    "checkpoint away, then switch readers over"
+)
 _REBUILD = (
     ". For the materializer, without a replay: stop the service and run `cdc-lakehouse rebuild-state CONFIG "
     "--pipeline {pipeline}`, which moves this checkpoint aside and seeds a new one from the Delta table"
@@ -60,8 +72,18 @@ def _started(checkpoint: Path) -> bool:
     return offsets.is_dir() and any(p.name.isdigit() for p in offsets.iterdir())
 
 
+def _default_shapes(stored: dict[str, dict[str, Any]], current: dict[str, dict[str, Any]]) -> None:
+    """A `table_shape` node on one side only: the other side's default shape put in its place."""
+    for one, other in ((stored, current), (current, stored)):
+        for name, node in other.items():
+            if node.get("kind") == Kind.TABLE_SHAPE and name not in one:
+                one[name] = table_shape_operator(node.get("pipeline", ""), TableShape()).as_json()
+
+
 def _changes(stored: dict[str, dict[str, Any]], current: dict[str, dict[str, Any]]) -> tuple[list[str], list[str]]:
     """(incompatible changes, compatible ones), each as a sentence naming the operator."""
+    stored, current = dict(stored), dict(current)
+    _default_shapes(stored, current)
     refused: list[str] = []
     allowed: list[str] = []
     for name in sorted(current.keys() - stored.keys()):
@@ -146,6 +168,8 @@ def check_and_store(pipeline: str, checkpoint_dir: str, operators: list[Operator
             rebuild = _REBUILD.format(pipeline=pipeline) if _rebuildable(pipeline, operators, refused) else ""
             if any(f"{pipeline}/{Kind.HISTORY}" in change for change in refused):
                 rebuild += _REBUILD_HISTORY
+            if any(f"{pipeline}/{Kind.TABLE_SHAPE}" in change for change in refused):
+                rebuild += _RESHAPE_TABLE
             raise ConfigError(f"pipeline {pipeline}: incompatible change to the plan of checkpoint {checkpoint}: "
                               f"{'; '.join(refused)}. {_HOW_TO_PROCEED}{rebuild}")
         for change in allowed:

@@ -19,8 +19,10 @@ from connectors.delta.delta_rs import DELETE_FLAG, DeltaSchemaError
 from connectors.delta.engines import DeltaEngineTable
 from connectors.delta.merge_plan import keep_flag
 from service.config.choices import SchemaChanges
+from service.config.table_shape import TableShape
 from service.kafka_to_delta.materialize.fill_unchanged import filled_net
 from service.kafka_to_delta.rows.names import Meta
+from service.kafka_to_delta.sink.row_shape import delete_times, shaped, with_soft_delete_columns
 from service.kafka_to_delta.sink.schema_changes import conform
 from vocabulary.changes import ChangeKind
 
@@ -67,16 +69,19 @@ def _with_keep_flags(batch: pa.Table, unchanged: pa.ChunkedArray | pa.Array, pri
 
 class MergeSink:
     """Writes net changes of one pipeline into one Delta table, idempotently per batch; a source schema
-    change is handled per `schema_changes` (`sink.schema_changes`)."""
+    change is handled per `schema_changes` (`sink.schema_changes`); deletes, nulls and the new table's
+    layout per `shape` (`sink.row_shape`)."""
 
     def __init__(self, table: DeltaEngineTable, primary_key: tuple[str, ...],
-                 schema_changes: SchemaChanges = "lenient", one_commit_create: bool = False) -> None:
+                 schema_changes: SchemaChanges = "lenient", one_commit_create: bool = False,
+                 shape: TableShape | None = None) -> None:
         """`one_commit_create`: a new table is created holding its first batch in one commit (no empty
         first version); a database source's tables are, a pipeline's table keeps its empty version 0."""
         self.table = table
         self.primary_key = primary_key
         self.schema_changes = schema_changes
         self.one_commit_create = one_commit_create
+        self.shape = shape or TableShape()
 
     def already_committed(self, app_id: str, batch_id: int) -> bool:
         """True when this batch's commit is already in the table (a replay)."""
@@ -115,7 +120,7 @@ class MergeSink:
         deletes = pc.equal(changes.column(Meta.KIND), ChangeKind.DELETE.value)
         data = changes.drop_columns(list(Meta.ALL))
         return self._merge(data, deletes, changes.column(Meta.UNCHANGED), app_id, batch_id, truncate,
-                           changes.select(list(Meta.ALL)))
+                           changes.select(list(Meta.ALL)), changes.column(Meta.TIMESTAMP))
 
     def _merge_nothing(self, batch_id: int, app_id: str, truncate: bool) -> MergeOutcome:
         if truncate and self.table.schema() is not None:
@@ -123,22 +128,30 @@ class MergeSink:
         return MergeOutcome(batch_id, 0, 0, truncated=truncate)
 
     def _merge(self, data: pa.Table, deletes: pa.ChunkedArray | pa.Array, unchanged: pa.ChunkedArray | pa.Array,
-               app_id: str, batch_id: int, truncate: bool, meta: pa.Table | None = None) -> MergeOutcome:
-        """MERGE typed rows; `deletes` flags the rows that delete their key."""
+               app_id: str, batch_id: int, truncate: bool, meta: pa.Table | None = None,
+               timestamps: pa.ChunkedArray | None = None) -> MergeOutcome:
+        """MERGE typed rows; `deletes` flags the rows that delete their key; `timestamps`: the changes'
+        Kafka timestamps (ms), a soft delete's time (none: now)."""
         missing = [c for c in self.primary_key if c not in data.column_names]
         if missing:
             raise DeltaSchemaError(f"{self.table.uri}: primary key column(s) {missing} not in the data")
+        if self.shape.soft_deletes:
+            data = with_soft_delete_columns(data, deletes, delete_times(timestamps, data.num_rows))
         existing = self.table.schema()
         conformed = conform(data, existing, self.table.uri, self.schema_changes, meta)
         typed = conformed.batch
         if existing is None and not self.one_commit_create:
-            self.table.create(typed.schema)
+            problem = self.shape.layout_problem(typed.schema.names)
+            if problem is not None:
+                raise DeltaSchemaError(f"table {self.table.uri}: {problem}")
+            self.table.create(typed.schema, self.shape.partition_by, self.shape.cluster_by)
         elif conformed.widen:
             log.info("table %s: widening %s (schema_changes: %s)", self.table.uri,
                      {name: str(kind) for name, kind in conformed.widen.items()}, self.schema_changes)
             self.table.widen(conformed.widen, app_id, batch_id)
         typed = _with_keep_flags(typed.append_column(DELETE_FLAG, deletes), unchanged, self.primary_key,
                                  only_batch_columns=existing is not None and self.schema_changes == "ignore")
+        typed = shaped(typed, self.primary_key, self.shape)
         if existing is None and self.one_commit_create:  # a truncate of a new table deletes nothing
             self.table.create_with(typed, self.primary_key, app_id, batch_id)
         elif truncate:
