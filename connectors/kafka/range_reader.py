@@ -146,7 +146,89 @@ def read_values(options: dict[str, str], topic: str, partition: int, start: int,
     yield from _read(options, topic, partition, start, end, _Values(topic, partition))
 
 
-def _read(options: dict[str, str], topic: str, partition: int, start: int, end: int, columns: _Columns | _Values) -> Iterator:
+def read_values_of_ranges(options: dict[str, str], ranges: list[tuple[str, int, int, int]]
+                          ) -> dict[tuple[str, int, int, int], list[ValueChunk]]:
+    """The values of many ranges (topic, partition, start, end) of different partitions, read by one
+    consumer assigned to all of them at once: per range, its `ValueChunk`s (as `read_values` yields
+    them). For many small ranges: a consumer per range costs about as much as reading a few hundred
+    records, and one fetch request serves every partition of the broker. Ranges of one partition
+    are read in turn (one assignment holds a partition once)."""
+    found: dict[tuple[str, int, int, int], list[ValueChunk]] = {tuple(r): [] for r in ranges}  # type: ignore[misc]
+    waves: list[list[tuple[str, int, int, int]]] = []
+    for kafka_range in sorted(found, key=lambda r: (r[0], r[1], r[2])):
+        wave = next((w for w in waves if all(r[:2] != kafka_range[:2] for r in w)), None)
+        if wave is None:
+            waves.append(wave := [])
+        wave.append(kafka_range)
+    for wave in waves:
+        todo = [r for r in wave if r[3] > r[2]]
+        if not todo:
+            continue
+        consumer = Consumer(_reader_config(options))
+        try:
+            _consume_many(consumer, todo, found)
+        finally:
+            consumer.close()
+    return found
+
+
+def _consume_many(consumer: Consumer, ranges: list[tuple[str, int, int, int]],
+                  found: dict[tuple[str, int, int, int], list[ValueChunk]]) -> None:
+    """Read every range (one per partition) in one pass; a partition is paused when its range is done."""
+    by_partition = {(topic, partition): (topic, partition, start, end) for topic, partition, start, end in ranges}
+    buffers = {tp: _Values(*tp) for tp in by_partition}
+    positions = {tp: r[2] for tp, r in by_partition.items()}
+    open_ = set(by_partition)
+    consumer.assign([TopicPartition(topic, partition, start) for topic, partition, start, _ in ranges])
+
+    def finish(tp: tuple[str, int]) -> None:
+        open_.discard(tp)
+        consumer.pause([TopicPartition(*tp)])
+        if len(buffers[tp]):
+            found[by_partition[tp]].append(buffers[tp].flush())
+
+    last_progress = time.monotonic()
+    while open_:
+        messages = consumer.consume(num_messages=_BATCH_ROWS, timeout=_POLL_TIMEOUT_S)
+        for message in messages:
+            tp = (message.topic(), message.partition())
+            if tp not in open_:
+                continue
+            end = by_partition[tp][3]
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    positions[tp] = max(positions[tp], message.offset())
+                    if positions[tp] >= end:
+                        finish(tp)
+                    continue
+                raise KafkaUnavailable(f"reading topic={tp[0]} partition={tp[1]}: {error}")
+            offset = cast(int, message.offset())
+            if offset >= end:
+                finish(tp)
+                continue
+            buffers[tp].add(message, offset)
+            positions[tp] = offset + 1
+            if positions[tp] >= end:
+                finish(tp)
+            elif len(buffers[tp]) >= _BATCH_ROWS:
+                found[by_partition[tp]].append(buffers[tp].flush())
+        if messages:
+            last_progress = time.monotonic()
+        elif time.monotonic() - last_progress > _STALL_TIMEOUT_S:
+            waiting = ", ".join(f"topic={t} partition={p} at offset {positions[(t, p)]} (range ends at "
+                                f"{by_partition[(t, p)][3]})" for t, p in sorted(open_))
+            raise KafkaUnavailable(f"no progress reading {waiting}")
+        if open_ and not messages:  # transaction markers move the position past the last record
+            for current in consumer.position([TopicPartition(*tp) for tp in sorted(open_)]):
+                tp = (current.topic, current.partition)
+                if current.offset >= 0:
+                    positions[tp] = max(positions[tp], current.offset)
+                if positions[tp] >= by_partition[tp][3]:
+                    finish(tp)
+
+
+def _reader_config(options: dict[str, str]) -> dict[str, str]:
     config = client_config(options, "reader")
     config["enable.partition.eof"] = "true"
     # A broker that ignores the fetch size limits (the embedded one answers with 138 MB at a time when
@@ -160,7 +242,11 @@ def _read(options: dict[str, str], topic: str, partition: int, start: int, end: 
     config.setdefault("queued.max.messages.kbytes", str(_QUEUED_KIB))
     # Only a partition first seen after the query started is planned below its low watermark.
     config["auto.offset.reset"] = "earliest"
-    consumer = Consumer(config)
+    return config
+
+
+def _read(options: dict[str, str], topic: str, partition: int, start: int, end: int, columns: _Columns | _Values) -> Iterator:
+    consumer = Consumer(_reader_config(options))
     tp = TopicPartition(topic, partition, start)
     try:
         consumer.assign([tp])

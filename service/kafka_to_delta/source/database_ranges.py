@@ -8,9 +8,12 @@ path (`partition_changes.PartitionReducer`), with the primary key of its table: 
 override, else the fields of the range's first Kafka key (Debezium keys a table's topic by its
 primary key). Output rows are the plain path's payload rows with the table they belong to.
 
-Small ranges are packed: one Spark task reads several ranges in turn (a database of hundreds of
-mostly quiet tables would otherwise cost a task per partition per micro-batch); a task holds
-up to `_PACK_ROWS` records, and there are at least as many tasks as cores when there is data.
+Small ranges are packed: one Spark task reads several ranges (a database of hundreds of mostly
+quiet tables would otherwise cost a task per partition per micro-batch); a task holds up to
+`_PACK_ROWS` records, and there are at least as many tasks as cores when there is data. A task's
+small ranges (up to `_SMALL_RANGE_ROWS` records) are fetched by one consumer assigned to all their
+partitions at once (`range_reader.read_values_of_ranges`), then decoded and reduced range by range;
+a larger range is streamed by a consumer of its own.
 When a micro-batch has fewer ranges than cores, the largest are first cut in pieces (the
 `minPartitions` of the Kafka source, recorded in the offset), so a large table of one partition
 is read on every core; the driver merges the pieces as a pipeline's (`batch_changes`).
@@ -50,6 +53,7 @@ _NAME_PREFIX = "cdc_database_"
 RESUME_KEY = "$resume"
 """The offset's entry naming the tables read again after quarantine (`runtime.quarantine`)."""
 _PACK_ROWS = 50_000
+_SMALL_RANGE_ROWS = 5_000
 
 
 class PackedRanges(InputPartition):
@@ -214,18 +218,32 @@ class DatabaseStreamReader(KafkaStreamReader):
         return pack(ranges, self.min_tasks)
 
     def read(self, partition: InputPartition) -> Iterator:  # type: ignore[override]
-        from connectors.kafka.range_reader import read_values
+        from connectors.kafka.range_reader import read_values, read_values_of_ranges
 
         reducers: TableReducers = pickle.loads(self.reducers)
         packed = partition if isinstance(partition, PackedRanges) else PackedRanges([partition])  # type: ignore[list-item]
-        for kafka_range in packed.ranges:
-            table = self._routes.get(kafka_range.topic) or self.database.table_of(kafka_range.topic)
-            if table is None:
-                continue
+        tables = [(r, self._routes.get(r.topic) or self.database.table_of(r.topic)) for r in packed.ranges]
+        tables = [(kafka_range, table) for kafka_range, table in tables if table is not None]
+        # The small ranges' values in one pass of one consumer (a consumer per range cost more than
+        # reading its records); a large range is streamed by a consumer of its own, never held whole.
+        small = read_values_of_ranges(self.client, [_coordinates(r) for r, _ in tables if _small(r)])
+        for kafka_range, table in tables:
+            if _small(kafka_range):
+                values = functools.partial(iter, small[_coordinates(kafka_range)])
+            else:
+                values = functools.partial(read_values, self.client, *_coordinates(kafka_range))
             yield from reducers(kafka_range, table, functools.partial(KafkaStreamReader.read, self, kafka_range),
-                                functools.partial(read_values, self.client, kafka_range.topic, kafka_range.partition,
-                                                  kafka_range.start, kafka_range.end))
+                                values)
         release_memory()
+
+
+def _coordinates(kafka_range: KafkaRange) -> tuple[str, int, int, int]:
+    return kafka_range.topic, kafka_range.partition, kafka_range.start, kafka_range.end
+
+
+def _small(kafka_range: KafkaRange) -> bool:
+    """A range read together with the task's other small ones (its values held until decoded)."""
+    return kafka_range.end - kafka_range.start <= _SMALL_RANGE_ROWS
 
 
 def database_source_name(database: str) -> str:

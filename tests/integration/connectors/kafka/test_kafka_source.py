@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewPartitions
 
-from connectors.kafka.range_reader import ValueChunk, read_range, read_values
+from connectors.kafka.cluster import ClusterView
+from connectors.kafka.range_reader import ValueChunk, read_range, read_values, read_values_of_ranges
 from connectors.kafka.source import FORMAT_NAME, KafkaSource
 from service.operations.workload import create_topics
 
@@ -132,3 +134,41 @@ def test_read_values_gives_the_values_offsets_and_timestamps_read_range_gives(ka
         assert {(chunk.topic, chunk.partition) for chunk in chunks} == {(topic, partition)}
         assert all(isinstance(t, int) and t > 1_700_000_000_000 for chunk in chunks for t in chunk.timestamps)
     assert values[-1] is None and json.loads(values[0]) == {"i": 35}
+
+
+def test_one_consumer_reads_many_ranges_as_a_consumer_per_range_does(kafka_bootstrap, unique):
+    plain, txn = f"src-many-{unique}", f"src-many-txn-{unique}"
+    create_topics(kafka_bootstrap, [plain, txn], 2)
+    _produce(kafka_bootstrap, plain, 2, 14_000)  # 7,000 per partition: more than one chunk
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": f"many-{unique}"})
+    producer.init_transactions()
+    for commit, values in ((True, range(0, 5)), (False, range(5, 9)), (True, range(9, 12))):
+        producer.begin_transaction()
+        for i in values:
+            producer.produce(txn, key=f"k{i}", value=json.dumps({"i": i}), partition=0)
+        producer.commit_transaction() if commit else producer.abort_transaction()
+    options = {"bootstrap.servers": kafka_bootstrap}
+    cluster = ClusterView(options)
+    try:  # the last stable offset: past the first two transactions' markers once the broker has them
+        deadline = time.monotonic() + 60
+        while cluster.watermarks([(txn, 0)])[(txn, 0)][1] < 10 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        consumer_end = cluster.watermarks([(txn, 0)])[(txn, 0)][1]
+    finally:
+        cluster.close()
+    assert consumer_end >= 10  # 5 records, a marker, 4 aborted records: the range ends among markers
+    ranges = [(plain, 0, 0, 7_000), (plain, 1, 17, 3_000), (plain, 1, 3_000, 6_990), (txn, 0, 0, consumer_end),
+              (txn, 1, 0, 0)]
+    found = read_values_of_ranges(options, ranges)
+    assert set(found) == set(ranges)
+    for kafka_range in ranges:
+        expected = list(read_values(options, *kafka_range))
+        got = found[kafka_range]
+        assert [v for c in got for v in c.values] == [v for c in expected for v in c.values], kafka_range
+        assert [o for c in got for o in c.offsets] == [o for c in expected for o in c.offsets]
+        assert [t for c in got for t in c.timestamps] == [t for c in expected for t in c.timestamps]
+        assert [c.first_key for c in got[:1]] == [c.first_key for c in expected[:1]]
+        assert {(c.topic, c.partition) for c in got} <= {kafka_range[:2]}
+    assert [o for c in found[(plain, 1, 17, 3_000)] for o in c.offsets] == list(range(17, 3_000))
+    assert [json.loads(v)["i"] for c in found[(txn, 0, 0, consumer_end)] for v in c.values] [:5] == list(range(5))
+    assert found[(txn, 1, 0, 0)] == []
