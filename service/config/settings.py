@@ -24,6 +24,7 @@ from service.config.choices import (
     StartingOffsets,
     UpsertMaterialize,
 )
+from service.config.columns import ColumnSettings
 from service.config.databases import DEFAULT_IDLE_TIMEOUT_SECONDS, DatabaseSettings
 from service.config.dead_letters import DeadLetterSettings
 from service.config.exports import ExportSettings
@@ -156,6 +157,8 @@ class PipelineSettings(SettingsModel):
     history: Annotated[HistorySettings | None, BeforeValidator(shorthand)] = None
     # Soft deletes, ignore_null_updates, partitioning and clustering (service/config/table_shape.py).
     table_shape: TableShape = Field(default_factory=TableShape)
+    # Column selection, computed columns, row filter and masking (service/config/columns.py).
+    columns: ColumnSettings | None = None
 
     @property
     def changelog_settings(self) -> FromChangelogSettings:
@@ -259,9 +262,19 @@ class PipelineSettings(SettingsModel):
             raise ValueError("compaction: watermark needs the materializer (upsert_materialize: force or auto)")
         self._check_retract_source_barrier()
         self._check_history()
+        self._check_columns()
         self.table_shape.check(f"pipeline {self.name}: table_shape", None,
                                self.from_changelog.truncate_handling == "truncate")
         return self
+
+    def _check_columns(self) -> None:
+        if self.columns is None:
+            return
+        where = f"pipeline {self.name}: columns"
+        self.columns.check(where, self.primary_key)
+        if self.history is not None:
+            raise ValueError(f"{where} cannot be combined with history (the history table is written from the "
+                             "changes as decoded)")
 
     def _check_history(self) -> None:
         if self.history is None:
