@@ -204,6 +204,49 @@ def read_versions(
     return conformed.take(pc.sort_indices(conformed, [(COMMIT_VERSION, "ascending")]))
 
 
+def version_rows(uri: str, storage_options: dict[str, str] | None, schema: pa.Schema, key_columns: tuple[str, ...],
+                 version: int, start_row: int = 0, end_row: int = 0, keys: pa.Table | None = None) -> pa.Table:
+    """Rows [start_row, end_row) of `version` (end_row 0: to its end), canonically ordered and numbered.
+
+    `schema` is the numbered feed schema; `keys` the version's key columns and change types if already read.
+    """
+    data_schema = pa.schema([f for f in schema if f.name != COMMIT_ROW])
+    if start_row == 0 and end_row == 0:
+        feed = load_feed(uri, storage_options, version, version)
+        conformed = conform(feed, data_schema, uri, version, version)
+        return number_rows(canonical_order(conformed, key_columns))
+    if keys is None:
+        keys = keys_of(uri, storage_options, version, key_columns)
+    batches = (conform(batch, data_schema, uri, version, version)
+               for batch in stream_feed(uri, storage_options, version))
+    return chunk_of_version(keys, batches, data_schema, key_columns, start_row, end_row)
+
+
+def keys_of(uri: str, storage_options: dict[str, str] | None, version: int, key_columns: tuple[str, ...]) -> pa.Table:
+    """The key columns and change types of one version's feed, in Spark types."""
+    columns = [*key_columns, CHANGE_TYPE]
+    feed = load_feed(uri, storage_options, version, version, columns)
+    return pa.table([feed.column(c).cast(spark_arrow_type(feed.column(c).type)) for c in columns], names=columns)
+
+
+def read_batch(uri: str, storage_options: dict[str, str] | None, schema: pa.Schema, start: Offset, end: Offset,
+               key_columns: tuple[str, ...] = (), max_rows: int | None = None) -> Iterator[pa.Table]:
+    """The feed rows between two source offsets [start, end), in `schema`, a version (or chunk) at a time.
+
+    What Spark's tasks read for a micro-batch, read in the calling process (no JVM round trip):
+    with `max_rows` the versions' rows in canonical order with `_commit_row`, else whole versions
+    in feed order.
+    """
+    (first, first_row), (stop, stop_row) = start, end
+    last = stop if stop_row else stop - 1
+    for version in range(first, last + 1):
+        if not max_rows:
+            yield read_versions(uri, storage_options, version, version, schema)
+            continue
+        yield version_rows(uri, storage_options, schema, key_columns, version,
+                           first_row if version == first else 0, stop_row if version == stop else 0)
+
+
 class VersionRange(InputPartition):
     """Commit versions [start, end) of one table for one Spark task.
 
@@ -348,9 +391,7 @@ class ChangeFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def _keys_of(self, version: int) -> pa.Table:
         """The key columns and change types of one version's feed, in Spark types."""
-        columns = [*self.key_columns, CHANGE_TYPE]
-        feed = load_feed(self.uri, self.storage_options, version, version, columns)
-        return pa.table([feed.column(c).cast(spark_arrow_type(feed.column(c).type)) for c in columns], names=columns)
+        return keys_of(self.uri, self.storage_options, version, self.key_columns)
 
     def _layout(self, version: int) -> VersionLayout:
         """Where the key runs of `version` start (read on the driver: key columns and change types only)."""
@@ -398,14 +439,7 @@ class ChangeFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def _version_rows(self, version: int, start_row: int, end_row: int) -> pa.Table:
         """Rows [start_row, end_row) of `version` (end_row 0: to its end), canonically ordered and numbered."""
-        data_schema = pa.schema([f for f in self.schema if f.name != COMMIT_ROW])
-        if start_row == 0 and end_row == 0:
-            feed = load_feed(self.uri, self.storage_options, version, version)
-            conformed = conform(feed, data_schema, self.uri, version, version)
-            return number_rows(canonical_order(conformed, self.key_columns))
-        batches = (conform(batch, data_schema, self.uri, version, version)
-                   for batch in stream_feed(self.uri, self.storage_options, version))
-        return chunk_of_version(self._keys_of(version), batches, data_schema, self.key_columns, start_row, end_row)
+        return version_rows(self.uri, self.storage_options, self.schema, self.key_columns, version, start_row, end_row)
 
     def commit(self, end: dict) -> None:
         """Nothing to do: progress lives in the Spark checkpoint."""

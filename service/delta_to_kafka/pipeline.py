@@ -1,8 +1,13 @@
 """One export as a Spark streaming query: Delta change feed -> encoder -> Kafka, exactly once.
 
-Per micro-batch (the barrier): collect the batch's feed rows on the driver, sorted by
+Spark plans the micro-batches (the change-feed source's offsets, its offset log, the
+checkpoint); the rows are not read through Spark. Per micro-batch (the barrier): take the
+batch's offsets from the offset log (its end; its start is the previous batch's end, or the
+query's first offset), read the feed rows between them with delta-rs in the driver's process
+(`connectors.delta.change_feed.read_batch`: the same rows, order and `_commit_row` the
+source's tasks would give, without the Arrow -> JVM -> Arrow round trip), sorted by
 `_commit_version` (feed order within a version; with `max_rows_per_trigger` by `_commit_row`);
-drop rows at or before the position committed in Kafka; encode the rest; publish the records
+read nothing at or before the position committed in Kafka; encode the rest; publish the records
 and the new position (where the batch ends, from Spark's offset log: the last whole version
 and, when the batch ended inside a commit, how many rows of the next) in one Kafka transaction.
 With `max_rows_per_trigger` a batch holds a bounded number of feed rows, so the driver's
@@ -37,9 +42,17 @@ from typing import Callable, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming import StreamingQuery
 
-from connectors.delta.change_feed import COMMIT_VERSION, FORMAT_NAME, DeltaChangeFeedSource
+from connectors.delta.change_feed import (
+    COMMIT_VERSION,
+    FORMAT_NAME,
+    ChangeFeedStreamReader,
+    DeltaChangeFeedSource,
+    offset_of,
+    read_batch,
+)
 from connectors.delta.feed_chunks import COMMIT_ROW, Offset
 from connectors.kafka.transactional_producer import KafkaRecord, TransactionalProducer
 from service.delta_to_kafka.export_position import (
@@ -135,6 +148,7 @@ class ExportPipeline(BatchPipeline):
         self.position: ExportPosition | None = None
         self.failure: BaseException | None = None
         self._store: PositionStore | None = None
+        self._initial: Offset | None = None
 
     @property
     def transactional_id(self) -> str:
@@ -168,18 +182,24 @@ class ExportPipeline(BatchPipeline):
     def _process_batch(self, feed: DataFrame, batch_id: int) -> None:
         store = self._open_store()
         started = time.monotonic()
-        rows = sort_feed(feed.toArrow())
-        read = time.monotonic()
-        end = self._end_offset(feed.sparkSession, batch_id, rows)
+        spark = feed.sparkSession
+        end = batch_end_offset(spark, self.checkpoint_dir, batch_id)
+        if end is None:
+            raise PositionError(f"export {self.name}: the offset log of micro-batch {batch_id} in "
+                                f"{self.checkpoint_dir} is not the change-feed source's")
         committed = None if self.position is None else self.position.next_offset
-        if end is None or end <= (0, 0):
+        if end <= (0, 0):
             return  # no version covered yet (the table does not exist): nothing to publish
         if committed is not None and end <= committed:
             log.info("export %s: batch %d (to %s) already in Kafka, skipped", self.name, batch_id, end)
             self.skipped_batches += 1
             metrics.BATCHES.labels(self.name, "replay_skipped").inc()
             return
+        start = self._start_offset(spark, batch_id)
+        rows = self._read(to_arrow_schema(feed.schema, timezone="UTC"), max(start, committed or start), end)
+        read = time.monotonic()
         fresh = after_position(rows, committed)
+        del rows
         records = self.encode(feed_rows(fresh))
         state, entries = None, 0
         if self.encoder_state is not None:
@@ -190,12 +210,29 @@ class ExportPipeline(BatchPipeline):
         self._record(batch_id, fresh.num_rows, len(records), (read - started, encoded - read),
                      time.monotonic() - encoded)
 
-    def _end_offset(self, spark: SparkSession, batch_id: int, rows: pa.Table) -> Offset | None:
-        """Where the batch ends: from Spark's offset log, else after the last feed row's version."""
-        end = batch_end_offset(spark, self.checkpoint_dir, batch_id)
-        if end is not None:
-            return end
-        return (pc.max(rows.column(COMMIT_VERSION)).as_py() + 1, 0) if rows.num_rows else None
+    def _start_offset(self, spark: SparkSession, batch_id: int) -> Offset:
+        """Where the batch starts: the previous batch's end in Spark's offset log, else the query's first offset."""
+        if batch_id > 0:
+            previous = batch_end_offset(spark, self.checkpoint_dir, batch_id - 1)
+            if previous is None:
+                raise PositionError(f"export {self.name}: the offset log of micro-batch {batch_id - 1} in "
+                                    f"{self.checkpoint_dir} is missing or not the change-feed source's")
+            return previous
+        return self.initial_offset()
+
+    def initial_offset(self) -> Offset:
+        """The source's first offset (startingVersion / startingTimestamp resolved), fixed once per pipeline."""
+        if self._initial is None:
+            self._initial = offset_of(ChangeFeedStreamReader(self._source_options(), pa.schema([])).initialOffset())
+        return self._initial
+
+    def _read(self, schema: pa.Schema, start: Offset, end: Offset) -> pa.Table:
+        """The batch's feed rows [start, end) read with delta-rs in this process, sorted (see the module docstring)."""
+        if start >= end:
+            return schema.empty_table()
+        parts = read_batch(self.table_uri, self.storage_options, schema, start, end, self.key_columns,
+                           self.max_rows_per_trigger)
+        return sort_feed(pa.concat_tables([schema.empty_table(), *parts]))
 
     def _record(self, batch_id: int, rows: int, records: int, read_encode_s: tuple[float, float],
                 publish_s: float) -> None:
@@ -217,20 +254,28 @@ class ExportPipeline(BatchPipeline):
         if store is not None:
             store.producer.close()
 
-    def _source(self) -> DataFrame:
-        reader = self.spark.readStream.format(FORMAT_NAME).option("path", self.table_uri)
+    def _source_options(self) -> dict[str, str]:
+        """The change-feed source's options (lower-case keys)."""
+        options = {"path": self.table_uri}
         if self.starting_timestamp is not None:
-            reader = reader.option("startingTimestamp", self.starting_timestamp.isoformat())
+            options["startingtimestamp"] = self.starting_timestamp.isoformat()
         else:
-            reader = reader.option("startingVersion", str(self.starting_version))
+            options["startingversion"] = str(self.starting_version)
         if self.storage_options:
-            reader = reader.option("storageOptions", json.dumps(self.storage_options))
+            options["storageoptions"] = json.dumps(self.storage_options)
         if self.max_versions_per_trigger:
-            reader = reader.option("maxVersionsPerTrigger", str(self.max_versions_per_trigger))
+            options["maxversionspertrigger"] = str(self.max_versions_per_trigger)
         if self.max_rows_per_trigger:
-            reader = reader.option("maxRowsPerTrigger", str(self.max_rows_per_trigger))
-            reader = reader.option("keyColumns", ",".join(self.key_columns))
-        return reader.load()
+            options["maxrowspertrigger"] = str(self.max_rows_per_trigger)
+            options["keycolumns"] = ",".join(self.key_columns)
+        return options
+
+    def _source(self) -> DataFrame:
+        # The first offset is resolved here, once, and handed to Spark as a version: the batches'
+        # reads (`_read`) start where Spark's first batch starts, even for `latest` or a timestamp.
+        options = {k: v for k, v in self._source_options().items() if k != "startingtimestamp"}
+        options["startingversion"] = str(self.initial_offset()[0])
+        return self.spark.readStream.format(FORMAT_NAME).options(**options).load()
 
     def start(self, until_idle: bool) -> StreamingQuery:
         """Start the streaming query; `until_idle` exports what is there now, then ends."""
