@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from service.kafka_to_delta.joins.output_order import in_output_order
 from service.kafka_to_delta.rows.names import Column
 from vocabulary.changes import ChangeKind
 
@@ -126,4 +127,4 @@ def enrich(probes: pa.Table, build: Mapping[str, tuple[str, str | None]], probe_
         "key": list(net), "kind": [v[0] for v in net.values()], "row": [v[1] for v in net.values()],
         "types": [v[2] for v in net.values()],
     }, schema=NET_SCHEMA)
-    return Enriched(table, rows.take(pa.array(missing, pa.int64())), joined)
+    return Enriched(in_output_order(table), rows.take(pa.array(missing, pa.int64())), joined)

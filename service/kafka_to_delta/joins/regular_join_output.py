@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from service.kafka_to_delta.barrier import outlived
 from service.kafka_to_delta.formats.debezium_json import canonical_key, compact_json
+from service.kafka_to_delta.joins.output_order import in_output_order
 from service.kafka_to_delta.materialize.rules import (
     Change,
     Counters,
@@ -105,7 +106,7 @@ def materialized(config: MaterializerConfig, state: dict[str, tuple[str, int]], 
             kind = ChangeKind.DELETE if outcome.net.kind == "delete" else ChangeKind.UPDATE_AFTER
             for name, value in zip(OUTPUT_SCHEMA.names, (pk, kind.value, outcome.net.row, types)):
                 out[name].append(value)
-    return pa.table(out, schema=OUTPUT_SCHEMA), stored, removed, counters
+    return in_output_order(pa.table(out, schema=OUTPUT_SCHEMA)), stored, removed, counters
 
 
 def expire_output(state: dict[str, tuple[str, int]], ttl_ms: int, clock: int) -> list[str]:
