@@ -17,6 +17,8 @@ NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$"
 directories, Spark queries and Kafka transactional ids, so no path separators or spaces."""
 TOPIC_PATTERN = r"^[A-Za-z0-9._\-]{1,249}$"
 """Kafka's own rule for a topic name."""
+IDENTIFIER_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+"""Names of computed columns and of environment variables: letters, digits and underscores."""
 
 
 def one_or_many(value: Any) -> Any:
@@ -27,6 +29,8 @@ def one_or_many(value: Any) -> Any:
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 """A pipeline, join, export or table name (`NAME_PATTERN`)."""
 TopicName = Annotated[str, StringConstraints(pattern=TOPIC_PATTERN)]
+Identifier = Annotated[str, StringConstraints(pattern=IDENTIFIER_PATTERN)]
+"""A computed column's or an environment variable's name (`IDENTIFIER_PATTERN`)."""
 """A Kafka topic name (`TOPIC_PATTERN`)."""
 Names = Annotated[tuple[str, ...], BeforeValidator(one_or_many)]
 """Column or topic names: a list, or one name standing for a list of one."""

@@ -50,3 +50,7 @@ InputChangelog = Literal["retract", "upsert"]
 # The service.
 LogFormat = Literal["text", "json"]
 """text, or one JSON object per line (for log shippers)."""
+
+# A pipeline's `columns:` (service/config/columns.py).
+MaskMethod = Literal["sha256"]
+"""How a masked column's values are replaced: the hex SHA-256 of the salt followed by the value."""

@@ -79,3 +79,17 @@ def jvm_archive_dir() -> str | None:
 def batch_marker() -> str | None:
     """`BATCH_MARKER_ENV` as set: the path a test arms to hold a micro-batch; None when unset."""
     return os.environ.get(BATCH_MARKER_ENV)
+
+
+def mask_salt(variable: str, where: str) -> str:
+    """The salt of a pipeline's masked columns: the value of environment `variable` (`where` names the
+    pipeline in the error when it is unset or empty)."""
+    salt = os.environ.get(variable)
+    if not salt:
+        raise ConfigError(f"{where}: environment variable {variable} (columns.salt_env, the masking salt) is not set")
+    return salt
+
+
+def mask_salt_if_set(variable: str | None) -> str | None:
+    """The salt as `mask_salt` reads it, or None when `variable` is None or unset (the plan names a fingerprint)."""
+    return os.environ.get(variable) or None if variable else None

@@ -34,7 +34,7 @@ from service.kafka_to_delta.plan.compiled_plan import (
 )
 
 _CHANGELOG_KINDS = frozenset({Kind.ORDER_BY, Kind.FROM_CHANGELOG})
-_INGEST_KINDS = _CHANGELOG_KINDS | {Kind.MATERIALIZER, Kind.HISTORY}
+_INGEST_KINDS = _CHANGELOG_KINDS | {Kind.MATERIALIZER, Kind.HISTORY, Kind.TABLE_SHAPE, Kind.COLUMNS}
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from pyspark.sql.streaming import StreamingQuery
 from connectors.delta.engines import open_table
 from service.config.choices import SchemaChanges
 from service.config.settings import PipelineSettings, Settings
+from service.kafka_to_delta.column_rules import ColumnRules, ColumnRulesSink
 from service.kafka_to_delta.sink.history_sink import CHANGE_COLUMNS, HistoryOutcome, HistorySink
 from service.kafka_to_delta.sink.merge_sink import MergeOutcome, MergeSink
 from service.observability import metrics
@@ -98,6 +99,9 @@ class TableQuery(QueryIdentity, BatchPipeline):
         self.table = open_table(lakehouse.engine, lakehouse.table_uri(table), lakehouse.storage_options, spark)
         shape = next((p.table_shape for p in settings.pipelines if (p.name, p.table) == (name, table)), None)
         self.sink = MergeSink(self.table, primary_key, schema_changes, shape=shape)
+        columns = next((p for p in settings.pipelines if (p.name, p.table) == (name, table) and p.columns), None)
+        if columns is not None:  # a pipeline's `columns:` (column_rules)
+            self.sink = ColumnRulesSink(self.sink, ColumnRules(spark, columns, table))
         self.committed_batches = 0
         self.last_outcome: MergeOutcome | None = None
         self.failure: BaseException | None = None

@@ -14,6 +14,8 @@ Operators:
 - `materializer`: the live rows per upsert key (`materializer_state_ttl_seconds`, else `state_ttl_seconds`).
 - `table_shape`: no state; the table's `deletes` mode, `ignore_null_updates` and layout (`partition_by`,
   `cluster_by`), listed when they differ from the default, which its absence stands for.
+- `columns`: no state; the pipeline's `columns:` (include / exclude, `computed.<name>` expressions, filter,
+  masked columns and a fingerprint of the salt, never the salt), listed when the pipeline has the block.
 A pipeline on the plain path (one topic, no materializer, no stateful FROM_CHANGELOG) has none.
 
 Join pipelines (`joins:`):
@@ -31,9 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from service.config.columns import ColumnSettings
 from service.config.joins import EnrichmentJoinSettings, JoinSettings, RegularJoinSettings
 from service.config.settings import PipelineSettings, Settings
-from service.config.sources import read_plan_file
+from service.config.sources import mask_salt_if_set, read_plan_file
 from service.config.table_shape import TableShape
 from service.kafka_to_delta.materialize.bulk import DEFAULT_KEY_BUCKETS
 from vocabulary.errors import ConfigError
@@ -60,6 +63,7 @@ class Kind:
     ENRICHMENT = "enrichment"
     HISTORY = "history"
     TABLE_SHAPE = "table_shape"
+    COLUMNS = "columns"
 
 
 @dataclass(frozen=True)
@@ -145,7 +149,16 @@ def pipeline_operators(pipeline: PipelineSettings, key_buckets: int = DEFAULT_KE
                                   pipeline.history.plan_properties(pipeline.table, pipeline.history_sequence_by)))
     if pipeline.table_shape != TableShape():
         operators.append(table_shape_operator(pipeline.name, pipeline.table_shape))
+    if pipeline.columns is not None:
+        operators.append(columns_operator(pipeline.name, pipeline.columns,
+                                          mask_salt_if_set(pipeline.columns.salt_env)))
     return operators
+
+
+def columns_operator(pipeline: str, columns: ColumnSettings, salt: str | None) -> Operator:
+    """A pipeline's `columns:` as a plan node without state (`salt`: as read from the environment, or None);
+    a plan without the node stands for no `columns:` block."""
+    return Operator(pipeline, Kind.COLUMNS, (), (), columns.plan_properties(salt))
 
 
 def table_shape_operator(pipeline: str, shape: TableShape) -> Operator:
@@ -281,6 +294,8 @@ def _state_size(operator: Operator) -> str:
         return f"none in Spark: every version of a key in table {operator.properties.get('history_table')}"
     if operator.kind == Kind.TABLE_SHAPE:
         return "none (how the table is written and laid out)"
+    if operator.kind == Kind.COLUMNS:
+        return "none (which rows and columns are written, computed and masked)"
     overhead = _OVERHEAD_BYTES[operator.kind]
     if operator.kind == Kind.ORDER_BY:
         return f"the rows within the watermark delay, ~{overhead} B each beyond the row"
@@ -311,7 +326,7 @@ def summary(settings: Settings) -> list[str]:
                 ttls = "none (the watermark releases the buffer)"
             if operator.kind == Kind.HISTORY:
                 ttls = "none (versions are kept)"
-            if operator.kind == Kind.TABLE_SHAPE:
+            if operator.kind in (Kind.TABLE_SHAPE, Kind.COLUMNS):
                 ttls = "none"
             shown = ", ".join(f"{k}={v}" for k, v in operator.properties.items() if k not in ("topics", "state_layout"))
             lines.append(f"  {operator.id:<32} key ({', '.join(operator.key)}); TTL {ttls}; "

@@ -11,6 +11,9 @@ checkpoint (`<checkpoint>/plan.json`) before anything runs:
   `cluster_by`: refused, naming the operator and the change and how to proceed (for an ingest pipeline's
   materializer: `rebuild-state`; for a history: a new history table; for a table shape: a new table).
   A plan without a `table_shape` node stands for the default shape (`ignore_null_updates` may change).
+- `columns`: a changed include / exclude list, filter, mask or salt is refused (the rows written before
+  would not match the new rule; for a new table); a computed column may be added (rows written before hold
+  null in it until their key changes), not changed or removed. A plan without the node stands for none.
 Then the current plan is stored. A checkpoint from before plans were stored is taken as it is.
 """
 
@@ -21,6 +24,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from service.config.columns import ColumnSettings
 from service.config.settings import PipelineSettings
 from service.config.table_shape import TableShape
 from service.kafka_to_delta.materialize.bulk import DEFAULT_KEY_BUCKETS, LEGACY_KEY_BUCKETS
@@ -28,6 +32,7 @@ from service.kafka_to_delta.plan.compiled_plan import (
     PLAN_FORMAT,
     Kind,
     Operator,
+    columns_operator,
     key_buckets_of,
     pipeline_operators,
     table_shape_operator,
@@ -41,7 +46,8 @@ INCOMPATIBLE_PROPERTIES = ("on_conflict", "compaction", "primary_key", "sequence
                            "type", "left_key", "right_key", "right_join_key", "probe_key", "build_topics",
                            "history_mode", "history_table", "history_sequence_by", "track_history_column_list",
                            "track_history_except_column_list", "delete_markers", "deletes", "partition_by",
-                           "cluster_by")
+                           "cluster_by", "include", "exclude", "filter", "mask", "salt")
+COMPUTED_PREFIX = "computed."
 _HOW_TO_PROCEED = (
     "the state in the checkpoint was built under the stored plan and cannot be carried over. To proceed, move "
     "the checkpoint directory away and start a new one: with starting_offsets earliest the pipeline replays "
@@ -61,6 +67,12 @@ _RESHAPE_TABLE = (
     "(e.g. delta-spark's REPLACE TABLE ... PARTITIONED BY / CLUSTER BY ... AS SELECT) before moving the "
     "checkpoint away, then switch readers over"
 )
+_RECOLUMN_TABLE = (
+    ". For the table, whose rows were selected, computed and masked under the stored columns settings: write "
+    "the pipeline under the new settings to a new table (`table`) from a new checkpoint with starting_offsets "
+    "earliest while the topics still hold every change, then switch readers over (a new salt or mask cannot "
+    "be applied to values already hashed)"
+)
 _REBUILD = (
     ". For the materializer, without a replay: stop the service and run `cdc-lakehouse rebuild-state CONFIG "
     "--pipeline {pipeline}`, which moves this checkpoint aside and seeds a new one from the Delta table"
@@ -78,6 +90,8 @@ def _default_shapes(stored: dict[str, dict[str, Any]], current: dict[str, dict[s
         for name, node in other.items():
             if node.get("kind") == Kind.TABLE_SHAPE and name not in one:
                 one[name] = table_shape_operator(node.get("pipeline", ""), TableShape()).as_json()
+            if node.get("kind") == Kind.COLUMNS and name not in one:
+                one[name] = columns_operator(node.get("pipeline", ""), ColumnSettings(), None).as_json()
 
 
 def _changes(stored: dict[str, dict[str, Any]], current: dict[str, dict[str, Any]]) -> tuple[list[str], list[str]]:
@@ -99,7 +113,8 @@ def _changes(stored: dict[str, dict[str, Any]], current: dict[str, dict[str, Any
             if old_props.get(prop) == new_props.get(prop):
                 continue
             sentence = f"operator {name!r}: {prop} changed from {old_props.get(prop)!r} to {new_props.get(prop)!r}"
-            (refused if prop in INCOMPATIBLE_PROPERTIES else allowed).append(sentence)
+            changed_computed = prop.startswith(COMPUTED_PREFIX) and old_props.get(prop) is not None
+            (refused if prop in INCOMPATIBLE_PROPERTIES or changed_computed else allowed).append(sentence)
         old_ttls = {e.get("name"): e.get("ttl") for e in old.get("state") or []}
         for entry in new.get("state") or []:
             before = old_ttls.get(entry["name"])
@@ -170,6 +185,8 @@ def check_and_store(pipeline: str, checkpoint_dir: str, operators: list[Operator
                 rebuild += _REBUILD_HISTORY
             if any(f"{pipeline}/{Kind.TABLE_SHAPE}" in change for change in refused):
                 rebuild += _RESHAPE_TABLE
+            if any(f"{pipeline}/{Kind.COLUMNS}" in change for change in refused):
+                rebuild += _RECOLUMN_TABLE
             raise ConfigError(f"pipeline {pipeline}: incompatible change to the plan of checkpoint {checkpoint}: "
                               f"{'; '.join(refused)}. {_HOW_TO_PROCEED}{rebuild}")
         for change in allowed:
