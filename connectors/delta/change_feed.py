@@ -234,15 +234,17 @@ def read_batch(uri: str, storage_options: dict[str, str] | None, schema: pa.Sche
     """The feed rows between two source offsets [start, end), in `schema`, a version (or chunk) at a time.
 
     What Spark's tasks read for a micro-batch, read in the calling process (no JVM round trip):
-    with `max_rows` the versions' rows in canonical order with `_commit_row`, else whole versions
-    in feed order.
+    with `max_rows` the versions' rows in canonical order with `_commit_row`, a version (or the
+    chunk of one) at a time; else runs of `DEFAULT_VERSIONS_PER_PARTITION` versions sorted by
+    version, in feed order within one.
     """
     (first, first_row), (stop, stop_row) = start, end
     last = stop if stop_row else stop - 1
+    if not max_rows:
+        for run in range(first, last + 1, DEFAULT_VERSIONS_PER_PARTITION):
+            yield read_versions(uri, storage_options, run, min(run + DEFAULT_VERSIONS_PER_PARTITION - 1, last), schema)
+        return
     for version in range(first, last + 1):
-        if not max_rows:
-            yield read_versions(uri, storage_options, version, version, schema)
-            continue
         yield version_rows(uri, storage_options, schema, key_columns, version,
                            first_row if version == first else 0, stop_row if version == stop else 0)
 

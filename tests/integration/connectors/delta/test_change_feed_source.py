@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import time
 from decimal import Decimal
 
@@ -16,6 +17,7 @@ from connectors.delta.change_feed import (
     ChangeFeedSchemaChanged,
     ChangeFeedUnavailable,
     DeltaChangeFeedSource,
+    read_batch,
     read_versions,
     spark_arrow_type,
 )
@@ -90,6 +92,26 @@ def _collect(spark, path, checkpoint, **options) -> list[tuple[int, pa.Table]]:
     return batches
 
 
+def _offsets(checkpoint) -> list[tuple[int, int]]:
+    """The source's end offset of every batch, from the checkpoint's offset log."""
+    ends = {}
+    for entry in (checkpoint / "offsets").iterdir():
+        if entry.name.isdigit():
+            document = json.loads(entry.read_text().splitlines()[2])
+            ends[int(entry.name)] = (document["version"], document.get("row", 0))
+    return [ends[batch] for batch in sorted(ends)]
+
+
+def assert_driver_reads_equal(path, checkpoint, batches, first: tuple[int, int], max_rows=None, keys=()) -> None:
+    """`read_batch` between each batch's offsets gives exactly the rows Spark's tasks gave (the export's read)."""
+    ends = _offsets(checkpoint)
+    starts = [first, *ends[:-1]]
+    for (batch_id, table), start, end in zip(batches, starts, ends, strict=True):
+        driver = pa.concat_tables([table.schema.empty_table(), *read_batch(
+            path, None, table.schema, start, end, keys, max_rows)])
+        assert driver.equals(table), (batch_id, start, end)
+
+
 def _summary(table: pa.Table) -> list[tuple]:
     return [(r["_commit_version"], r["_change_type"], r["id"], r["name"]) for r in table.to_pylist()]
 
@@ -129,6 +151,7 @@ def test_max_versions_per_trigger_bounds_each_batch(spark, workdir):
     # Versions [0, 1], [2, 3], [4]: version 0 (the create) has no feed rows.
     assert versions == [[1], [2, 3], [4]]
     assert {row for _, table in batches for row in _summary(table)} == EXPECTED
+    assert_driver_reads_equal(path, workdir / "ck", batches, (0, 0))
 
 
 def test_max_rows_per_trigger_splits_commits_between_keys(spark, workdir):
@@ -143,6 +166,7 @@ def test_max_rows_per_trigger_splits_commits_between_keys(spark, workdir):
     numbered = pa.concat_tables(t for _, t in batches)
     assert numbered.schema.names[-1] == "_commit_row"
     assert [r["_commit_row"] for r in numbered.to_pylist() if r["_commit_version"] == 1] == [0, 1, 2]
+    assert_driver_reads_equal(path, workdir / "ck", batches, (0, 0), max_rows=2, keys=("id",))
 
 
 def test_starting_version_and_timestamp(spark, workdir):
