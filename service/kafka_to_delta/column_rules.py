@@ -44,7 +44,8 @@ class ColumnRules:
         self.settings: ColumnSettings = pipeline.columns
         self.primary_key = pipeline.primary_key
         self.where = f"pipeline {pipeline.name} (table {table}): columns"
-        self.salt = mask_salt(self.settings.salt_env, self.where) if self.settings.mask else None
+        salt_env = self.settings.salt_env
+        self.salt = mask_salt(salt_env, self.where) if self.settings.mask and salt_env else None
         self.check_expressions()
 
     def expressions(self) -> dict[str, str]:

@@ -1,0 +1,109 @@
+"""A pipeline's `columns:` through the MERGE sink on both Delta engines: include/exclude, a computed column,
+a row filter an update moves rows out of and back into, a masked column whose raw value appears in no
+file of the table; read back with the delta-rs reader and Spark's."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from service.config.settings import PipelineSettings
+from service.kafka_to_delta.column_rules import ColumnRules, ColumnRulesSink
+from service.kafka_to_delta.rows.names import Meta
+from service.kafka_to_delta.sink.merge_sink import MergeSink
+from vocabulary.changes import ChangeKind
+from vocabulary.errors import ConfigError
+
+APP = "columns-app"
+SALT_ENV = "CDC_TEST_COLUMNS_SALT"
+SALT = "pepper-7"
+SCHEMA = pa.schema([("id", pa.int64()), ("email", pa.string()), ("country", pa.string()),
+                    ("name", pa.string()), ("secret", pa.string())])
+COLUMNS = {"exclude": ["secret"], "computed": {"domain": "split(email, '@')[1]", "tag": "upper(name)"},
+           "filter": "country = 'DE'", "mask": {"email": "sha256"}, "salt_env": SALT_ENV}
+UPSERT, DELETE = ChangeKind.UPDATE_AFTER, ChangeKind.DELETE
+
+
+def _pipeline(columns: dict) -> PipelineSettings:
+    return PipelineSettings(name="people", topics=["people"], table="people", primary_key=["id"], columns=columns)
+
+
+def _typed(changes: list[tuple[ChangeKind, dict, list[str] | None]], first_offset: int) -> pa.Table:
+    """Typed net changes as the plain path hands them to the sink (a delete's row holds its key alone)."""
+    rows = [{name: row.get(name) for name in SCHEMA.names} for _, row, _ in changes]
+    table = pa.Table.from_pylist(rows, SCHEMA)
+    n = len(changes)
+    meta = {
+        Meta.KEY: pa.array([json.dumps([row["id"]]) for row in rows]),
+        Meta.KIND: pa.array([kind.value for kind, _, _ in changes]),
+        Meta.TOPIC: pa.array(["people"] * n), Meta.PARTITION: pa.array([0] * n, pa.int32()),
+        Meta.OFFSET: pa.array(range(first_offset, first_offset + n), pa.int64()),
+        Meta.CHANGE_INDEX: pa.array([0] * n, pa.int32()), Meta.TIMESTAMP: pa.array([0] * n, pa.int64()),
+        Meta.UNCHANGED: pa.array([json.dumps(u) if u else None for _, _, u in changes], pa.string()),
+    }
+    for name in Meta.ALL:
+        table = table.append_column(name, meta[name])
+    return table
+
+
+def _person(pid: int, country: str, name: str) -> dict:
+    return {"id": pid, "email": f"{name}.{pid}@example.org", "country": country, "name": name,
+            "secret": f"s3cret-{name}"}
+
+
+def _hashed(value: str) -> str:
+    return hashlib.sha256((SALT + value).encode()).hexdigest()
+
+
+def _files_bytes(uri: str) -> bytes:
+    return b"".join(path.read_bytes() for path in Path(uri).rglob("*") if path.is_file())
+
+
+def test_columns_filter_compute_mask_and_project_on_both_engines(engine, tmp_path, spark, monkeypatch):
+    monkeypatch.setenv(SALT_ENV, SALT)
+    open_table, read_back = engine
+    uri = str(tmp_path / "people")
+    sink = ColumnRulesSink(MergeSink(open_table(uri), ("id",)), ColumnRules(spark, _pipeline(COLUMNS), "people"))
+    batches = [
+        [(UPSERT, _person(1, "DE", "ann"), None), (UPSERT, _person(2, "DE", "bo"), None),
+         (UPSERT, _person(3, "FR", "cy"), None), (UPSERT, {**_person(4, "DE", "di"), "name": None}, None)],
+        # 1 leaves the filter (deleted), 3 enters it, 2 is deleted, 4 keeps a column the source left unchanged
+        [(UPSERT, _person(1, "FR", "ann"), None), (UPSERT, _person(3, "DE", "cy"), None),
+         (DELETE, {"id": 2}, None), (UPSERT, {**_person(4, "DE", "di"), "secret": None}, ["secret"])],
+    ]
+    offset = 0
+    for batch_id, batch in enumerate(batches):
+        sink.apply_typed(_typed(batch, offset), APP, batch_id)
+        offset += len(batch)
+    assert sink.apply_typed(_typed(batches[1], 4), APP, 1).skipped_replay
+    expected = [
+        {"id": 3, "email": _hashed("cy.3@example.org"), "country": "DE", "name": "cy",
+         "domain": "example.org", "tag": "CY"},
+        {"id": 4, "email": _hashed("di.4@example.org"), "country": "DE", "name": "di",
+         "domain": "example.org", "tag": "DI"},
+    ]
+    for table in (DeltaTable(uri).to_pyarrow_table(), read_back(uri), spark.read.format("delta").load(uri).toArrow()):
+        assert table.column_names == ["id", "email", "country", "name", "domain", "tag"]
+        assert sorted(table.to_pylist(), key=lambda r: r["id"]) == expected
+    stored = _files_bytes(uri)
+    assert b"cy.3@example.org" not in stored and b"ann.1@example.org" not in stored
+    assert b"s3cret" not in stored
+    assert _hashed("cy.3@example.org").encode() in stored  # the scan sees values the files do hold
+
+
+def test_an_expression_that_does_not_compile_or_resolve_names_the_pipeline_and_column(spark, monkeypatch):
+    with pytest.raises(ConfigError, match=r"pipeline people .*columns: domain: .*does not compile"):
+        ColumnRules(spark, _pipeline({"computed": {"domain": "split(email, '@'"}}), "people")
+    with pytest.raises(ConfigError, match=r"pipeline people .*columns: filter: .*does not compile"):
+        ColumnRules(spark, _pipeline({"filter": "country = = 'DE'"}), "people")
+    with pytest.raises(ConfigError, match=r"pipeline people .*CDC_TEST_COLUMNS_SALT.*salt_env"):
+        monkeypatch.delenv(SALT_ENV, raising=False)
+        ColumnRules(spark, _pipeline(COLUMNS), "people")
+    rules = ColumnRules(spark, _pipeline({"filter": "region = 'EU'"}), "people")
+    with pytest.raises(ConfigError, match=r"pipeline people .*columns: filter: .*region.*people"):
+        rules.apply(_typed([(UPSERT, _person(1, "DE", "ann"), None)], 0), "/tables/people")
