@@ -15,7 +15,7 @@ from pyspark.sql.streaming import StreamingQuery
 from connectors.delta.engines import open_table
 from service.config.choices import SchemaChanges
 from service.config.settings import PipelineSettings, Settings
-from service.kafka_to_delta.column_rules import ColumnRules, ColumnRulesSink
+from service.kafka_to_delta.sink.column_rules import ColumnRules, ColumnRulesSink
 from service.kafka_to_delta.sink.history_sink import CHANGE_COLUMNS, HistoryOutcome, HistorySink
 from service.kafka_to_delta.sink.merge_sink import MergeOutcome, MergeSink
 from service.observability import metrics

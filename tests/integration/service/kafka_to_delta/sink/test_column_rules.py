@@ -1,6 +1,7 @@
 """A pipeline's `columns:` through the MERGE sink on both Delta engines: include/exclude, a computed column,
 a row filter an update moves rows out of and back into, a masked column whose raw value appears in no
-file of the table; read back with the delta-rs reader and Spark's."""
+file of the table; read back with the delta-rs reader and Spark's. Then one pipeline through Kafka, as the
+service runs it."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from confluent_kafka import Producer
 from deltalake import DeltaTable
 
-from service.config.settings import PipelineSettings
-from service.kafka_to_delta.column_rules import ColumnRules, ColumnRulesSink
+from service.config.settings import PipelineSettings, settings_from_mapping
 from service.kafka_to_delta.rows.names import Meta
+from service.kafka_to_delta.sink.column_rules import ColumnRules, ColumnRulesSink
 from service.kafka_to_delta.sink.merge_sink import MergeSink
+from service.operations.workload import create_topics
+from service.supervisor.runner import Runner
 from vocabulary.changes import ChangeKind
 from vocabulary.errors import ConfigError
 
@@ -107,3 +111,40 @@ def test_an_expression_that_does_not_compile_or_resolve_names_the_pipeline_and_c
     rules = ColumnRules(spark, _pipeline({"filter": "region = 'EU'"}), "people")
     with pytest.raises(ConfigError, match=r"pipeline people .*columns: filter: .*region.*people"):
         rules.apply(_typed([(UPSERT, _person(1, "DE", "ann"), None)], 0), "/tables/people")
+
+
+def _envelope(op: str, row: dict) -> bytes:
+    return json.dumps({"before": row if op == "d" else None, "after": None if op == "d" else row, "op": op}).encode()
+
+
+def _produce(bootstrap: str, topic: str, changes: list[tuple[str, dict]]) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for op, row in changes:
+        producer.produce(topic, key=json.dumps({"id": row["id"]}).encode(), value=_envelope(op, row), partition=0)
+    assert producer.flush(30) == 0
+
+
+def test_a_pipeline_through_kafka_writes_only_the_filtered_computed_masked_columns(
+        spark, kafka_bootstrap, unique, workdir, monkeypatch):
+    monkeypatch.setenv(SALT_ENV, SALT)
+    topic = f"columns-{unique}"
+    create_topics(kafka_bootstrap, [topic], 1)
+    settings = settings_from_mapping({
+        "kafka": {"bootstrap_servers": kafka_bootstrap}, "lakehouse": {"root": str(workdir / "tables")},
+        "checkpoint_root": str(workdir / "checkpoints"),
+        "pipelines": [{"name": "people", "topics": [topic], "table": "people", "primary_key": ["id"],
+                       "columns": COLUMNS}],
+    })
+    uri = str(workdir / "tables" / "people")
+    for changes in ([("c", _person(1, "DE", "ann")), ("c", _person(2, "FR", "bo"))],
+                    [("u", _person(1, "FR", "ann")), ("u", _person(2, "DE", "bo"))]):
+        _produce(kafka_bootstrap, topic, changes)
+        runner = Runner(settings)
+        runner.start(until_idle=True)
+        runner.wait()
+    expected = [{"id": 2, "email": _hashed("bo.2@example.org"), "country": "DE", "name": "bo",
+                 "domain": "example.org", "tag": "BO"}]
+    for table in (DeltaTable(uri).to_pyarrow_table(), spark.read.format("delta").load(uri).toArrow()):
+        assert table.to_pylist() == expected
+    stored = _files_bytes(uri)
+    assert b"@example.org" not in stored and b"s3cret" not in stored
