@@ -200,14 +200,17 @@ class ExportPipeline(BatchPipeline):
         read = time.monotonic()
         fresh = after_position(rows, committed)
         del rows
+        feed_count = fresh.num_rows
         records = self.encode(feed_rows(fresh))
+        del fresh
+        pa.default_memory_pool().release_unused()  # the batch's Arrow buffers go back before publishing
         state, entries = None, 0
         if self.encoder_state is not None:
             state, entries = self.encoder_state.state_changes(), self.encoder_state.state_entries()
         encoded = time.monotonic()
         self.position = store.publish(records, end[0] - 1, state, entries, row=end[1])
         self.committed_batches += 1
-        self._record(batch_id, fresh.num_rows, len(records), (read - started, encoded - read),
+        self._record(batch_id, feed_count, len(records), (read - started, encoded - read),
                      time.monotonic() - encoded)
 
     def _start_offset(self, spark: SparkSession, batch_id: int) -> Offset:
