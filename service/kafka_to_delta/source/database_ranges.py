@@ -222,8 +222,11 @@ class DatabaseStreamReader(KafkaStreamReader):
 
         reducers: TableReducers = pickle.loads(self.reducers)
         packed = partition if isinstance(partition, PackedRanges) else PackedRanges([partition])  # type: ignore[list-item]
-        tables = [(r, self._routes.get(r.topic) or self.database.table_of(r.topic)) for r in packed.ranges]
-        tables = [(kafka_range, table) for kafka_range, table in tables if table is not None]
+        tables: list[tuple[KafkaRange, str]] = []
+        for kafka_range in packed.ranges:
+            table = self._routes.get(kafka_range.topic) or self.database.table_of(kafka_range.topic)
+            if table is not None:
+                tables.append((kafka_range, table))
         # The small ranges' values in one pass of one consumer (a consumer per range cost more than
         # reading its records); a large range is streamed by a consumer of its own, never held whole.
         small = read_values_of_ranges(self.client, [_coordinates(r) for r, _ in tables if _small(r)])
