@@ -6,7 +6,10 @@ every `every_batches` batches or `every_seconds` of processing time (settings:
 service/config/maintenance.py) it runs, in this order:
 
   1. compaction: `optimize.compact` (or `optimize.z_order` by the primary key) rewrites small
-     files into large ones in one commit without data change (no change feed rows);
+     files into large ones in one commit without data change (no change feed rows); the table's
+     layout (`table_shape`) is respected: a partitioned table is compacted partition by partition
+     (no file spans two) and z-ordered by the key columns that are not partition columns; a
+     liquid-clustered table is never z-ordered, its OPTIMIZE clusters it;
   2. checkpoint: a log checkpoint at the current version, so readers replay fewer log entries;
   3. log cleanup: log entries older than the table's `delta.logRetentionDuration`;
   4. VACUUM: data files removed from the table more than `vacuum_retention_hours` ago.
@@ -145,9 +148,19 @@ class TableMaintenance:
         return StepResult(step, result, removed, seconds, detail)
 
     def _compact(self, table: MaintainedTable, reader: DeltaTable) -> tuple[int, str]:
-        z_order_by = tuple(self.pipeline.primary_key) if self.config.z_order else ()
+        z_order_by, how = self._z_order_by(reader)
         removed, added = table.compact(z_order_by, self.config.target_file_size_bytes)
-        return removed, f"{removed} files rewritten into {added}"
+        return removed, f"{removed} files rewritten into {added}{how}"
+
+    def _z_order_by(self, reader: DeltaTable) -> tuple[tuple[str, ...], str]:
+        """The columns to z-order by under the table's layout, and how the compaction goes in words."""
+        clustered = "clustering" in (reader.protocol().writer_features or [])
+        if clustered or self.pipeline.table_shape.cluster_by:
+            return (), " (clustered: OPTIMIZE clusters)"
+        partitions = reader.metadata().partition_columns
+        z_order_by = tuple(c for c in self.pipeline.primary_key if c not in partitions) if self.config.z_order else ()
+        by = f", z-ordered by {', '.join(z_order_by)}" if z_order_by else ""
+        return z_order_by, (f" (per partition of {', '.join(partitions)}{by})" if partitions else by)
 
     def _checkpoint(self, table: MaintainedTable, reader: DeltaTable) -> tuple[int, str]:
         return 0, f"at version {table.checkpoint()}"
