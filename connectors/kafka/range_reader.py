@@ -189,7 +189,9 @@ def _consume_many(consumer: Consumer, ranges: list[tuple[str, int, int, int]],
 
     last_progress = time.monotonic()
     while open_:
-        messages = consumer.consume(num_messages=_BATCH_ROWS, timeout=_POLL_TIMEOUT_S)
+        # No more than the ranges still hold: consume() waits until it has that many (or times out).
+        wanted = max(1, min(_BATCH_ROWS, sum(by_partition[tp][3] - positions[tp] for tp in open_)))
+        messages = consumer.consume(num_messages=wanted, timeout=_POLL_TIMEOUT_S)
         for message in messages:
             tp = (message.topic(), message.partition())
             if tp not in open_:
