@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from pathlib import Path
 
 import pyarrow as pa
@@ -125,8 +126,9 @@ def _produce(bootstrap: str, topic: str, changes: list[tuple[str, dict]]) -> Non
 
 
 def test_a_pipeline_through_kafka_writes_only_the_filtered_computed_masked_columns(
-        spark, kafka_bootstrap, unique, workdir, monkeypatch):
+        spark, kafka_bootstrap, unique, workdir, monkeypatch, caplog):
     monkeypatch.setenv(SALT_ENV, SALT)
+    caplog.set_level(logging.INFO)  # the service logs at INFO; py4j at DEBUG echoes every JVM call
     topic = f"columns-{unique}"
     create_topics(kafka_bootstrap, [topic], 1)
     settings = settings_from_mapping({
@@ -148,3 +150,5 @@ def test_a_pipeline_through_kafka_writes_only_the_filtered_computed_masked_colum
         assert table.to_pylist() == expected
     stored = _files_bytes(uri)
     assert b"@example.org" not in stored and b"s3cret" not in stored
+    assert "pipeline people: batch" in caplog.text  # the service's own log lines were captured
+    assert "@example.org" not in caplog.text and "s3cret" not in caplog.text and SALT not in caplog.text
