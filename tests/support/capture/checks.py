@@ -102,9 +102,10 @@ def _pipelines(capture: Capture) -> list[dict]:
              "primary_key": list(t.sink_key), **PIPELINE_OPTIONS.get(t.name, {})} for t in INGESTED]
 
 
-def ingest(capture: Capture, bootstrap: str, workdir: Path) -> None:
-    """One pipeline per ingested table, one `cdc-lakehouse run --until-idle`; it must exit 0."""
-    config = write_config(workdir / "config.yaml", bootstrap, workdir, _pipelines(capture))
+def ingest(capture: Capture, bootstrap: str, workdir: Path, extra: list[dict] | None = None) -> None:
+    """One pipeline per ingested table (and the `extra` ones), one `cdc-lakehouse run --until-idle`; it
+    must exit 0."""
+    config = write_config(workdir / "config.yaml", bootstrap, workdir, _pipelines(capture) + (extra or []))
     started = time.monotonic()
     result = run_cli(config, "--until-idle")
     phase(capture.timings, "cdc-lakehouse run --until-idle", started)

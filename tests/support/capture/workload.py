@@ -3,6 +3,7 @@
 Deterministic for a seed. Every streamed statement touches one row, except one bulk update.
 The cases it always contains:
 - a primary-key change (`UPDATE ... SET id = ...`) on a default-identity and on a FULL-identity table;
+- re-inserts: a deleted `customers` id inserted again;
 - `orders` with REPLICA IDENTITY FULL (updates and deletes carry the whole old row);
 - `tags` without a primary key (REPLICA IDENTITY FULL; its rows are kept distinct, so it is a set);
 - `documents` whose large, incompressible `body` (> 8 KB, stored out of line) stays unchanged
@@ -68,7 +69,7 @@ TABLES_BY_NAME = {t.name: t for t in TABLES}
 SNAPSHOT_ROWS = {"customers": 600, "orders": 400, "tags": 150, "documents": 40}
 STREAMED_STATEMENTS = {
     ("customers", "insert"): 700, ("customers", "update"): 550, ("customers", "delete"): 150,
-    ("customers", "change_key"): 5,
+    ("customers", "change_key"): 5, ("customers", "reinsert"): 20,
     ("orders", "insert"): 300, ("orders", "update"): 300, ("orders", "delete"): 100, ("orders", "change_key"): 2,
     ("tags", "insert"): 100, ("tags", "update"): 80, ("tags", "delete"): 40,
     ("documents", "keep_body"): 25, ("documents", "new_body"): 5, ("documents", "insert"): 8,
@@ -140,6 +141,7 @@ class Workload:
         self.next_id = {"customers": 1, "orders": 10**10, "documents": 1}  # bigint ids beyond 32 bits
         self.tags = _Pool()  # whole rows: the table is a set
         self.large_documents = _Pool()
+        self.deleted: list[int] = []  # deleted customers ids, for re-inserts
 
     # --- values -------------------------------------------------------------------------
     def _timestamp(self) -> datetime:
@@ -231,7 +233,17 @@ class Workload:
         self.ids[table].remove(rid)
         if rid in self.large_documents:
             self.large_documents.remove(rid)
+        if table == "customers":
+            self.deleted.append(rid)
         return f"DELETE FROM {table} WHERE id = {rid};"
+
+    def _reinsert(self) -> str:
+        """A deleted customer inserted again under its id (a new one while none was deleted yet)."""
+        if not self.deleted:
+            return self._insert("customers", [self._new_row("customers")])
+        rid = self.deleted.pop(self.rng.randrange(len(self.deleted)))
+        self.ids["customers"].add(rid)
+        return self._insert("customers", [self._customer(rid)])
 
     def _tag_statement(self, op: str) -> str:
         old = self._pick(self.tags)
@@ -268,6 +280,8 @@ class Workload:
             return self._delete(table)
         if op == "change_key":
             return self._change_key(table)
+        if op == "reinsert":
+            return self._reinsert()
         if table == "documents":
             return self._document_statement(op)
         return self._change_some(table, self._pick(self.ids[table]))
