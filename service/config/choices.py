@@ -54,3 +54,7 @@ LogFormat = Literal["text", "json"]
 # A pipeline's `columns:` (service/config/columns.py).
 MaskMethod = Literal["sha256"]
 """How a masked column's values are replaced: the hex SHA-256 of the salt followed by the value."""
+
+# A pipeline's `table_shape:` (service/config/table_shape.py).
+DeleteMode = Literal["hard", "soft"]
+"""hard: a delete removes the row; soft: the row stays, flagged `__DELETED` with its `__DELETED_AT`."""

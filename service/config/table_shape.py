@@ -16,14 +16,14 @@ refused by the upgrade check (`plan.upgrades`).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import model_validator
 
 from service.config.base import Names, SettingsModel
+from service.config.choices import DeleteMode
+from service.config.history import DELETED
 
-DeleteMode = Literal["hard", "soft"]
-DELETED = "__DELETED"
 DELETED_AT = "__DELETED_AT"
 SOFT_DELETE_COLUMNS = (DELETED, DELETED_AT)
 CLUSTERING_ENGINES = ("delta-spark",)
