@@ -24,7 +24,7 @@ from typing import Iterator
 import pytest
 
 from connectors.maven_jars import KAFKA_VERSION
-from tests.support import run_seed
+from tests.support import module_durations, run_seed
 from tests.support.registry.apicurio import (
     apicurio_registry_url,  # noqa: F401 - a fixture of the whole suite
 )
@@ -107,11 +107,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """Whole modules to whichever worker is free, and every module that needs the Spark session to one."""
+    """Whole modules to whichever worker is free, longest first (`tests/support/module_durations.py`),
+    and every module that needs the Spark session to one worker, as one unit."""
     from xdist.scheduler import LoadScopeScheduling
 
     class SparkModulesOnOneWorker(LoadScopeScheduling):
         spark_modules: frozenset[str] | None = None
+        ordered = False
 
         def _split_scope(self, nodeid: str) -> str:
             if self.spark_modules is None:  # the workers wrote it before they reported their collection
@@ -119,7 +121,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             module = nodeid.split("::")[0]
             return "spark" if module in self.spark_modules else module
 
+        def _assign_work_unit(self, node) -> None:
+            if not self.ordered:  # the first call: the work queue is complete, nothing handed out yet
+                self.ordered = True
+                order = module_durations.longest_first(self.workqueue, {"spark": self.spark_modules or frozenset()})
+                for scope in order:
+                    self.workqueue.move_to_end(scope)
+            super()._assign_work_unit(node)
+
     return SparkModulesOnOneWorker(config, log)
+
 
 
 @pytest.fixture(scope="session")
