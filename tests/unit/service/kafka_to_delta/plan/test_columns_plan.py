@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +11,7 @@ from service.config.settings import PipelineSettings, settings_from_mapping
 from service.kafka_to_delta.plan.compiled_plan import Kind, pipeline_operators, summary
 from service.kafka_to_delta.plan.upgrades import check_and_store_pipeline
 from service.kafka_to_delta.shape import pipeline_shape
+from tests.support.started_pipeline import start_pipeline
 from vocabulary.errors import ConfigError
 
 SALT_ENV = "CDC_TEST_PLAN_SALT"
@@ -66,12 +66,6 @@ def test_plan_shows_the_columns_with_a_fingerprint_of_the_salt_never_the_salt(mo
     assert "filter=x > 1" in line and "pepper-1" not in line
 
 
-def _start(root: Path, pipeline: PipelineSettings) -> None:
-    check_and_store_pipeline(pipeline, str(root / pipeline.name))
-    (root / pipeline.name / "offsets").mkdir(parents=True, exist_ok=True)
-    (root / pipeline.name / "offsets" / "0").write_text("v1")
-
-
 @pytest.mark.parametrize(("before", "after", "refused"), [
     (None, {"filter": "x > 1"}, "filter changed"),
     ({"filter": "x > 1"}, {"filter": "x > 2"}, "filter changed"),
@@ -84,7 +78,7 @@ def _start(root: Path, pipeline: PipelineSettings) -> None:
 def test_the_upgrade_check_refuses_what_the_stored_rows_would_contradict(tmp_path, monkeypatch, before, after,
                                                                          refused):
     monkeypatch.setenv(SALT_ENV, "pepper-1")
-    _start(tmp_path, _pipeline(columns=before))
+    start_pipeline(tmp_path, _pipeline(columns=before))
     with pytest.raises(ConfigError, match=refused) as error:
         check_and_store_pipeline(_pipeline(columns=after), str(tmp_path / "people"))
     assert "new table" in str(error.value)
@@ -92,12 +86,12 @@ def test_the_upgrade_check_refuses_what_the_stored_rows_would_contradict(tmp_pat
 
 def test_a_new_salt_is_refused_and_an_added_computed_column_is_allowed(tmp_path, monkeypatch):
     monkeypatch.setenv(SALT_ENV, "pepper-1")
-    _start(tmp_path, _pipeline(columns=MASKED))
+    start_pipeline(tmp_path, _pipeline(columns=MASKED))
     monkeypatch.setenv(SALT_ENV, "pepper-2")
     with pytest.raises(ConfigError, match="salt changed"):
         check_and_store_pipeline(_pipeline(columns=MASKED), str(tmp_path / "people"))
     monkeypatch.setenv(SALT_ENV, "pepper-1")
     check_and_store_pipeline(_pipeline(columns={**MASKED, "computed": {"d": "upper(email)"}}),
                              str(tmp_path / "people"))
-    _start(tmp_path / "plain", _pipeline())  # a started pipeline without columns may add computed ones
+    start_pipeline(tmp_path / "plain", _pipeline())  # a started pipeline without columns may add computed ones
     check_and_store_pipeline(_pipeline(columns={"computed": {"d": "1"}}), str(tmp_path / "plain" / "people"))

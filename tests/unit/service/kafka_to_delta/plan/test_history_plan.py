@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +10,7 @@ from service.config.settings import PipelineSettings, settings_from_mapping
 from service.kafka_to_delta.plan.compiled_plan import Kind, pipeline_operators, summary
 from service.kafka_to_delta.plan.upgrades import check_and_store_pipeline
 from service.kafka_to_delta.shape import pipeline_shape
+from tests.support.started_pipeline import start_pipeline
 from vocabulary.errors import ConfigError
 
 
@@ -55,19 +55,13 @@ def test_plan_shows_the_history_operator_and_the_shape_keeps_every_change():
     assert "key (id)" in line and "people_history" in line
 
 
-def _start(root: Path, pipeline: PipelineSettings) -> None:
-    check_and_store_pipeline(pipeline, str(root / pipeline.name))
-    (root / pipeline.name / "offsets").mkdir(parents=True, exist_ok=True)
-    (root / pipeline.name / "offsets" / "0").write_text("v1\n{}\n")
-
-
 @pytest.mark.parametrize("changed", [
     {"track_history_column_list": ["a", "b"]},
     {"delete_markers": True},
     {"sequence_by": ["source.ts_ms"]},
 ])
 def test_changing_the_history_of_a_started_pipeline_is_refused_naming_the_way_forward(tmp_path, changed):
-    _start(tmp_path, _pipeline(history={"track_history_column_list": ["a"]}))
+    start_pipeline(tmp_path, _pipeline(history={"track_history_column_list": ["a"]}))
     with pytest.raises(ConfigError) as refused:
         check_and_store_pipeline(_pipeline(history={"track_history_column_list": ["a"], **changed}),
                                  str(tmp_path / "people"))
@@ -76,5 +70,5 @@ def test_changing_the_history_of_a_started_pipeline_is_refused_naming_the_way_fo
 
 
 def test_the_same_history_restarts(tmp_path):
-    _start(tmp_path, _pipeline(history="scd2"))
+    start_pipeline(tmp_path, _pipeline(history="scd2"))
     check_and_store_pipeline(_pipeline(history="scd2"), str(tmp_path / "people"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,6 +9,7 @@ import pytest
 from service.config.settings import PipelineSettings, settings_from_mapping
 from service.kafka_to_delta.plan.compiled_plan import Kind, pipeline_operators, summary
 from service.kafka_to_delta.plan.upgrades import check_and_store_pipeline
+from tests.support.started_pipeline import start_pipeline
 from vocabulary.errors import ConfigError
 
 
@@ -45,12 +45,6 @@ def test_the_default_shape_adds_no_plan_node_and_a_chosen_one_is_shown():
     assert "deletes=soft" in line and "cluster_by=['region']" in line
 
 
-def _start(root: Path, pipeline: PipelineSettings) -> None:
-    check_and_store_pipeline(pipeline, str(root / pipeline.name))
-    (root / pipeline.name / "offsets").mkdir(parents=True, exist_ok=True)
-    (root / pipeline.name / "offsets" / "0").write_text("v1\n{}\n")
-
-
 @pytest.mark.parametrize(("before", "after", "change"), [
     ({}, {"deletes": "soft"}, "deletes changed from 'hard' to 'soft'"),
     ({"deletes": "soft"}, {}, "deletes changed from 'soft' to 'hard'"),
@@ -59,7 +53,7 @@ def _start(root: Path, pipeline: PipelineSettings) -> None:
 ])
 def test_changing_deletes_or_the_layout_of_a_started_pipeline_is_refused_with_the_way_forward(
         tmp_path, before, after, change):
-    _start(tmp_path, _pipeline(table_shape=before))
+    start_pipeline(tmp_path, _pipeline(table_shape=before))
     with pytest.raises(ConfigError) as refused:
         check_and_store_pipeline(_pipeline(table_shape=after), str(tmp_path / "people"))
     message = str(refused.value)
@@ -70,5 +64,5 @@ def test_changing_deletes_or_the_layout_of_a_started_pipeline_is_refused_with_th
 @pytest.mark.parametrize(("before", "after"), [({}, {"ignore_null_updates": True}), ({"ignore_null_updates": True}, {}),
                                                ({"deletes": "soft"}, {"deletes": "soft"})])
 def test_ignore_null_updates_may_change_and_the_same_shape_restarts(tmp_path, before, after):
-    _start(tmp_path, _pipeline(table_shape=before))
+    start_pipeline(tmp_path, _pipeline(table_shape=before))
     check_and_store_pipeline(_pipeline(table_shape=after), str(tmp_path / "people"))
