@@ -16,7 +16,7 @@ import typer
 
 from service.config.settings import load_settings
 from service.observability.log_format import configure_logging
-from vocabulary.errors import CdcLakehouseError, TransientError
+from vocabulary.errors import CdcLakehouseError, ConfigError, TransientError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 EXIT_TERMINAL = 1
@@ -63,15 +63,25 @@ def run(
 
 @app.command()
 def validate(config: Path = typer.Argument(..., help="YAML config file")) -> None:
-    """Check a config file without starting anything."""
+    """Check a config file without starting anything (Spark SQL expressions are compiled by Spark's parser)."""
     try:
         settings = load_settings(config)
+        _compile_expressions(config, settings)
     except CdcLakehouseError as error:
         _fail(error)
     typer.echo(f"{config}: valid, {len(settings.pipelines)} pipeline(s), {len(settings.databases)} database(s), "
                f"{len(settings.joins)} join(s), {len(settings.exports)} export(s)")
     for line in _database_tables(settings):
         typer.echo(line)
+
+
+def _compile_expressions(config: Path, settings) -> None:
+    """`ConfigError` naming every pipeline and column whose Spark SQL expression does not compile."""
+    from service.runtime.sql_parser import compile_problems
+
+    problems = compile_problems(settings)
+    if problems:
+        raise ConfigError(f"{config}: " + "; ".join(problems))
 
 
 def _database_tables(settings) -> list[str]:
@@ -96,6 +106,7 @@ def plan_command(
 
     try:
         settings = expanded(load_settings(config))  # a database table with state is a pipeline of its own
+        _compile_expressions(config, settings)
     except CdcLakehouseError as error:
         _fail(error)
     document = json.dumps(compile_plan(settings), indent=2)

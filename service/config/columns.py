@@ -15,7 +15,8 @@
 
 Expressions see the row image as decoded (before masking); masking applies to source and computed
 columns alike; `include` / `exclude` apply to source columns. The columns named here are checked
-against the primary key here and compiled with Spark's parser when the pipeline starts.
+against the primary key here; the expressions are compiled with Spark's parser by `cdc-lakehouse validate`
+and `plan` (`service/runtime/sql_parser.py`) and again when the pipeline starts.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from service.config.base import Identifier, Names, SettingsModel
 from service.config.choices import MaskMethod
 
 SALT_FINGERPRINT_PREFIX = b"cdc-lakehouse salt fingerprint:"
+FILTER = "filter"
+"""How errors name the row filter (a computed column is named by its name)."""
 
 
 def salt_fingerprint(salt: str | None) -> str | None:
@@ -73,6 +76,10 @@ class ColumnSettings(SettingsModel):
             clash = [c for c in self.computed if c in self.include]
             if clash:
                 raise ValueError(f"{where}: computed column(s) {clash} are also in include")
+
+    def expressions(self) -> dict[str, str]:
+        """Every Spark SQL expression by the name errors give it: the computed columns, then `filter`."""
+        return {**self.computed, **({FILTER: self.filter} if self.filter is not None else {})}
 
     def keeps(self, column: str, primary_key: tuple[str, ...]) -> bool:
         """Whether the table keeps source `column`."""
