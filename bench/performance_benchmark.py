@@ -13,6 +13,9 @@ Connect schema block):
                 of the process tree (driver, JVM, Python workers); table checked against the replay.
 - materializer: `upsert_materialize: force` with batches of `--materializer-batch` records,
                 steady events/s against the plain path at the same batch size.
+- history:      `history:` (SCD type 2, `sequence_by: [ts_ms]`) on, batches of `--history-batch` records,
+                steady events/s against the plain path at the same batch size on the same topic; the
+                current table checked against the replay, the history's open versions too.
 - whole:        the consumer, the naive pipeline and the service on a `--whole-events` topic.
 - export:       `export_benchmark.py`'s path on `--export-changes` change-feed rows (rows/s,
                 peak RSS), in a process of its own (`perf_export.py`).
@@ -26,6 +29,7 @@ Connect schema block):
         --whole-events 0 --export-changes 20000 --rate 1000 --rate-seconds 20
     nice -n 10 .venv/bin/python bench/performance_benchmark.py --json perf.json       # the defaults
     nice -n 10 .venv/bin/python bench/performance_benchmark.py --only freshness,maxrate --find-max-rate
+    nice -n 10 .venv/bin/python bench/performance_benchmark.py --only history --events 100000 --keys 20000
     .venv/bin/python bench/performance_benchmark.py --from-json perf.json               # its table again
 """
 
@@ -51,11 +55,14 @@ from perf_freshness import Service, UpsertStream, phase, wait_drained, warm_up
 from perf_naive import SCHEMA, run_naive
 
 from connectors.kafka.local_broker import LocalBroker
+from service.config.history import DELETED, END_AT, HISTORY_TABLE_SUFFIX
 from service.config.settings import DEFAULT_MAX_OFFSETS_PER_TRIGGER
 from service.operations.workload import DebeziumWorkload, create_topics, produce
 
-SECTIONS = ("consumer", "naive", "service", "materializer", "whole", "export", "freshness", "maxrate")
+SECTIONS = ("consumer", "naive", "service", "materializer", "history", "whole", "export", "freshness", "maxrate")
 DEFAULT_SECTIONS = SECTIONS[:-1]
+HISTORY_VARIANT = {"history": {"sequence_by": ["ts_ms"]}}
+"""A history as a user of the synthetic workload configures it (its envelopes carry no `source.lsn`)."""
 CLI = str(Path(sys.executable).with_name("cdc-lakehouse"))
 BENCH = Path(__file__).resolve().parent
 BUSY_LOAD = 1.5
@@ -73,6 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--naive-window", type=int, default=50_000, help="records per MERGE of the naive pipeline")
     parser.add_argument("--materializer-batch", type=int, default=10_000, help="max_offsets_per_trigger")
+    parser.add_argument("--history-batch", type=int, default=20_000, help="history: max_offsets_per_trigger")
     parser.add_argument("--whole-events", type=int, default=1_000_000, help="records of the 'whole' topic")
     parser.add_argument("--export-changes", type=int, default=1_000_000, help="change-feed rows to export")
     parser.add_argument("--rate", type=float, default=5_000, help="freshness: steady input events/s")
@@ -113,6 +121,17 @@ def check_replay(uri: str, workload: DebeziumWorkload) -> int:
         raise SystemExit(f"FAILED: {uri} ({table.num_rows} rows) differs from the replay "
                          f"({len(workload.table)} live keys)")
     return table.num_rows
+
+
+def check_history(uri: str, workload: DebeziumWorkload) -> int:
+    """Fail loudly unless the history table's open versions equal the replay of the workload."""
+    history = DeltaTable(uri).to_pyarrow_table()
+    open_rows = [{name: row[name] for name in SCHEMA.names} for row in history.to_pylist()
+                 if row[END_AT] is None and not row[DELETED]]
+    if sorted(open_rows, key=lambda row: row["id"]) != workload.expected_rows():
+        raise SystemExit(f"FAILED: {uri}: {len(open_rows)} open versions differ from the replay "
+                         f"({len(workload.table)} live keys)")
+    return history.num_rows
 
 
 def attempt(out: dict, name: str, step: Callable[[], dict]) -> None:
@@ -201,9 +220,22 @@ def topic_sections(args: argparse.Namespace, bootstrap: str, tmp: Path, events: 
                 attempt(out, name, lambda variant=variant: run_service(  # type: ignore[misc]
                     tmp / uuid.uuid4().hex[:8], bootstrap, topic, workload, produced, variant,
                     args.materializer_batch))
+        if "history" in sections:
+            attempt(out, "history_plain", lambda: run_service(tmp / uuid.uuid4().hex[:8], bootstrap, topic, workload,
+                                                              produced, {}, args.history_batch))
+            attempt(out, "history", lambda: history_run(tmp / uuid.uuid4().hex[:8], bootstrap, topic, workload,
+                                                        produced, args.history_batch))
     finally:
         delete_topic(bootstrap, topic)
     return out
+
+
+def history_run(workdir: Path, bootstrap: str, topic: str, workload: DebeziumWorkload, events: int,
+                max_offsets: int) -> dict[str, float]:
+    """`run_service` with `HISTORY_VARIANT`; the history table checked too."""
+    figures = run_service(workdir, bootstrap, topic, workload, events, HISTORY_VARIANT, max_offsets)
+    figures["history_rows"] = check_history(str(workdir / "tables" / f"{TABLE}{HISTORY_TABLE_SUFFIX}"), workload)
+    return figures
 
 
 def export_section(bootstrap: str, changes: int) -> dict[str, float]:
@@ -290,6 +322,8 @@ def table(results: dict, args: argparse.Namespace) -> list[tuple[str, str, str]]
                 del part[name]
         if "materializer" in part and "plain_small_batches" not in part:
             part.pop("materializer")
+        if "history" in part and "history_plain" not in part:
+            part.pop("history")
         naive = part.get("naive", {}).get("rate")
         consumer = part.get("consumer", {}).get("rate")
         size = f" ({part['events']:,} events)" if "events" in part else ""
@@ -318,6 +352,16 @@ def table(results: dict, args: argparse.Namespace) -> list[tuple[str, str, str]]
                          f"{mat['steady_rate']:,.0f} events/s",
                          ", ".join(filter(None, (versus(mat["steady_rate"], plain["steady_rate"], "the plain path"),
                                                  f"peak RSS {mat['rss_mib']:,.0f} MiB")))))
+        if "history" in part:
+            plain, history = part["history_plain"], part["history"]
+            batch = args.history_batch
+            rows.append((f"{label}plain path, batches of {batch:,}, steady", f"{plain['steady_rate']:,.0f} events/s",
+                         f"{plain['batches']} batches"))
+            rows.append((f"{label}history (scd2) on, batches of {batch:,}, steady",
+                         f"{history['steady_rate']:,.0f} events/s",
+                         ", ".join(filter(None, (versus(history["steady_rate"], plain["steady_rate"], "the plain path"),
+                                                 f"{history['history_rows']:,} history rows",
+                                                 f"peak RSS {history['rss_mib']:,.0f} MiB")))))
     for name in ("export", "freshness"):
         if "failed" in results.get(name, {}):
             rows.append((name, "FAILED", results.pop(name)["failed"]))
@@ -366,7 +410,7 @@ def main(argv: list[str] | None = None) -> None:
         print_table(results, argparse.Namespace(**results["args"]))
         return
     results: dict = {"load_start": load(), "args": vars(args)}
-    main_sections = [s for s in ("consumer", "naive", "service", "materializer") if s in args.sections]
+    main_sections = [s for s in ("consumer", "naive", "service", "materializer", "history") if s in args.sections]
     whole_sections = [s for s in ("consumer", "naive", "service") if "whole" in args.sections and args.whole_events]
     with tempfile.TemporaryDirectory(prefix="cdc-perf-") as name, LocalBroker(Path(name) / "broker") as broker:
         tmp, bootstrap = Path(name), broker.bootstrap_servers
