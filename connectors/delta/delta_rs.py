@@ -79,11 +79,17 @@ class DeltaRsTable:
         self.uri = uri
         self.storage_options = storage_options or None
         self._table: DeltaTable | None = None
+        self._checked = False
+        """`last_batch` just refreshed the handle: the `schema` and `merge` of the same batch read it as is."""
 
-    def _open(self) -> DeltaTable | None:
-        """The table at its latest version; reads only the log entries added since last time."""
+    def _open(self, checked: bool = False) -> DeltaTable | None:
+        """The table at its latest version; reads only the log entries added since last time. With
+        `checked`, a handle `last_batch` refreshed is taken as it is: a micro-batch's commit (replay check,
+        schema, MERGE) refreshes the log once. The handle's own commits keep it current."""
         if self._table is not None:
-            self._table.update_incremental()
+            if not (checked and self._checked):
+                self._checked = False
+                self._table.update_incremental()
             return self._table
         try:
             self._table = DeltaTable(self.uri, storage_options=self.storage_options)
@@ -93,7 +99,7 @@ class DeltaRsTable:
 
     def schema(self) -> pa.Schema | None:
         """The table's Arrow schema, or None when the table does not exist yet."""
-        table = self._open()
+        table = self._open(checked=True)
         return None if table is None else pa.schema(table.schema().to_arrow())
 
     def configuration(self) -> dict[str, str]:
@@ -107,8 +113,10 @@ class DeltaRsTable:
         return [] if table is None else table.history(limit)
 
     def last_batch(self, app_id: str) -> int | None:
-        """The highest batch id committed under `app_id`, if any."""
+        """The highest batch id committed under `app_id`, if any (the log read again: a batch's commit
+        begins here)."""
         table = self._open()
+        self._checked = table is not None
         return None if table is None else table.transaction_version(app_id)
 
     def version(self) -> int | None:
@@ -168,7 +176,8 @@ class DeltaRsTable:
     ) -> None:
         """Apply net changes (see `merge_plan`): delete where flagged, update where matched (kept
         columns keep their stored value), insert where new."""
-        table = self._open()
+        table = self._open(checked=True)
+        self._checked = False
         if table is None:
             raise DeltaSchemaError(f"table {self.uri} does not exist; create it first")
         plan = plan_merge(changes.schema, primary_key, pa.schema(table.schema().to_arrow()))
