@@ -52,6 +52,9 @@ class ValueChunk:
     timestamps: list[int | None] = field(default_factory=list)
     first_key: bytes | None = None
     """The first Kafka key of the chunk that is not null."""
+    partitions: list[int] | None = None
+    """Per record, its partition, when the chunk joins ranges of several partitions of its topic
+    (`joined_chunk`); None: every record is of `partition`."""
 
     @classmethod
     def of_batch(cls, batch: pa.RecordBatch) -> "ValueChunk":
@@ -61,6 +64,27 @@ class ValueChunk:
         keys = batch.column("key").drop_null()
         return cls(cast(str, topic), cast(int, partition), batch.column("value").to_pylist(), batch.column("offset").to_pylist(),
                    millis.to_pylist(), keys[0].as_py() if len(keys) else None)
+
+
+def joined_chunk(chunks: list[ValueChunk]) -> ValueChunk:
+    """One chunk of the records of `chunks` (one topic; chunks of different partitions, each partition's
+    in offset order), in the order given, each record with its partition: what a decoder pays per
+    chunk is then paid once for them all. `partition` is the first chunk's, `first_key` the first one
+    that is not null."""
+    if not chunks:
+        raise ValueError("no chunk to join")
+    topics = {chunk.topic for chunk in chunks}
+    if len(topics) > 1:
+        raise ValueError(f"chunks of several topics cannot be joined: {sorted(topics)}")
+    joined = ValueChunk(chunks[0].topic, chunks[0].partition, partitions=[],
+                        first_key=next((c.first_key for c in chunks if c.first_key is not None), None))
+    for chunk in chunks:
+        joined.values.extend(chunk.values)
+        joined.offsets.extend(chunk.offsets)
+        joined.timestamps.extend(chunk.timestamps)
+        assert joined.partitions is not None
+        joined.partitions.extend(chunk.partitions if chunk.partitions is not None else [chunk.partition] * len(chunk.offsets))
+    return joined
 
 
 class _Values:

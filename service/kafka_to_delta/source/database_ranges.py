@@ -67,20 +67,42 @@ class PackedRanges(InputPartition):
 def pack(ranges: list[KafkaRange], min_tasks: int, pack_rows: int = _PACK_ROWS) -> list[PackedRanges]:
     """Ranges into tasks: the largest first into the emptiest task, a task full at `pack_rows`
     records (a range larger than that alone); at least `min_tasks` tasks when there are as many
-    ranges. Deterministic: a replay plans the same tasks."""
+    ranges. A topic's small ranges go to one task together (it decodes them as one,
+    `TableReducers.joined`) when there are at least `min_tasks` such groups. Deterministic: a
+    replay plans the same tasks."""
     if not ranges:
         return []
-    ordered = sorted(ranges, key=lambda r: (-(r.end - r.start), r.topic, r.partition, r.start))
+    units = _units(ranges, min_tasks)
+    ordered = sorted(units, key=lambda u: (-_rows(u), u[0].topic, u[0].partition, u[0].start))
     total = sum(r.end - r.start for r in ranges)
-    count = max(min(min_tasks, len(ranges)), -(-total // pack_rows))
-    count = min(count, len(ranges))
+    count = max(min(min_tasks, len(units)), -(-total // pack_rows))
+    count = min(count, len(units))
     tasks: list[list[KafkaRange]] = [[] for _ in range(count)]
     sizes = [0] * count
-    for kafka_range in ordered:
+    for unit in ordered:
         emptiest = min(range(count), key=lambda i: (sizes[i], i))
-        tasks[emptiest].append(kafka_range)
-        sizes[emptiest] += kafka_range.end - kafka_range.start
+        tasks[emptiest].extend(unit)
+        sizes[emptiest] += _rows(unit)
     return [PackedRanges(sorted(task, key=lambda r: (r.topic, r.partition, r.start))) for task in tasks if task]
+
+
+def _units(ranges: list[KafkaRange], min_tasks: int) -> list[list[KafkaRange]]:
+    """What `pack` places whole: a topic's small ranges together, each large range alone; each range
+    alone when there are fewer topics than tasks wanted."""
+    by_topic: dict[str, list[KafkaRange]] = {}
+    large = []
+    for kafka_range in sorted(ranges, key=lambda r: (r.topic, r.partition, r.start)):
+        if _small(kafka_range):
+            by_topic.setdefault(kafka_range.topic, []).append(kafka_range)
+        else:
+            large.append([kafka_range])
+    if len(by_topic) < min_tasks:
+        return [[r] for r in ranges]
+    return [*by_topic.values(), *large]
+
+
+def _rows(unit: list[KafkaRange]) -> int:
+    return sum(r.end - r.start for r in unit)
 
 
 def key_fields(key: bytes | None, decode: Callable[[bytes], tuple[Any, Any]]) -> tuple[str, ...] | None:
@@ -135,9 +157,52 @@ class TableReducers:
                 f"the primary key is unknown; set `tables: {{{table}: {{primary_key: [...]}}}}`", where)
         return found
 
+    def joined(self, table: str, ranges: list[tuple[KafkaRange, list["ValueChunk"]]]) -> Iterator["pa.RecordBatch"] | None:
+        """The payload rows of several small ranges of one table's topic decoded and reduced as one chunk
+        (`range_reader.joined_chunk`): what decoding costs per call is paid once for the table. None
+        where the ranges must go one by one (`__call__`): a range's first key naming other fields, a
+        record the Arrow decode leaves to the record-by-record way (whose errors and TRUNCATEs are
+        placed by their range), or placeholders filled across partitions (a range fills only within
+        its partition). The payload keeps every change's partition and offset: the driver merges it
+        with the table's other ranges as it would the ranges one by one."""
+        from connectors.kafka.range_reader import joined_chunk
+        from service.kafka_to_delta.source.debezium_columns import NotVectorisable, decode_range
+
+        keys = set()
+        chunks = []
+        for kafka_range, values in ranges:
+            if values:
+                keys.add(self.primary_key(table, kafka_range, next((c.first_key for c in values
+                                                                    if c.first_key is not None), None)))
+                chunks.extend(values)
+        if len(keys) != 1:
+            return None if keys else iter(())
+        primary_key = keys.pop()
+        reducer = self._reducer(table, primary_key)
+        if reducer.plan is None:
+            return None
+        chunk = joined_chunk(chunks)
+        try:
+            columns = decode_range(reducer.plan, reducer.decoder.decode_value, [chunk])
+            if columns.odd or (columns.held and len({r.partition for r, _ in ranges}) > 1):
+                return None
+            payload = reducer.vectorised_payload(columns)
+        except NotVectorisable:
+            return None
+        return iter([self._rows(payload, table, ranges[0][0].topic, primary_key)])
+
+    @staticmethod
+    def _rows(batch: "pa.RecordBatch", table: str, topic: str, primary_key: tuple[str, ...]) -> "pa.RecordBatch":
+        import pyarrow as pa
+
+        rows = batch.num_rows
+        return pa.RecordBatch.from_arrays(
+            [pa.array([table] * rows, pa.string()), pa.array([topic] * rows, pa.string()),
+             pa.array([",".join(primary_key)] * rows, pa.string()), *batch.columns],
+            names=[TABLE_COLUMN, "topic", "primary_key", *batch.schema.names])
+
     def __call__(self, kafka_range: KafkaRange, table: str, read: Callable[[], Iterable["pa.RecordBatch"]],
                  read_values: Callable[[], Iterable["ValueChunk"]]) -> Iterator["pa.RecordBatch"]:
-        import pyarrow as pa  # where ranges are read only
 
         values: Iterable[ValueChunk] | None = None
         first_key = None
@@ -156,11 +221,7 @@ class TableReducers:
             return read_values() if begun is None else begun
 
         for batch in self._reducer(table, primary_key)(read, values_once):
-            rows = batch.num_rows
-            yield pa.RecordBatch.from_arrays(
-                [pa.array([table] * rows, pa.string()), pa.array([kafka_range.topic] * rows, pa.string()),
-                 pa.array([",".join(primary_key)] * rows, pa.string()), *batch.columns],
-                names=[TABLE_COLUMN, "topic", "primary_key", *batch.schema.names])
+            yield self._rows(batch, table, kafka_range.topic, primary_key)
 
 
 class DatabaseStreamReader(KafkaStreamReader):
@@ -230,7 +291,21 @@ class DatabaseStreamReader(KafkaStreamReader):
         # The small ranges' values in one pass of one consumer (a consumer per range cost more than
         # reading its records); a large range is streamed by a consumer of its own, never held whole.
         small = read_values_of_ranges(self.client, [_coordinates(r) for r, _ in tables if _small(r)])
+        # A table's small ranges (its topic's partitions) are decoded as one where they can be.
+        together: dict[tuple[str, str], list[KafkaRange]] = {}
         for kafka_range, table in tables:
+            if _small(kafka_range):
+                together.setdefault((table, kafka_range.topic), []).append(kafka_range)
+        joined: set[tuple[str, int, int, int]] = set()
+        for (table, _), group in together.items():
+            if len(group) > 1:
+                payload = reducers.joined(table, [(r, small[_coordinates(r)]) for r in group])
+                if payload is not None:
+                    yield from payload
+                    joined.update(_coordinates(r) for r in group)
+        for kafka_range, table in tables:
+            if _coordinates(kafka_range) in joined:
+                continue
             if _small(kafka_range):
                 values = functools.partial(iter, small[_coordinates(kafka_range)])
             else:

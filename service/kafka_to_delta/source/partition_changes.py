@@ -177,9 +177,24 @@ class PartitionReducer:
         if columns.odd:
             odd = self._reduced(read, None, pa.array(columns.odd, pa.int64()))
             self._check_apart(columns, net, declared, odd)
-        info: dict[str, Any] = {"changes": columns.changes, "truncated": False, "vectorised": True}
+        extra = {"odd_records": len(columns.odd)} if odd is not None else {}
+        yield self._arrow_payload(columns, net, declared, seen, extra)
         if odd is not None:
-            info["odd_records"] = len(columns.odd)
+            marker = {}
+            if odd.truncate_offset is not None:
+                marker["truncates"] = [[columns.topic, columns.partition, odd.truncate_offset]]
+            yield self._payload(odd, marker)
+
+    def vectorised_payload(self, columns: RangeColumns) -> pa.RecordBatch:
+        """The payload of records every one of which was decoded in Arrow (`columns.odd` empty): of one
+        range, or of several ranges of one topic decoded as one chunk (`range_reader.joined_chunk`)."""
+        if columns.odd:
+            raise ValueError("records left to the record-by-record way need their range read again")
+        return self._arrow_payload(columns, *columns.result(self.primary_key), {})
+
+    def _arrow_payload(self, columns: RangeColumns, net: pa.Table | None, declared: dict[str, str],
+                       seen: dict[str, set[str]], extra: dict[str, Any]) -> pa.RecordBatch:
+        info: dict[str, Any] = {"changes": columns.changes, "truncated": False, "vectorised": True, **extra}
         typed = None
         if net is not None:
             evidence = TypeEvidence(declared, seen)
@@ -188,12 +203,7 @@ class PartitionReducer:
             for name in Meta.ALL:
                 typed = typed.append_column(name, meta[_META_ROLES[name]])
             info["types"] = evidence.to_json()
-        yield payload_batch(typed, [], info)
-        if odd is not None:
-            marker = {}
-            if odd.truncate_offset is not None:
-                marker["truncates"] = [[columns.topic, columns.partition, odd.truncate_offset]]
-            yield self._payload(odd, marker)
+        return payload_batch(typed, [], info)
 
     @staticmethod
     def _check_apart(columns: RangeColumns, net: pa.Table | None, declared: dict[str, str], odd: _Reduced) -> None:
