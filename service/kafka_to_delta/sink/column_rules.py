@@ -1,8 +1,13 @@
 """A pipeline's `columns:` (service/config/columns.py) applied to its typed net changes with Spark SQL.
 
 Each micro-batch's typed net changes (the columns `rows.names.Meta` names, then the row's) are handed to
-Spark as one Arrow batch and come back through one projection, evaluated by Spark's expressions (no
-Python per row):
+Spark as one Arrow batch (a local relation in the driver's JVM) and come back through one projection,
+evaluated by Spark's expressions (no Python per row). Spark's optimizer evaluates a projection of a local
+relation while it plans it (its rule ConvertToLocalRelation), so the projected rows are read back from the
+planned local table scan and turned into Arrow in the driver's JVM: no Spark job runs (`collected`). A
+batch too large for a local relation (`spark.sql.execution.arrow.localRelationThreshold`) or a projection
+the optimizer does not fold is collected with `toArrow`, a Spark job (`collected_by_job`); a test holds the
+two equal.
 
 - the filter: an upsert whose image fails it (false or null) becomes a delete of its key; deletes stay;
 - computed columns: the expressions over the image (null for a delete), after the kept source columns;
@@ -18,10 +23,13 @@ column and the table.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 from pyspark.errors import AnalysisException, ParseException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from service.config.columns import ColumnSettings
 from service.config.settings import PipelineSettings
@@ -101,7 +109,7 @@ class ColumnRules:
             projected = frame.select(*self.projection(changes.column_names))
         except (AnalysisException, ParseException) as error:
             raise self._analysis_error(frame, table_uri, error) from None
-        return projected.toArrow()
+        return collected(projected)
 
     def _analysis_error(self, frame: DataFrame, table_uri: str, error: Exception) -> TerminalError:
         """The error naming the expression the batch's columns cannot resolve."""
@@ -113,6 +121,37 @@ class ColumnRules:
                                    f"batch (columns {[c for c in frame.columns if c not in Meta.ALL]}): "
                                    f"{str(own).splitlines()[0]}")
         return ConfigError(f"{self.where}: the projection cannot be evaluated on table {table_uri}: {error}")
+
+
+_LOCAL_SCAN = "LocalTableScanExec"
+_MAX_BATCH_BYTES = 1 << 62
+
+
+def collected_by_job(frame: DataFrame) -> pa.Table:
+    """`frame`'s rows as Arrow, through a Spark job (the reference for `collected`)."""
+    return frame.toArrow()
+
+
+def collected(frame: DataFrame) -> pa.Table:
+    """`frame`'s rows as Arrow: read from its planned local table scan in the driver's JVM when the optimizer
+    folded the plan into one (no Spark job), else `collected_by_job`. Types as `DataFrame.toArrow` gives them."""
+    plan = frame._jdf.queryExecution().executedPlan()
+    if plan.getClass().getSimpleName() != _LOCAL_SCAN:
+        return collected_by_job(frame)
+    spark = frame.sparkSession
+    large = spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true"
+    jvm: Any = spark._jvm  # type: ignore[attr-defined]
+    converters = getattr(getattr(jvm.org.apache.spark.sql.execution.arrow, "ArrowConverters$"), "MODULE$")
+    batches = converters.toBatchWithSchemaIterator(plan.rows().iterator(), frame._jdf.schema(), _MAX_BATCH_BYTES,
+                                                   _MAX_BATCH_BYTES, "UTC", True, large)
+    schema = to_arrow_schema(frame.schema, error_on_duplicated_field_names_in_struct=True, timezone="UTC",
+                             prefers_large_types=large)
+    tables = []
+    while batches.hasNext():
+        tables.append(pa.ipc.open_stream(batches.next()).read_all())
+    if not tables:
+        return schema.empty_table()
+    return pa.concat_tables(tables).cast(schema)
 
 
 class ColumnRulesSink(MergeSink):

@@ -8,6 +8,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from datetime import date
+from decimal import Decimal
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,7 +19,12 @@ from deltalake import DeltaTable
 
 from service.config.settings import PipelineSettings, settings_from_mapping
 from service.kafka_to_delta.rows.names import Meta
-from service.kafka_to_delta.sink.column_rules import ColumnRules, ColumnRulesSink
+from service.kafka_to_delta.sink.column_rules import (
+    ColumnRules,
+    ColumnRulesSink,
+    collected,
+    collected_by_job,
+)
 from service.kafka_to_delta.sink.merge_sink import MergeSink
 from service.operations.workload import create_topics
 from service.supervisor.runner import Runner
@@ -152,3 +159,30 @@ def test_a_pipeline_through_kafka_writes_only_the_filtered_computed_masked_colum
     assert b"@example.org" not in stored and b"s3cret" not in stored
     assert "pipeline people: batch" in caplog.text  # the service's own log lines were captured
     assert "@example.org" not in caplog.text and "s3cret" not in caplog.text and SALT not in caplog.text
+
+
+def test_the_projection_is_read_back_without_a_spark_job_and_equals_toarrow(spark, monkeypatch):
+    """`collected` (the planned local scan, in the driver's JVM) against `collected_by_job` (`toArrow`) on
+    the types a table holds, nulls included; only the reference runs a Spark job."""
+    monkeypatch.setenv(SALT_ENV, SALT)
+    rules = ColumnRules(spark, _pipeline({**COLUMNS, "computed": {"at": "CAST(seen AS DATE)", "twice": "price * 2"}}),
+                        "people")
+    extra = pa.table({"seen": pa.array([1_700_000_000_000_000, None, 0], pa.timestamp("us", tz="UTC")),
+                      "price": pa.array([Decimal("1.25"), None, Decimal("-3.50")], pa.decimal128(10, 2)),
+                      "tags": pa.array([["a", "b"], None, []], pa.list_(pa.string())),
+                      "blob": pa.array([b"\x00\x01", None, b""], pa.binary())})
+    changes = _typed([(UPSERT, _person(1, "DE", "ann"), None), (UPSERT, _person(2, "DE", "bo"), ["name"]),
+                      (DELETE, {"id": 3}, None)], 0)
+    for index, name in enumerate(extra.column_names):
+        changes = changes.add_column(index + len(SCHEMA), extra.schema.field(name), extra.column(name))
+    frame = spark.createDataFrame(changes).select(*rules.projection(changes.column_names))
+
+    jobs_before = len(spark.sparkContext.statusTracker().getJobIdsForGroup())
+    fast = collected(frame)
+    jobs_fast = len(spark.sparkContext.statusTracker().getJobIdsForGroup())
+    reference = collected_by_job(frame)
+    jobs_reference = len(spark.sparkContext.statusTracker().getJobIdsForGroup())
+
+    assert fast.schema == reference.schema and fast.to_pylist() == reference.to_pylist()
+    assert fast.column("at").to_pylist() == [date(2023, 11, 14), None, None]
+    assert jobs_fast == jobs_before and jobs_reference > jobs_fast
