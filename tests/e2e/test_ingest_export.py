@@ -10,17 +10,25 @@ exactly equal to the Delta table read back with deltalake. A second run publishe
 
 In until-idle mode the runner starts the exports after the ingests finished, so one run
 publishes everything it ingested: the first run alone must reproduce the table.
+
+The same run carries a second pipeline with `table_shape: {deletes: soft, ignore_null_updates: true}`
+(issue 26) over a small topic of rounds (one round per micro-batch, a key at most once per round): its
+table keeps deleted keys with `__DELETED` and `__DELETED_AT` (the delete's Kafka timestamp), updates
+carrying nulls keep the stored values, and it equals a model applying those rules in the source's order.
+Its Debezium export publishes a soft delete as an update setting the flag (never a delete) and a
+re-insert as an update clearing it; replayed, the export ends equal to that table, deleted rows included.
 """
 
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from deltalake import DeltaTable
 
+from service.config.table_shape import DELETED, DELETED_AT
 from service.operations.workload import DebeziumWorkload, create_topics, produce
 from tests.support.pipeline_harness import run_cli, table_rows, table_version, write_config
 from vocabulary.changes import DebeziumOp, Envelope
@@ -32,6 +40,19 @@ OUTPUT_PARTITIONS = 3
 TABLE = "customers"
 CREATE_CODES = {DebeziumOp.CREATE.value, DebeziumOp.READ.value}
 FLAT_UPSERT_CODES = {"INSERT", "UPDATE_AFTER"}
+SHAPED = "shaped"
+SHAPE = {"deletes": "soft", "ignore_null_updates": True}
+# (op, key, row) per round; a round is one micro-batch. None in an update: the source sent no value.
+ROUNDS = [
+    [("c", 1, {"name": "ann", "email": "a@x", "score": 1}), ("c", 2, {"name": "bo", "email": "b@x", "score": 2}),
+     ("c", 3, {"name": "cy", "email": "c@x", "score": 3}), ("d", 9, {"name": "zed", "email": "z@x", "score": 9})],
+    [("u", 1, {"name": None, "email": "a2@x", "score": None}), ("d", 2, None),
+     ("u", 3, {"name": "cy2", "email": None, "score": 33}), ("c", 4, {"name": "di", "email": None, "score": 4})],
+    [("c", 2, {"name": "bo2", "email": "b2@x", "score": 22}), ("u", 4, {"name": None, "email": "d@x", "score": None}),
+     ("d", 3, None), ("u", 1, {"name": "ann2", "email": None, "score": None})],
+    [("c", 9, {"name": "zed2", "email": "z2@x", "score": 90}), ("d", 4, None)],
+]
+ROUND = max(map(len, ROUNDS))
 
 
 def consume_committed(bootstrap: str, topic: str, partitions: int) -> dict[int, list[tuple]]:
@@ -110,16 +131,55 @@ def replay_flat(records: dict[int, list[tuple]]) -> dict[int, dict]:
     return state
 
 
+def _shaped_model(start: datetime) -> tuple[list[tuple[bytes, bytes, int]], dict[int, dict]]:
+    """The shaped pipeline's records (key, value, Kafka timestamp ms from `start` on; recent, as the
+    topic's time retention would delete older ones) and the table its rules make of them:
+    an upsert writes its non-null values over the stored ones (all of them for an absent key) and clears the
+    flags; a delete keeps the stored row (the key alone for an absent key), flagged, at its record's time."""
+    records, table = [], {}
+    for number, changes in enumerate(ROUNDS):
+        for index, (op, key, values) in enumerate(changes):
+            at = start + timedelta(minutes=number, seconds=index)
+            stored = table.get(key)
+            shown = {k: v for k, v in (stored or {}).items() if k not in (DELETED, DELETED_AT)}
+            if op == "d":
+                before = {"id": key, **values} if stored is None else shown
+                document = {"before": before, "after": None, "op": op}
+                table[key] = {**dict.fromkeys(("name", "email", "score")), **shown, "id": key,
+                              DELETED: True, DELETED_AT: at}
+            else:
+                document = {"before": shown or None if op == "u" else None, "after": {"id": key, **values}, "op": op}
+                kept = {k: v if v is not None or stored is None else stored[k] for k, v in values.items()}
+                table[key] = {"id": key, **kept, DELETED: False, DELETED_AT: None}
+            records.append((json.dumps({"id": key}).encode(), json.dumps(document).encode(),
+                            int(at.timestamp() * 1000)))
+    return records, table
+
+
+def _produce_shaped(bootstrap: str, topic: str) -> dict[int, dict]:
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    records, table = _shaped_model(datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=1))
+    for key, value, timestamp in records:
+        producer.produce(topic, key=key, value=value, timestamp=timestamp, partition=0)
+    assert producer.flush(30) == 0
+    return table
+
+
 def _config(workdir, bootstrap: str, source: str, unique: str, engine: str):
     pipeline = {"name": f"ingest-{unique}", "topics": [source], "table": TABLE, "primary_key": ["id"],
                 "max_offsets_per_trigger": 1_500}
+    shaped = {"name": f"shaped-{unique}", "topics": [f"db.shaped.{unique}"], "table": SHAPED, "primary_key": ["id"],
+              "max_offsets_per_trigger": ROUND, "table_shape": SHAPE}
     exports = [
         {"name": f"dbz-{unique}", "table": TABLE, "topic": f"out.dbz.{unique}", "primary_key": ["id"],
          "preset": "debezium", "tombstones": False, "max_versions_per_trigger": 2},
         {"name": f"flat-{unique}", "table": TABLE, "topic": f"out.flat.{unique}", "primary_key": ["id"],
          "preset": "flat", "max_versions_per_trigger": 1},
+        {"name": f"shaped-dbz-{unique}", "table": SHAPED, "topic": f"out.shaped.{unique}", "primary_key": ["id"],
+         "preset": "debezium", "tombstones": False, "max_versions_per_trigger": 1},
     ]
-    return write_config(workdir / "config.yaml", bootstrap, workdir, [pipeline], engine, exports=exports), exports
+    config = write_config(workdir / "config.yaml", bootstrap, workdir, [pipeline, shaped], engine, exports=exports)
+    return config, exports
 
 
 @pytest.mark.parametrize("engine", ["delta-rs", "delta-spark"])
@@ -129,8 +189,10 @@ def test_one_process_ingests_and_exports_exactly_once(kafka_bootstrap, unique, w
     produced = produce(kafka_bootstrap, workload.generate(EVENTS, KEYS))
     assert produced >= EVENTS
     config, exports = _config(workdir, kafka_bootstrap, workload.topic, unique, engine)
-    dbz_topic, flat_topic = (e["topic"] for e in exports)
-    create_topics(kafka_bootstrap, [dbz_topic, flat_topic], OUTPUT_PARTITIONS)
+    dbz_topic, flat_topic, shaped_topic = (e["topic"] for e in exports)
+    create_topics(kafka_bootstrap, [dbz_topic, flat_topic, shaped_topic], OUTPUT_PARTITIONS)
+    create_topics(kafka_bootstrap, [f"db.shaped.{unique}"], 1)
+    shaped_model = _produce_shaped(kafka_bootstrap, f"db.shaped.{unique}")
 
     first = run_cli(config, "--until-idle")
     assert first.returncode == 0, first.stderr[-3000:]
@@ -146,6 +208,7 @@ def test_one_process_ingests_and_exports_exactly_once(kafka_bootstrap, unique, w
     assert replay_debezium(dbz) == expected
     assert replay_flat(flat) == expected
     assert sum(map(len, dbz.values())) >= len(expected)
+    shaped = _assert_shaped(kafka_bootstrap, workdir / "tables" / SHAPED, shaped_topic, shaped_model)
 
     version = table_version(uri)
     second = run_cli(config, "--until-idle")
@@ -153,3 +216,26 @@ def test_one_process_ingests_and_exports_exactly_once(kafka_bootstrap, unique, w
     assert table_version(uri) == version
     assert consume_committed(kafka_bootstrap, dbz_topic, OUTPUT_PARTITIONS) == dbz
     assert consume_committed(kafka_bootstrap, flat_topic, OUTPUT_PARTITIONS) == flat
+    assert consume_committed(kafka_bootstrap, shaped_topic, OUTPUT_PARTITIONS) == shaped
+
+
+def _assert_shaped(bootstrap: str, uri, topic: str, model: dict[int, dict]) -> dict[int, list[tuple]]:
+    """The soft-delete, ignore-null-updates table equals the model; its export replays to it, soft deletes
+    published as updates setting the flag."""
+    rows = table_rows(uri)
+    assert rows == [model[key] for key in sorted(model)]
+    assert [(row["id"], row[DELETED]) for row in rows] == [(1, False), (2, False), (3, True), (4, True), (9, False)]
+    merges = [entry for entry in DeltaTable(str(uri)).history() if entry["operation"] == "MERGE"]
+    assert len(merges) == len(ROUNDS), "one MERGE per round"
+    published = consume_committed(bootstrap, topic, OUTPUT_PARTITIONS)
+    assert replay_debezium(published) == {row["id"]: json_form(row) for row in rows}
+    history: dict[int, list[tuple]] = {}
+    for in_order in published.values():
+        for raw_key, raw_value, _ in in_order:
+            envelope = json.loads(raw_value)
+            after = envelope[Envelope.AFTER]
+            history.setdefault(json.loads(raw_key)["id"], []).append((envelope[Envelope.OP], after[DELETED]))
+    assert history[2] == [("c", False), ("u", True), ("u", False)], history  # deleted, then re-inserted
+    assert history[9] == [("c", True), ("u", False)], history  # a delete of an absent key, then an insert
+    assert history[3] == [("c", False), ("u", False), ("u", True)], history
+    return published
