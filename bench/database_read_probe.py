@@ -7,7 +7,9 @@ task can, each timed over the same ranges:
 
 - per range: `range_reader.read_values` (a consumer per range), the records only;
 - one consumer: `range_reader.read_values_of_ranges` over all ranges at once, the records only;
-- and each of them followed by the database source's decode and reduce (`TableReducers`), range by range.
+- and each of them followed by the database source's decode and reduce (`TableReducers`), range by range;
+- one consumer, then each table's ranges decoded and reduced as one chunk (`TableReducers.joined`, what a
+  task does now; a table it gives back is decoded range by range).
 
 Prints seconds and ms per range. Nothing is asserted; the figures go to bench/README.md.
 
@@ -17,6 +19,7 @@ Prints seconds and ms per range. Nothing is asserted; the figures go to bench/RE
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import sys
@@ -68,8 +71,24 @@ def main() -> None:
                 rows += batch.num_rows
         return rows
 
+    def reduce_joined(found) -> int:
+        by_topic: dict[str, list[tuple[str, int, int, int]]] = {}
+        for kafka_range in ranges:
+            by_topic.setdefault(kafka_range[0], []).append(kafka_range)
+        rows = 0
+        for topic, group in by_topic.items():
+            table = topic.rsplit(".", 1)[1]
+            batches = reducers.joined(table, [(KafkaRange(*r), found[r]) for r in group])
+            if batches is None:
+                rows += sum(batch.num_rows for r in group for batch in reducers(
+                    KafkaRange(*r), table, lambda: iter(()), functools.partial(iter, found[r])))
+            else:
+                rows += sum(batch.num_rows for batch in batches)
+        return rows
+
     print(f"{len(ranges)} ranges, {sum(r[3] - r[2] for r in ranges)} records; load {os.getloadavg()}")
-    for name in ("per range", "one consumer", "per range + decode/reduce", "one consumer + decode/reduce"):
+    for name in ("per range", "one consumer", "per range + decode/reduce", "one consumer + decode/reduce",
+                 "one consumer + joined decode/reduce"):
         started = time.perf_counter()
         if name == "per range":
             count = sum(len(c.values) for r in ranges for c in read_values(options, *r))
@@ -77,9 +96,11 @@ def main() -> None:
             count = sum(len(c.values) for chunks in read_values_of_ranges(options, ranges).values() for c in chunks)
         elif name == "per range + decode/reduce":
             count = reduce_all(lambda r: read_values(options, *r))
-        else:
+        elif name == "one consumer + decode/reduce":
             found = read_values_of_ranges(options, ranges)
             count = reduce_all(lambda r: iter(found[r]))
+        else:
+            count = reduce_joined(read_values_of_ranges(options, ranges))
         seconds = time.perf_counter() - started
         print(f"{name:32s} {seconds:6.2f} s  {seconds / len(ranges) * 1000:5.1f} ms/range  ({count})")
 

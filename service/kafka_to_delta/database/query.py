@@ -83,6 +83,7 @@ class DatabaseQuery(QueryIdentity, BatchPipeline):
         self._started = threading.Event()
         self._lock = threading.Lock()
         self._routes: dict[str, str] = {}
+        self._batch_ended: float | None = None
         self.dead_letters: DeadLetterStore | None = None
         if database.dead_letters is not None:
             sink = DeadLetterSink.for_pipeline(settings, database.name, database.dead_letters)
@@ -148,8 +149,11 @@ class DatabaseQuery(QueryIdentity, BatchPipeline):
         self.committed_batches += 1
         metrics.BATCHES.labels(self.name, "committed" if groups else "empty").inc()
         metrics.LAST_BATCH.labels(self.name).set(batch_id)
-        log.info("database %s: batch %d -> %d table(s) (read+decode+reduce %.2fs, merge %.2fs)",
-                 self.name, batch_id, len(groups), read - started, merged - read)
+        # Between two batches: Spark plans the next one (offsets, ranges, tasks) and waits for the trigger.
+        between = "" if self._batch_ended is None else f"; {started - self._batch_ended:.2f}s since the last batch"
+        self._batch_ended = merged
+        log.info("database %s: batch %d -> %d table(s) (read+decode+reduce %.2fs, merge %.2fs)%s",
+                 self.name, batch_id, len(groups), read - started, merged - read, between)
 
     def _apply(self, table: str, payloads: pa.Table, batch_id: int,
                entries: dict[str, dict[str, Any]]) -> tuple[str, BaseException | None]:
