@@ -4,10 +4,10 @@ Each micro-batch's typed net changes (the columns `rows.names.Meta` names, then 
 Spark as one Arrow batch (a local relation in the driver's JVM) and come back through one projection,
 evaluated by Spark's expressions (no Python per row). Spark's optimizer evaluates a projection of a local
 relation while it plans it (its rule ConvertToLocalRelation), so the projected rows are read back from the
-planned local table scan and turned into Arrow in the driver's JVM: no Spark job runs (`collected`). A
-batch too large for a local relation (`spark.sql.execution.arrow.localRelationThreshold`) or a projection
-the optimizer does not fold is collected with `toArrow`, a Spark job (`collected_by_job`); a test holds the
-two equal.
+planned local table scan and turned into Arrow in the driver's JVM, served on a local socket as Spark serves
+a collect: no Spark job runs (`collected`). A batch too large for a local relation
+(`spark.sql.execution.arrow.localRelationThreshold`) or a projection the optimizer does not fold is
+collected with `toArrow`, a Spark job (`collected_by_job`); a test holds the two equal.
 
 - the filter: an upsert whose image fails it (false or null) becomes a delete of its key; deletes stay;
 - computed columns: the expressions over the image (null for a delete), after the kept source columns;
@@ -27,9 +27,11 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark.errors import AnalysisException, ParseException
+from pyspark.serializers import read_int
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.util import _create_local_socket
 
 from service.config.columns import ColumnSettings
 from service.config.settings import PipelineSettings
@@ -124,7 +126,8 @@ class ColumnRules:
 
 
 _LOCAL_SCAN = "LocalTableScanExec"
-_MAX_BATCH_BYTES = 1 << 62
+_MAX_BATCH_ROWS = 65_536
+_MAX_BATCH_BYTES = 64 << 20
 
 
 def collected_by_job(frame: DataFrame) -> pa.Table:
@@ -134,7 +137,9 @@ def collected_by_job(frame: DataFrame) -> pa.Table:
 
 def collected(frame: DataFrame) -> pa.Table:
     """`frame`'s rows as Arrow: read from its planned local table scan in the driver's JVM when the optimizer
-    folded the plan into one (no Spark job), else `collected_by_job`. Types as `DataFrame.toArrow` gives them."""
+    folded the plan into one (no Spark job), else `collected_by_job`. The JVM turns the rows into Arrow IPC
+    streams and serves them on a local socket, as Spark serves a collect. Types as `DataFrame.toArrow` gives
+    them."""
     plan = frame._jdf.queryExecution().executedPlan()
     if plan.getClass().getSimpleName() != _LOCAL_SCAN:
         return collected_by_job(frame)
@@ -142,13 +147,23 @@ def collected(frame: DataFrame) -> pa.Table:
     large = spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true"
     jvm: Any = spark._jvm  # type: ignore[attr-defined]
     converters = getattr(getattr(jvm.org.apache.spark.sql.execution.arrow, "ArrowConverters$"), "MODULE$")
-    batches = converters.toBatchWithSchemaIterator(plan.rows().iterator(), frame._jdf.schema(), _MAX_BATCH_BYTES,
+    batches = converters.toBatchWithSchemaIterator(plan.rows().iterator(), frame._jdf.schema(), _MAX_BATCH_ROWS,
                                                    _MAX_BATCH_BYTES, "UTC", True, large)
     schema = to_arrow_schema(frame.schema, error_on_duplicated_field_names_in_struct=True, timezone="UTC",
                              prefers_large_types=large)
+    stream, sock = _create_local_socket(jvm.org.apache.spark.api.python.PythonRDD.serveIterator(
+        batches, "columns projection"))
     tables = []
-    while batches.hasNext():
-        tables.append(pa.ipc.open_stream(batches.next()).read_all())
+    try:
+        while True:
+            try:
+                size = read_int(stream)
+            except EOFError:
+                break
+            tables.append(pa.ipc.open_stream(stream.read(size)).read_all())
+    finally:
+        stream.close()
+        sock.close()
     if not tables:
         return schema.empty_table()
     return pa.concat_tables(tables).cast(schema)

@@ -19,6 +19,7 @@ from deltalake import DeltaTable
 
 from service.config.settings import PipelineSettings, settings_from_mapping
 from service.kafka_to_delta.rows.names import Meta
+from service.kafka_to_delta.sink import column_rules
 from service.kafka_to_delta.sink.column_rules import (
     ColumnRules,
     ColumnRulesSink,
@@ -163,8 +164,9 @@ def test_a_pipeline_through_kafka_writes_only_the_filtered_computed_masked_colum
 
 def test_the_projection_is_read_back_without_a_spark_job_and_equals_toarrow(spark, monkeypatch):
     """`collected` (the planned local scan, in the driver's JVM) against `collected_by_job` (`toArrow`) on
-    the types a table holds, nulls included; only the reference runs a Spark job."""
+    the types a table holds, nulls included, in more than one Arrow batch; only the reference runs a Spark job."""
     monkeypatch.setenv(SALT_ENV, SALT)
+    monkeypatch.setattr(column_rules, "_MAX_BATCH_ROWS", 2)
     rules = ColumnRules(spark, _pipeline({**COLUMNS, "computed": {"at": "CAST(seen AS DATE)", "twice": "price * 2"}}),
                         "people")
     extra = pa.table({"seen": pa.array([1_700_000_000_000_000, None, 0], pa.timestamp("us", tz="UTC")),
