@@ -10,13 +10,23 @@ Both carry a marker standing for personal data that must never reach an error or
   says nothing.
 - DEAD_LETTER keeps every good change and stores the bad records byte for byte, with their
   headers and the error metadata, in the dead-letter topic (read read_committed) and table.
+
+The same CLI run carries a pipeline with `columns:` (issue 26: exclude, computed columns, a filter
+that updates move rows out of and into, a salted SHA-256 mask) and a DEAD_LETTER policy, over a topic
+whose bad records carry masked values. Its table, read back with deltalake and Spark's Delta reader,
+holds the model's rows; the masked value appears nowhere the service writes: not in the table, any
+file under it (`_change_data` included), the change feed read with both readers, the dead letters'
+error metadata (topic headers, table columns) or the CLI's output. A dead letter's own key and value
+are the source's record byte for byte, so they do carry it (docs/design/columns.md, "Masking").
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 from deltalake import DeltaTable
@@ -48,6 +58,55 @@ BAD = {
         "unknown op code 'z'", "from_changelog"),
 }
 POLICIES = ("LOG", "SKIP", "DEAD_LETTER")
+
+SALT_ENV, SALT = "CDC_TEST_POLICIES_SALT", "salt-policies-5"
+MASKED = "masked-mail-4712"  # every email's local part: masked in the table, raw in the source
+EXCLUDED = "excluded-note-4713"  # every note: an excluded column
+COLUMNS = {"exclude": ["notes"], "computed": {"domain": "split(email, '@')[1]", "tag": "upper(name)"},
+           "filter": "country = 'DE'", "mask": {"email": "sha256"}, "salt_env": SALT_ENV}
+COLUMNS_BATCH = 4  # offsets per micro-batch, so the filter meets rows in several batches
+
+
+def _person(key: int, country: str, name: str) -> dict:
+    return {"id": key, "email": f"{MASKED}-{key}@example.org", "country": country, "name": name,
+            "notes": f"{EXCLUDED}-{key}"}
+
+
+# (op, row) or ("bad", (Kafka key, value)); one partition, COLUMNS_BATCH offsets per batch.
+COLUMN_RECORDS = [
+    ("c", _person(1, "DE", "ann")), ("c", _person(2, "DE", "bo")), ("c", _person(3, "FR", "cy")),
+    ("c", _person(4, "DE", "di")),
+    ("u", _person(1, "FR", "ann")),  # leaves the filter: deleted from the table
+    ("bad", (b'{"id":5}', b'{"id": 5, "email": "' + f"{MASKED}-5@example.org".encode() + b'" not json')),
+    ("u", _person(3, "DE", "cy")), ("d", _person(2, "DE", "bo")),
+    ("bad", (b'{"id":6}', json.dumps({"before": None, "after": _person(6, "DE", "fy"), "op": "z"}).encode())),
+    ("c", _person(5, "DE", "ee")), ("u", _person(4, "DE", "di2")),
+    ("u", _person(1, "DE", "ann")),  # back into the filter: written again
+]
+
+
+def _produce_columns(bootstrap: str, topic: str) -> tuple[list[tuple[bytes, bytes]], list[dict]]:
+    """COLUMN_RECORDS into `topic`: the bad records (key, value) and the table the columns rules make."""
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    source: dict[int, dict] = {}
+    bad = []
+    for op, item in COLUMN_RECORDS:
+        if op == "bad":
+            key, value = item
+            bad.append(item)
+        else:
+            key, before = json.dumps({"id": item["id"]}).encode(), source.get(item["id"])
+            value = json.dumps({"before": before, "after": None if op == "d" else item, "op": op}).encode()
+            if op == "d":
+                del source[item["id"]]
+            else:
+                source[item["id"]] = item
+        producer.produce(topic, key=key, value=value, partition=0)
+    assert producer.flush(30) == 0
+    table = [{"id": row["id"], "email": hashlib.sha256((SALT + row["email"]).encode()).hexdigest(), "country": row["country"], "name": row["name"],
+              "domain": row["email"].split("@")[1], "tag": row["name"].upper()}
+             for key, row in sorted(source.items()) if row["country"] == "DE"]
+    return bad, table
 
 
 def _envelope(op: str, row: dict | None, before: dict | None = None) -> bytes:
@@ -156,14 +215,20 @@ def _assert_dead_letters(bootstrap: str, workdir: Path, topic: str, dlq: dict) -
         assert str(row["batch_id"]).encode() == metadata[DlqHeader.BATCH]
 
 
-def test_log_skip_and_dead_letter_keep_every_good_change(kafka_bootstrap, unique, workdir):
+def test_log_skip_and_dead_letter_keep_every_good_change(spark, kafka_bootstrap, unique, workdir, monkeypatch):
+    monkeypatch.setenv(SALT_ENV, SALT)
     topics = {policy: f"policy-{policy.lower()}-{unique}" for policy in POLICIES}
     dlq = _dead_letter_config(unique)
+    columns_topic = f"policy-columns-{unique}"
+    columns_dlq = {"topic": f"dlq-columns-{unique}", "table": "p_columns_dlq"}
     create_topics(kafka_bootstrap, topics.values(), PARTITIONS)
-    create_topics(kafka_bootstrap, [dlq["topic"]], 1)
+    create_topics(kafka_bootstrap, [dlq["topic"], columns_topic, columns_dlq["topic"]], 1)
     expected = {policy: _produce(kafka_bootstrap, topic) for policy, topic in topics.items()}
+    columns_bad, columns_table = _produce_columns(kafka_bootstrap, columns_topic)
     pipelines = [_pipeline(f"p_{policy.lower()}", topics[policy], policy) for policy in POLICIES]
     pipelines[-1]["dead_letters"] = dlq
+    pipelines.append(_pipeline("p_columns", columns_topic, "DEAD_LETTER", columns=COLUMNS, dead_letters=columns_dlq,
+                               max_offsets_per_trigger=COLUMNS_BATCH))
     config = write_config(workdir / "config.yaml", kafka_bootstrap, workdir, pipelines)
     result = run_cli(config, "--until-idle")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -179,3 +244,35 @@ def test_log_skip_and_dead_letter_keep_every_good_change(kafka_bootstrap, unique
     assert PII not in result.stderr and PII not in result.stdout, "a payload reached the output"
     assert all(key.decode() not in result.stderr for key, _, _, _ in BAD.values()), "a key value reached the log"
     _assert_dead_letters(kafka_bootstrap, workdir, topics["DEAD_LETTER"], dlq)
+    _assert_masked(spark, kafka_bootstrap, workdir, columns_dlq, columns_bad, columns_table)
+    for marker in (MASKED, EXCLUDED, SALT):
+        assert marker not in result.stderr and marker not in result.stdout, f"{marker} reached the output"
+
+
+def _assert_masked(spark, bootstrap: str, workdir: Path, dlq: dict, bad: list[tuple[bytes, bytes]],
+                   expected: list[dict]) -> None:
+    """The columns pipeline's table, change feed and dead letters (see the module's text)."""
+    uri = str(workdir / "tables" / "p_columns")
+    for table in (DeltaTable(uri).to_pyarrow_table(), spark.read.format("delta").load(uri).toArrow()):
+        assert table.column_names == ["id", "email", "country", "name", "domain", "tag"]
+        assert sorted(table.to_pylist(), key=lambda row: row["id"]) == expected
+    files = [path for path in Path(uri).rglob("*") if path.is_file()]
+    assert any("_change_data" in path.parts for path in files), "an update left the filter: a change data file"
+    stored = b"".join(path.read_bytes() for path in files)
+    assert MASKED.encode() not in stored and EXCLUDED.encode() not in stored
+    assert expected[0]["email"].encode() in stored  # the scan sees the values the files do hold
+    feeds = [pa.table(DeltaTable(uri).load_cdf(starting_version=0)),
+             spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0).load(uri)
+             .toArrow()]
+    for feed in feeds:
+        assert "delete" in feed.column("_change_type").to_pylist(), "a row left the filter"
+        assert "notes" not in feed.column_names
+        assert all(len(email) == 64 for email in feed.column("email").to_pylist()), "every email is a hash"
+        assert MASKED not in str(feed.to_pylist())
+    messages = read_committed(bootstrap, dlq["topic"])
+    rows = DeltaTable(str(workdir / "tables" / dlq["table"])).to_pyarrow_table().to_pylist()
+    assert sorted((m.key(), m.value()) for m in messages) == sorted((r["key"], r["value"]) for r in rows) == sorted(bad)
+    for message in messages:  # the service's own metadata: headers with no copy of the source's
+        assert all(MASKED.encode() not in value for _, value in message.headers()), message.headers()
+    for row in rows:
+        assert MASKED not in str({k: v for k, v in row.items() if k not in ("key", "value")}), row
