@@ -169,11 +169,12 @@ class DatabaseQuery(QueryIdentity, BatchPipeline):
             prepared = batch_changes(payloads.select(["part", "payload"]))
             metrics.DECODE_ERRORS.labels(label).inc(prepared.failed.num_rows)
             handle_bad_records(label, prepared.failed, batch_id, self.dead_letters)
-            app_id = self.app_id(table)
-            if state.sink.already_committed(app_id, batch_id):
+            # apply_typed checks the table's last batch first (one read of the Delta log) and skips a replay
+            outcome = state.sink.apply_typed(prepared.changes, self.app_id(table), batch_id,
+                                             truncate=prepared.truncated)
+            if outcome.skipped_replay:
                 metrics.BATCHES.labels(label, "replay_skipped").inc()
                 return table, None
-            outcome = state.sink.apply_typed(prepared.changes, app_id, batch_id, truncate=prepared.truncated)
             state.committed_batches += 1
             state.last_outcome = outcome
             state.rows += prepared.count
