@@ -14,7 +14,8 @@ Then `lenient` and `evolve` run again (exit 0): their tables equal `SELECT *` of
 column the source has, with its types (bigint, numeric(12,2)); the dropped and renamed-away columns
 stay, null in every row rewritten since. A `lenient` pipeline written by delta-spark runs the same
 way (its own runs; its table read back with delta-rs, as exports read it), and so does a database
-source over the capture's topics (its own runs, primary key from the Kafka key, table `items_db`).
+source over the capture's topics (in the same runs as the delta-rs pipelines, primary key from the
+Kafka key, table `items_db`).
 `fail` runs alone and stops (exit 1) naming the column.
 """
 
@@ -34,7 +35,10 @@ from deltalake import DeltaTable
 
 from service.operations.workload import create_topics
 from tests.support.capture.debezium_engine import EngineProcess, debezium_properties
-from tests.support.capture.postgres import PostgresCluster, postgres  # noqa: F401 - the session fixture
+from tests.support.capture.postgres import (  # noqa: F401 - the session fixture
+    PostgresCluster,
+    postgres,
+)
 from tests.support.pipeline_harness import run_cli, write_config
 
 pytestmark = pytest.mark.slow
@@ -70,7 +74,7 @@ POLICIES = ("lenient", "evolve")
 SPARK = "spark_lenient"
 """The pipeline written by delta-spark (its own runs): `lenient`, table `items_spark_lenient`."""
 DATABASE = "db"
-"""A database source over the capture's topics (its own runs; `lenient`, the default): table `items_db`."""
+"""A database source over the capture's topics (in the delta-rs pipelines' runs; `lenient`, the default): table `items_db`."""
 STRING_READS = (pa.large_string(), pa.string_view())
 
 
@@ -90,15 +94,15 @@ def _pipelines(topic: str, names: tuple[str, ...]) -> list[dict]:
              "schema_changes": name.rsplit("_", 1)[-1]} for name in names]
 
 
-def _ingest(workdir: Path, bootstrap: str, topic: str, names: tuple[str, ...], run: str, engine: str = "delta-rs"):
-    config = write_config(workdir / f"{run}.yaml", bootstrap, workdir, _pipelines(topic, names), engine=engine)
-    return run_cli(config, "--until-idle")
-
-
-def _ingest_database(workdir: Path, bootstrap: str, prefix: str, run: str):
-    pattern = prefix.replace(".", r"\.") + r"\.(?P<schema>[^.]+)\.(?P<table>[^.]+)"
-    database = {"name": f"sc_{DATABASE}", "topic_pattern": pattern, "table_name": "{table}_" + DATABASE}
-    config = write_config(workdir / f"{run}.yaml", bootstrap, workdir, [], databases=[database])
+def _ingest(workdir: Path, bootstrap: str, topic: str, names: tuple[str, ...], run: str, engine: str = "delta-rs",
+            database_prefix: str | None = None):
+    """One `--until-idle` run of the pipelines `names`, and of the database source over the capture's
+    topics when `database_prefix` is given (the same service)."""
+    extra = {}
+    if database_prefix is not None:
+        pattern = database_prefix.replace(".", r"\.") + r"\.(?P<schema>[^.]+)\.(?P<table>[^.]+)"
+        extra["databases"] = [{"name": f"sc_{DATABASE}", "topic_pattern": pattern, "table_name": "{table}_" + DATABASE}]
+    config = write_config(workdir / f"{run}.yaml", bootstrap, workdir, _pipelines(topic, names), engine=engine, **extra)
     return run_cli(config, "--until-idle")
 
 
@@ -144,14 +148,14 @@ def captured(postgres: PostgresCluster, kafka_bootstrap: str, tmp_path_factory) 
     create_topics(kafka_bootstrap, [topic, marker], 1)
     properties = debezium_properties(name=f"sc_{unique}", port=postgres.port, dbname=dbname, prefix=prefix,
                                      tables=[f"{SCHEMA}.{TABLE}", f"{SCHEMA}.{MARKER}"], workdir=workdir)
-    engine = EngineProcess(properties, kafka_bootstrap, workdir, marker, 2).start()
+    # The engine streams through the first runs of the service: its time limit covers them on a loaded machine.
+    engine = EngineProcess(properties, kafka_bootstrap, workdir, marker, 2, max_seconds=1800).start()
     try:
         engine.wait_streaming()
         _run_sql(postgres, workdir, "phase_1", PHASE_1, dbname)
         _wait_produced(engine, marker, 1)
-        for run in (_ingest(workdir, kafka_bootstrap, topic, (*POLICIES, "fail"), "first"),
-                    _ingest(workdir, kafka_bootstrap, topic, (SPARK,), "first_spark", "delta-spark"),
-                    _ingest_database(workdir, kafka_bootstrap, prefix, "first_db")):
+        for run in (_ingest(workdir, kafka_bootstrap, topic, (*POLICIES, "fail"), "first", database_prefix=prefix),
+                    _ingest(workdir, kafka_bootstrap, topic, (SPARK,), "first_spark", "delta-spark")):
             assert run.returncode == 0, run.stderr[-3000:]
         after_phase_1 = {name: _delta(workdir, name).to_pylist() for name in (*POLICIES, SPARK, DATABASE, "fail")}
         source_after_phase_1 = _source(postgres, dbname)[1]
@@ -160,9 +164,9 @@ def captured(postgres: PostgresCluster, kafka_bootstrap: str, tmp_path_factory) 
     finally:
         engine.stop()
         postgres.drop_replication_slot(properties["slot.name"])
-    second = {"lenient+evolve": _ingest(workdir, kafka_bootstrap, topic, POLICIES, "second"),
+    both = _ingest(workdir, kafka_bootstrap, topic, POLICIES, "second", database_prefix=prefix)
+    second = {"lenient+evolve": both, DATABASE: both,
               SPARK: _ingest(workdir, kafka_bootstrap, topic, (SPARK,), "second_spark", "delta-spark"),
-              DATABASE: _ingest_database(workdir, kafka_bootstrap, prefix, "second_db"),
               "fail": _ingest(workdir, kafka_bootstrap, topic, ("fail",), "third")}
     return Captured(dbname, workdir, after_phase_1, source_after_phase_1, second)
 

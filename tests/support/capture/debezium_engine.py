@@ -245,14 +245,17 @@ class EngineProcess:
     """This script as a subprocess (own process group, cwd = `workdir`, output in `workdir/engine.log`)."""
 
     def __init__(self, properties: dict[str, str], bootstrap: str, workdir: Path, until_topic: str,
-                 until_count: int) -> None:
+                 until_count: int, max_seconds: float = 300.0) -> None:
+        """`max_seconds`: the engine's own time limit from its start (a safety net against orphans): it must
+        cover whatever the caller does while the engine streams, e.g. service runs between two phases."""
         self.workdir = workdir
         self.log = workdir / "engine.log"
         self.status_file = workdir / "status.json"
         (workdir / "properties.json").write_text(json.dumps(properties))
         self.command = [sys.executable, str(ENGINE_SCRIPT), "--properties", str(workdir / "properties.json"),
                         "--bootstrap", bootstrap, "--status", str(self.status_file),
-                        "--until-topic", until_topic, "--until-count", str(until_count)]
+                        "--until-topic", until_topic, "--until-count", str(until_count),
+                        "--max-seconds", str(max_seconds)]
         self.process: subprocess.Popen | None = None
 
     def start(self) -> "EngineProcess":
