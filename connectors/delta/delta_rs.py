@@ -112,6 +112,11 @@ class DeltaRsTable:
         table = self._open()
         return [] if table is None else table.history(limit)
 
+    def changed_elsewhere(self) -> None:
+        """Another writer committed to the table (delta-spark, which reads its log through this class):
+        the next read refreshes the handle even inside a micro-batch's commit."""
+        self._checked = False
+
     def last_batch(self, app_id: str) -> int | None:
         """The highest batch id committed under `app_id`, if any (the log read again: a batch's commit
         begins here)."""

@@ -437,6 +437,8 @@ class DeltaSparkTable:
                 self._session.conf.unset(key)
 
     def _run(self, what: str, action: Callable[[], _T]) -> _T:
+        """`action` through Spark, its errors as the engine's; the log's handle then reads the log again
+        (the action may have committed)."""
         try:
             return action()
         except AnalysisException as error:
@@ -445,3 +447,5 @@ class DeltaSparkTable:
             if _is_conflict(error):
                 raise DeltaCommitConflict(f"{what} conflicted with another commit: {_reason(error)}") from None
             raise DeltaWriteError(f"{what} failed: {_reason(error)}") from None
+        finally:
+            self._log.changed_elsewhere()
