@@ -176,7 +176,7 @@ def _config(workdir, bootstrap: str, source: str, unique: str, engine: str):
         {"name": f"flat-{unique}", "table": TABLE, "topic": f"out.flat.{unique}", "primary_key": ["id"],
          "preset": "flat", "max_versions_per_trigger": 1},
         {"name": f"shaped-dbz-{unique}", "table": SHAPED, "topic": f"out.shaped.{unique}", "primary_key": ["id"],
-         "preset": "debezium", "tombstones": False, "max_versions_per_trigger": 1},
+         "preset": "debezium", "tombstones": False, "compaction": "none"},  # every version's changes, one flush
     ]
     config = write_config(workdir / "config.yaml", bootstrap, workdir, [pipeline, shaped], engine, exports=exports)
     return config, exports
