@@ -64,7 +64,7 @@ MASKED = "masked-mail-4712"  # every email's local part: masked in the table, ra
 EXCLUDED = "excluded-note-4713"  # every note: an excluded column
 COLUMNS = {"exclude": ["notes"], "computed": {"domain": "split(email, '@')[1]", "tag": "upper(name)"},
            "filter": "country = 'DE'", "mask": {"email": "sha256"}, "salt_env": SALT_ENV}
-COLUMNS_BATCH = 4  # offsets per micro-batch, so the filter meets rows in several batches
+COLUMNS_BATCH = 6  # offsets per micro-batch: two batches, so updates move stored rows across the filter
 
 
 def _person(key: int, country: str, name: str) -> dict:
@@ -76,12 +76,13 @@ def _person(key: int, country: str, name: str) -> dict:
 COLUMN_RECORDS = [
     ("c", _person(1, "DE", "ann")), ("c", _person(2, "DE", "bo")), ("c", _person(3, "FR", "cy")),
     ("c", _person(4, "DE", "di")),
-    ("u", _person(1, "FR", "ann")),  # leaves the filter: deleted from the table
     ("bad", (b'{"id":5}', b'{"id": 5, "email": "' + f"{MASKED}-5@example.org".encode() + b'" not json')),
-    ("u", _person(3, "DE", "cy")), ("d", _person(2, "DE", "bo")),
+    ("c", _person(5, "DE", "ee")),
+    ("u", _person(1, "FR", "ann")),  # leaves the filter: deleted from the table
+    ("u", _person(3, "DE", "cy")),  # enters it: written
+    ("d", _person(2, "DE", "bo")),
     ("bad", (b'{"id":6}', json.dumps({"before": None, "after": _person(6, "DE", "fy"), "op": "z"}).encode())),
-    ("c", _person(5, "DE", "ee")), ("u", _person(4, "DE", "di2")),
-    ("u", _person(1, "DE", "ann")),  # back into the filter: written again
+    ("u", _person(4, "DE", "di2")), ("c", _person(7, "FR", "gu")),
 ]
 
 
