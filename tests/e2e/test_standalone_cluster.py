@@ -1,10 +1,12 @@
-"""Ingest on a Spark standalone cluster: executors in their own JVMs read Kafka and decode.
+"""Ingest on a Spark standalone cluster: executors in their own JVMs read Kafka, decode, keep the
+materializer's state and run Delta's MERGE.
 
 The cluster (a master and two workers of one core each, `testbed.spark_cluster`) runs on
-loopback; the service is the real CLI in its own process with `spark.master: spark://...`.
-The application's event log says which executors ran which tasks. A second test ships the
-project to the executors as a packed environment (`scripts/pack_executor_env.sh`, `spark.archives`),
-the way executors on machines without the project get it.
+loopback; the service is the real CLI in its own process with `spark.master: spark://...` and
+`engine: delta-spark`, the project shipped to the executors as a packed environment
+(`scripts/pack_executor_env.sh`, `spark.archives`), the way executors on machines without the
+project get it. One run serves every test of the module (a plain and a materializer pipeline);
+the application's event log says which executors ran which tasks.
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ import json
 import os
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 from service.operations.workload import DebeziumWorkload, create_topics, produce
 from testbed.spark_cluster import StandaloneCluster
-from tests.support.pipeline_harness import CLI, run_cli, table_rows, write_config
+from tests.support.pipeline_harness import CLI, table_rows, write_config
 
 
 @pytest.fixture(scope="module")
@@ -67,38 +71,6 @@ def executors_per_stage(event_log_dir: Path) -> list[tuple[set[str], set[str]]]:
     return [(operators[stage], ran) for stage, ran in _executors_by_stage(events).items()]
 
 
-@pytest.mark.slow
-def test_ingest_runs_on_standalone_executors(cluster, kafka_bootstrap, unique, workdir):
-    workload = _loaded(kafka_bootstrap, f"cluster-{unique}", 11, 2000, 200)
-    events = workdir / "events"
-    events.mkdir()
-    config = write_config(
-        workdir / "c.yaml", kafka_bootstrap, workdir,
-        [{"name": "p", "topics": [workload.topic], "table": "t", "primary_key": ["id"]},
-         {"name": "m", "topics": [workload.topic], "table": "m", "primary_key": ["id"], "upsert_materialize": "force"}],
-        spark={"master": cluster.master_url, "shuffle_partitions": 2,
-               "conf": {**cluster.application_conf(), **event_log(events)}})
-
-    result = run_cli(config, "--until-idle", timeout=600)
-
-    assert result.returncode == 0, result.stderr[-3000:] + cluster.logs()
-    assert table_rows(workdir / "tables" / "t") == workload.expected_rows()
-    assert table_rows(workdir / "tables" / "m") == workload.expected_rows()
-    stages = executors_per_stage(events)
-    # Every task ran on the two executors (never the driver), and both of them ran tasks of the
-    # stages that read Kafka (the project's Python source readers). The two pipelines' stages
-    # run at the same time, so one stage's tasks may all land on one executor.
-    assert set().union(*(ran for _, ran in stages)) == {"0", "1"}, stages
-    reading = [ran for operators, ran in stages if "MicroBatchScan" in operators]
-    assert set().union(*reading) == {"0", "1"}, stages
-    # The materializer's executors decoded and kept keyed state: the event times their decode
-    # tasks reported through the accumulator reached the driver's progress file, per partition.
-    progress = json.loads((workdir / "checkpoints" / "m" / "event_time_progress.json").read_text())
-    assert set(progress[workload.topic]) == {"0", "1"}, progress
-    apps = cluster.status()["completedapps"]
-    assert [app["name"] for app in apps].count("cdc-lakehouse") >= 1, apps
-
-
 @pytest.fixture(scope="module")
 def packed_environment(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The project and its dependencies (without pyspark) packed by scripts/pack_executor_env.sh."""
@@ -110,30 +82,66 @@ def packed_environment(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return archive
 
 
-@pytest.mark.slow
-def test_executors_run_the_project_from_a_packed_environment(cluster, packed_environment, kafka_bootstrap,
-                                                             unique, workdir):
-    workload = _loaded(kafka_bootstrap, f"packed-{unique}", 12, 1000, 100)
+@pytest.fixture(scope="module")
+def packed_run(cluster, packed_environment, kafka_bootstrap, tmp_path_factory) -> dict:
+    """One `run --until-idle` on the cluster: delta-spark, the packed environment, a plain pipeline in
+    several micro-batches and a materializer pipeline over one Debezium topic of two partitions."""
+    workdir = tmp_path_factory.mktemp("cluster_run")
+    workload = _loaded(kafka_bootstrap, f"cluster-{uuid.uuid4().hex[:10]}", 11, 2000, 200)
+    events = workdir / "events"
+    events.mkdir()
     config = write_config(
         workdir / "c.yaml", kafka_bootstrap, workdir,
-        [{"name": "p", "topics": [workload.topic], "table": "t", "primary_key": ["id"]}],
+        [{"name": "p", "topics": [workload.topic], "table": "t", "primary_key": ["id"],
+          "max_offsets_per_trigger": 1000},
+         {"name": "m", "topics": [workload.topic], "table": "m", "primary_key": ["id"], "upsert_materialize": "force"}],
+        engine="delta-spark",
         spark={"master": cluster.master_url, "shuffle_partitions": 2,
-               "conf": {**cluster.application_conf(), "spark.archives": f"{packed_environment}#environment"}})
+               "conf": {**cluster.application_conf(), **event_log(events),
+                        "spark.archives": f"{packed_environment}#environment"}})
     # Python workers run ./environment/bin/python: on an executor, the archive Spark unpacked in
     # its directory; on the driver (which plans the Kafka source in Python too), its own
     # environment under the same name in the directory it runs from.
     (workdir / "environment").symlink_to(sys.prefix)
 
-    result = subprocess.run([CLI, "run", str(config), "--until-idle"], capture_output=True, text=True,
-                            timeout=600, cwd=workdir,
-                            env={**os.environ, "PYSPARK_PYTHON": "./environment/bin/python"})
+    log = workdir / "cli.log"
+    with open(log, "w") as output:
+        result = subprocess.run([CLI, "run", str(config), "--until-idle"], stdout=output, stderr=subprocess.STDOUT,
+                                timeout=1200, cwd=workdir,
+                                env={**os.environ, "PYSPARK_PYTHON": "./environment/bin/python"})
 
-    assert result.returncode == 0, result.stderr[-3000:] + cluster.executor_logs()[-3000:]
+    assert result.returncode == 0, log.read_text()[-3000:] + cluster.logs() + cluster.executor_logs()[-3000:]
+    return {"workdir": workdir, "workload": workload, "events": events, "log": log.read_text()}
+
+
+@pytest.mark.slow
+def test_ingest_runs_on_standalone_executors(packed_run):
+    workdir, workload = packed_run["workdir"], packed_run["workload"]
     assert table_rows(workdir / "tables" / "t") == workload.expected_rows()
-    # Both executors of this run unpacked the archive in their directories.
-    (app,) = [app["id"] for app in cluster.status()["completedapps"]
-              if app["starttime"] == max(a["starttime"] for a in cluster.status()["completedapps"])]
-    unpacked = sorted(cluster.workdir.glob(f"worker-*/{app}/*/environment/bin/python"))
+    assert table_rows(workdir / "tables" / "m") == workload.expected_rows()
+    stages = executors_per_stage(packed_run["events"])
+    # Every task ran on the two executors (never the driver), and both of them ran tasks of the
+    # stages that read Kafka (the project's Python source readers). The two pipelines' stages
+    # run at the same time, so one stage's tasks may all land on one executor.
+    assert set().union(*(ran for _, ran in stages)) == {"0", "1"}, stages
+    reading = [ran for operators, ran in stages if "MicroBatchScan" in operators]
+    assert set().union(*reading) == {"0", "1"}, stages
+    # The materializer's executors decoded and kept keyed state: the event times their decode
+    # tasks reported through the accumulator reached the driver's progress file, per partition.
+    progress = json.loads((workdir / "checkpoints" / "m" / "event_time_progress.json").read_text())
+    assert set(progress[workload.topic]) == {"0", "1"}, progress
+
+
+@pytest.mark.slow
+def test_executors_run_the_project_from_a_packed_environment(cluster, packed_run):
+    # The module's one application: the master lists it once its driver left.
+    deadline = time.monotonic() + 120
+    while not (apps := cluster.status()["completedapps"]):
+        assert time.monotonic() < deadline, cluster.status()
+        time.sleep(0.5)
+    assert [app["name"] for app in apps] == ["cdc-lakehouse"], apps
+    # Both executors of the run unpacked the archive in their directories.
+    unpacked = sorted(cluster.workdir.glob(f"worker-*/{apps[0]['id']}/*/environment/bin/python"))
     assert len(unpacked) == 2, unpacked
 
 
@@ -150,28 +158,14 @@ def executors_per_job(event_log_dir: Path) -> dict[str, set[str]]:
 
 
 @pytest.mark.slow
-def test_delta_spark_merges_on_standalone_executors(cluster, kafka_bootstrap, unique, workdir, spark):
+def test_delta_spark_merges_on_standalone_executors(packed_run, spark):
     """With `engine: delta-spark` the service ships the Delta jars to the executors (spark.jars) and
     Delta's MERGE runs there: every task of the jobs Delta describes as its MERGE ran on an executor."""
-    workload = _loaded(kafka_bootstrap, f"cluster-delta-{unique}", 13, 600, 100)
-    events = workdir / "events"
-    events.mkdir()
-    config = write_config(
-        workdir / "c.yaml", kafka_bootstrap, workdir,
-        [{"name": "p", "topics": [workload.topic], "table": "t", "primary_key": ["id"],
-          "max_offsets_per_trigger": 300}],
-        engine="delta-spark",
-        spark={"master": cluster.master_url, "shuffle_partitions": 2,
-               "conf": {**cluster.application_conf(), **event_log(events)}})
-
-    result = run_cli(config, "--until-idle", timeout=900)
-
-    assert result.returncode == 0, result.stderr[-3000:] + cluster.logs()
-    uri = workdir / "tables" / "t"
-    assert table_rows(uri) == workload.expected_rows()  # delta-rs's reader
+    uri, workload = packed_run["workdir"] / "tables" / "t", packed_run["workload"]
+    assert "pipeline p: batch 1 -> " in packed_run["log"], "the plain pipeline was to take several micro-batches"
     by_spark = [row.asDict() for row in spark.read.format("delta").load(str(uri)).orderBy("id").collect()]
     assert by_spark == workload.expected_rows()  # Delta's own reader
-    jobs = executors_per_job(events)
+    jobs = executors_per_job(packed_run["events"])
     merges = {description: ran for description, ran in jobs.items() if "MERGE operation" in description}
     assert merges, sorted(jobs)
     assert set().union(*merges.values()) <= {"0", "1"} and "driver" not in set().union(*jobs.values()), merges
