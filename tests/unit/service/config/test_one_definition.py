@@ -41,6 +41,8 @@ NOT_CONFIGURATION: dict[tuple[str, str], str] = {
         "sets the native allocators' defaults (an operator's own value wins) before pyarrow loads",
     ("service/runtime/spark_session.py", "environment"):
         "sets PYSPARK_PYTHON, PYSPARK_DRIVER_PYTHON and SPARK_LOCAL_IP defaults for Spark's launcher",
+    ("service/runtime/sql_parser.py", "environment"):
+        "sets SPARK_LOCAL_IP and PYSPARK_PYTHON defaults for the parser's bare JVM, as spark_session does",
     ("service/runtime/jvm_class_archive.py", "environment"):
         "JAVA_HOME: finds the java executable exactly as Spark's launcher (spark-class) does",
     ("connectors/maven_jars.py", "environment"):
