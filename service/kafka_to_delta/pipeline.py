@@ -3,7 +3,8 @@
 The streaming plan, plain path (no materializer, no stateful FROM_CHANGELOG): each Kafka range
 is read, decoded, reduced to its last change per key and typed where it is read
 (`changes_source`, `partition_changes`); the driver merges the ranges in Arrow
-(`batch_changes`) and MERGEs. Otherwise: each range is decoded where it is read as well
+(`batch_changes`) and MERGEs. With a history table, each range also hands over every row
+change it read, typed (`history_rows`), which the history's commit takes after the MERGE. Otherwise: each range is decoded where it is read as well
 (`decode_stage.DecodedRanges` through `changes_source`: changelog rows, no raw records), the
 stateful FROM_CHANGELOG stage when configured, then either the keyed-state materializer
 (`materializer_stage`, when the upsert key differs from the primary key or several topics
@@ -176,10 +177,13 @@ class IngestPipeline(TableQuery):
         self._await_query_id()
         name = self.pipeline.name
         started = time.monotonic()
-        history_rows = self.history.changes(batch) if self.history is not None else None
+        decoded_history = self.history is not None and not self.shape.reduces_where_read
+        history_rows = self.history.changes(batch) if decoded_history else None
         prepared = self._prepared(batch)
-        if self.history is not None:
+        if decoded_history:
             self.history.release(batch)
+        else:
+            history_rows = prepared.history
         metrics.record_state(name, self._query.lastProgress if self._query is not None else None)
         metrics.DECODE_ERRORS.labels(name).inc(prepared.failed.num_rows)
         handle_bad_records(name, prepared.failed, batch_id, self.dead_letters)
@@ -190,7 +194,7 @@ class IngestPipeline(TableQuery):
             metrics.BATCHES.labels(name, "replay_skipped").inc()
             return
         outcome = self.sink.apply_typed(prepared.changes, self.app_id, batch_id, truncate=prepared.truncated)
-        if self.history is not None and history_rows is not None:
+        if self.history is not None:
             self.history.commit(history_rows, self.app_id, batch_id)
         merged = time.monotonic()
         self._record(outcome, prepared.count, merged - reduced, reduced - started)
@@ -238,7 +242,8 @@ class IngestPipeline(TableQuery):
         self.shape = pipeline_shape(self.pipeline, stored_key_buckets(self.pipeline.name, checkpoint))
         config = stage_config(self.pipeline, self.shape.key_buckets) if self.shape.materializer else None
         if self.shape.reduces_where_read:
-            reducer = PieceReducer(batch_decoder(self.pipeline), self.pipeline.primary_key)
+            reducer = PieceReducer(batch_decoder(self.pipeline), self.pipeline.primary_key,
+                                   history=self.pipeline.history_sequence_by)
             self.spark.dataSource.register(changes_source(self.pipeline.name, reducer))
             stream = self._source(changes_source_name(self.pipeline.name), watermarked=False)
         else:  # decoded where read as well: changelog rows and watermark candidates

@@ -8,9 +8,10 @@ its streaming query follows from that list alone:
 - `order_by` and/or `from_changelog`: a stateful FROM_CHANGELOG stage (`changelog.stage`) runs on
   the decoded rows and declares the query's watermark; without a materializer the batch is then
   reduced to one net change per key (`materialize.net_changes`).
-- `history` (an SCD type 2 history table, `sink.history_sink`): the batch's changes are decoded where
-  read and reduced per micro-batch as with a FROM_CHANGELOG stage, the history taking every change
-  of the batch before the reduction.
+- `history` (an SCD type 2 history table, `sink.history_sink`): the shape does not change. On the plain
+  path each range hands over every row change it read, typed, besides its net changes
+  (`source.history_rows`); behind a stateful FROM_CHANGELOG stage the history takes the batch's
+  changelog rows before the reduction.
 - `materializer`: the keyed-state materializer, per key (`state_layout` "per key") or per key bucket.
   The bucket stage reads the decoded changes packed per bucket where they are read, unless a
   stateful FROM_CHANGELOG stage in front hands it one row per change.
@@ -45,7 +46,7 @@ class Shape:
     materializer: bool = False
     key_buckets: int = 0  # the materializer's state per key bucket (how many); 0: per key
     watermark_compaction: bool = False  # the materializer compacts when the watermark passes
-    history: bool = False  # a history table is written from every change of a batch, before its reduction
+    history: bool = False  # a history table is written from every change of a batch (the ranges hand them over)
 
     @property
     def name(self) -> str:
@@ -59,7 +60,7 @@ class Shape:
     @property
     def reduces_where_read(self) -> bool:
         """The plain path: ranges decoded and reduced to net changes where they are read."""
-        return not self.changelog_stage and not self.materializer and not self.history
+        return not self.changelog_stage and not self.materializer
 
     @property
     def packed_buckets(self) -> bool:
@@ -69,7 +70,7 @@ class Shape:
     @property
     def reduces_per_batch(self) -> bool:
         """The batch's changelog rows are reduced to net changes by the query (no materializer)."""
-        return (self.changelog_stage or self.history) and not self.materializer
+        return self.changelog_stage and not self.materializer
 
     @property
     def materializer_declares_watermark(self) -> bool:

@@ -16,8 +16,10 @@ from connectors.delta.engines import open_table
 from service.config.choices import SchemaChanges
 from service.config.settings import PipelineSettings, Settings
 from service.kafka_to_delta.sink.column_rules import ColumnRules, ColumnRulesSink
-from service.kafka_to_delta.sink.history_sink import CHANGE_COLUMNS, HistoryOutcome, HistorySink
+from service.kafka_to_delta.rows.names import Column
+from service.kafka_to_delta.sink.history_sink import HistoryOutcome, HistorySink
 from service.kafka_to_delta.sink.merge_sink import MergeOutcome, MergeSink
+from service.kafka_to_delta.source.history_rows import changelog_history
 from service.observability import metrics
 from service.supervisor.batch_pipeline import BatchPipeline, commit_app_id
 
@@ -34,31 +36,41 @@ def count_merged(name: str, outcome: MergeOutcome, changes: int) -> None:
     metrics.LAST_BATCH.labels(name).set(outcome.batch_id)
 
 
+CHANGE_COLUMNS = (Column.TOPIC, Column.PARTITION, Column.OFFSET, Column.CHANGE_INDEX, Column.TIMESTAMP, Column.KIND,
+                  Column.KEY, Column.ROW, Column.TYPES, Column.UNCHANGED, Column.SEQUENCE, Column.ERROR)
+"""What a history needs of a batch's changelog rows on the decoded path."""
+
+
 class HistoryWriter:
-    """The history table of an ingest pipeline with `history:`: each micro-batch's changelog rows, taken
-    before the batch is reduced to net changes, committed after the current-row table's MERGE (a replay
-    finds either commit done or not, each on its own)."""
+    """The history table of an ingest pipeline with `history:`: each micro-batch's row changes, committed
+    after the current-row table's MERGE (a replay finds either commit done or not, each on its own).
+
+    On the plain path the ranges hand the row changes over typed with their net changes
+    (`BatchChanges.history`). Behind a stateful FROM_CHANGELOG stage (the decoded path) they are taken from
+    the batch's changelog rows before the reduction (`changes`, typed on the driver)."""
 
     def __init__(self, spark: SparkSession, settings: Settings, pipeline: PipelineSettings) -> None:
         assert pipeline.history is not None
         lakehouse = settings.lakehouse
         uri = lakehouse.table_uri(pipeline.history.table_for(pipeline.table))
         table = open_table(lakehouse.engine, uri, lakehouse.storage_options, spark)
+        self.primary_key = pipeline.primary_key
         self.sink = HistorySink(table, pipeline.primary_key, pipeline.history, pipeline.schema_changes)
         self.last_outcome: HistoryOutcome | None = None
 
     def changes(self, batch: DataFrame) -> pa.Table:
-        """The batch's changelog rows; the batch is kept (persisted) for the reduction's action that
-        follows, so the plan runs once (`release` when done)."""
+        """The decoded batch's row changes, typed; the batch is kept (persisted) for the reduction's action
+        that follows, so the plan runs once (`release` when done)."""
         batch.persist()
-        return batch.select(*CHANGE_COLUMNS).toArrow()
+        rows, _ = changelog_history(batch.select(*CHANGE_COLUMNS).toArrow(), self.primary_key)
+        return rows
 
     def release(self, batch: DataFrame) -> None:
         """Drop the batch kept by `changes`."""
         batch.unpersist()
 
-    def commit(self, rows: pa.Table, app_id: str, batch_id: int) -> None:
-        """Bring the history table up to date with the batch's changelog `rows`, once per batch id."""
+    def commit(self, rows: pa.Table | None, app_id: str, batch_id: int) -> None:
+        """Bring the history table up to date with the batch's row changes, once per batch id."""
         outcome = self.last_outcome = self.sink.apply(rows, app_id, batch_id)
         if not outcome.skipped_replay:
             log.info("history %s: batch %d: %d key(s), %d row(s) written, %d removed", self.sink.table.uri,

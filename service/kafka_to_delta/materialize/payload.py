@@ -2,8 +2,9 @@
 
 A payload is a few Arrow IPC streams (`PAYLOAD_SCHEMA`), not a row per change: part `changes`
 (typed net changes with the `Meta` columns; its schema metadata holds the types the rows
-declared, the kinds the data suggested and the counts) and part `failed` (records that could
-not become changes, with their policy and original bytes). The plain path builds it where it
+declared, the kinds the data suggested and the counts), part `failed` (records that could
+not become changes, with their policy and original bytes) and, for a pipeline with a history
+table, part `history` (every row change of the range, typed: `source.history_rows`). The plain path builds it where it
 reads (`source.partition_changes`), a stateful path after its last stage (`net_payload`); the
 driver reads it back (`payload_table`).
 """
@@ -36,6 +37,8 @@ from vocabulary.changes import ChangeKind
 from vocabulary.errors import DecodeError, SourceCoordinates
 
 TRUNCATE = "TRUNCATE"
+HISTORY = "history"
+"""The `part` of a range's row changes for a history table (`source.history_rows`), when asked for."""
 _META_KEY = b"cdc-lakehouse"
 RETRACTIONS = (ChangeKind.UPDATE_BEFORE.value, ChangeKind.DELETE.value)
 
@@ -104,14 +107,21 @@ def payload_table(payload: bytes) -> tuple[pa.Table, dict]:
     return table, json.loads(meta) if meta else {}
 
 
-def payload_batch(typed: pa.Table | None, failed: list[pa.Table], info: dict) -> pa.RecordBatch:
-    """One range's (or one Spark partition's) payload rows."""
+def payload_batch(typed: pa.Table | None, failed: list[pa.Table], info: dict,
+                  history: tuple[pa.Table, TypeEvidence] | None = None) -> pa.RecordBatch:
+    """One range's (or one Spark partition's) payload rows; `history`: its row changes for a history
+    table and their type evidence."""
     parts, payloads = [Part.CHANGES], []
     changes = typed if typed is not None else pa.table({})
     payloads.append(ipc_bytes(changes.replace_schema_metadata({_META_KEY: json.dumps(info).encode()})))
     if failed:
         parts.append(Part.FAILED)
         payloads.append(ipc_bytes(pa.concat_tables(failed)))
+    if history is not None and history[0].num_rows:
+        rows, evidence = history
+        parts.append(HISTORY)
+        payloads.append(ipc_bytes(rows.replace_schema_metadata(
+            {_META_KEY: json.dumps({"types": evidence.to_json()}).encode()})))
     return pa.RecordBatch.from_arrays([pa.array(parts, pa.string()), pa.array(payloads, pa.binary())],
                                       schema=PAYLOAD_SCHEMA)
 

@@ -1,15 +1,14 @@
 """Writes a pipeline's SCD type 2 history table (`history:`), one commit per micro-batch, idempotently.
 
-Per batch: every change of the batch (not only the net change per key) with its sequence value
-becomes an event; the stored history rows of the touched keys are read back; the keys' histories
-are recomputed in Arrow (`history_versions`); and the difference is MERGEd on (key, `__START_AT`)
-under the application transaction (app id, batch id), so a replayed batch is skipped and a batch
-whose changes the history already holds commits nothing.
+Per batch: every change of the batch (not only the net change per key), typed where its Kafka range
+was read (`source.history_rows`), becomes an event with its sequence value; the stored history rows of
+the touched keys are read back; the keys' histories are recomputed in Arrow (`history_versions`); and
+the difference is MERGEd on (key, `__START_AT`) under the application transaction (app id, batch id),
+so a replayed batch is skipped and a batch whose changes the history already holds commits nothing.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 
@@ -17,12 +16,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors.delta.arrow_types import rows_to_table
 from connectors.delta.delta_rs import DELETE_FLAG, DeltaSchemaError
 from connectors.delta.engines import DeltaEngineTable
 from service.config.choices import SchemaChanges
 from service.config.history import DELETED, END_AT, START_AT, UPDATED_AT, HistorySettings
-from service.kafka_to_delta.rows.names import Column
+from service.kafka_to_delta.rows.names import Meta
 from service.kafka_to_delta.sink.history_versions import (
     IS_DELETE,
     ORDER,
@@ -31,17 +29,13 @@ from service.kafka_to_delta.sink.history_versions import (
     recompute,
     stored_events,
 )
-from service.kafka_to_delta.sink.merge_sink import _batch_types
 from service.kafka_to_delta.sink.schema_changes import conform
+from service.kafka_to_delta.source.history_rows import HISTORY_META, SEQUENCE
 from vocabulary.changes import ChangeKind
 from vocabulary.errors import SourceCoordinates
 
 log = logging.getLogger(__name__)
-_ROW_KINDS = (ChangeKind.INSERT.value, ChangeKind.UPDATE_AFTER.value, ChangeKind.UPDATE_BEFORE.value,
-              ChangeKind.DELETE.value)
-CHANGE_COLUMNS = (Column.TOPIC, Column.PARTITION, Column.OFFSET, Column.CHANGE_INDEX, Column.KIND, Column.KEY,
-                  Column.ROW, Column.TYPES, Column.UNCHANGED, Column.SEQUENCE, Column.ERROR)
-"""What the history needs of a batch's changelog rows."""
+_ORDER = (Meta.TOPIC, Meta.PARTITION, Meta.OFFSET, Meta.CHANGE_INDEX)
 
 
 @dataclass(frozen=True)
@@ -55,49 +49,41 @@ class HistoryOutcome:
     skipped_replay: bool = False
 
 
-def _row_changes(changelog: pa.Table) -> pa.Table:
-    """The batch's row changes in source order, without a -U its +U follows (an update's before image)."""
-    rows = changelog.filter(pc.and_(pc.is_null(changelog.column(Column.ERROR)),
-                                    pc.is_in(changelog.column(Column.KIND), pa.array(_ROW_KINDS))))
-    rows = rows.take(pc.sort_indices(rows, [(c, "ascending") for c in
-                                            (Column.KEY, Column.TOPIC, Column.PARTITION, Column.OFFSET,
-                                             Column.CHANGE_INDEX)]))
-    kinds = rows.column(Column.KIND).to_numpy(zero_copy_only=False)
-    keys = rows.column(Column.KEY).to_numpy(zero_copy_only=False)
+def _row_changes(rows: pa.Table) -> pa.Table:
+    """The batch's row changes sorted by key and source position, without a -U its +U follows (an
+    update's before image)."""
+    rows = rows.take(pc.sort_indices(rows, [(c, "ascending") for c in (Meta.KEY, *_ORDER)]))
+    kinds = rows.column(Meta.KIND).to_numpy(zero_copy_only=False)
+    keys = rows.column(Meta.KEY).to_numpy(zero_copy_only=False)
     before = kinds == ChangeKind.UPDATE_BEFORE.value
     followed = np.zeros(len(kinds), dtype=bool)
     followed[:-1] = (kinds[1:] == ChangeKind.UPDATE_AFTER.value) & (keys[1:] == keys[:-1])
     return rows.filter(pa.array(~(before & followed)))
 
 
-def _sequence(rows: pa.Table, table: str) -> pa.Array:
+def _sequence(rows: pa.Table, table: str) -> pa.ChunkedArray:
     """The changes' sequence values; a change without one is an error naming it."""
-    values = [None if text is None else json.loads(text)[0] for text in rows.column(Column.SEQUENCE).to_pylist()]
-    missing = [i for i, value in enumerate(values) if value is None]
-    if missing:
-        at = rows.slice(missing[0], 1).to_pylist()[0]
-        where = SourceCoordinates(at[Column.TOPIC], at[Column.PARTITION], at[Column.OFFSET], at[Column.KEY])
+    values = rows.column(SEQUENCE)
+    if values.null_count:
+        missing = pc.index(pc.is_null(values), True).as_py()
+        at = rows.slice(missing, 1).select([Meta.TOPIC, Meta.PARTITION, Meta.OFFSET, Meta.KEY]).to_pylist()[0]
+        where = SourceCoordinates(*at.values())
         raise DeltaSchemaError(f"history table {table}: a change has no sequence value for __START_AT "
                                f"({where}); set history.sequence_by to a value every change carries")
-    return pa.array(values)
+    return values
 
 
-def batch_events(changelog: pa.Table, primary_key: tuple[str, ...], table: str) -> tuple[pa.Table, pa.Table]:
-    """(events, their source coordinates) of a batch's changelog rows: the typed row (a delete's before
-    image, else its key), `START_AT` its sequence value, `IS_DELETE`, `ORDER` 1 + its source position."""
-    rows = _row_changes(changelog)
-    deletes = pc.is_in(rows.column(Column.KIND), pa.array([ChangeKind.DELETE.value, ChangeKind.UPDATE_BEFORE.value]))
-    images = [dict(zip(primary_key, json.loads(key))) if text is None else json.loads(text)
-              for key, text in zip(rows.column(Column.KEY).to_pylist(), rows.column(Column.ROW).to_pylist())]
-    net_like = pa.table({"types": rows.column(Column.TYPES)})
-    typed = rows_to_table(images, _batch_types(net_like, images))
-    position = pc.sort_indices(rows, [(c, "ascending") for c in
-                                      (Column.TOPIC, Column.PARTITION, Column.OFFSET, Column.CHANGE_INDEX)])
+def batch_events(history: pa.Table, table: str) -> pa.Table:
+    """The events of a batch's row changes (`BatchChanges.history`): the typed row (a delete's key),
+    `START_AT` its sequence value, `IS_DELETE`, `ORDER` 1 + its source position in the batch, `UNCHANGED`."""
+    rows = _row_changes(history)
+    deletes = pc.is_in(rows.column(Meta.KIND), pa.array([ChangeKind.DELETE.value, ChangeKind.UPDATE_BEFORE.value]))
+    position = pc.sort_indices(rows, [(c, "ascending") for c in _ORDER])
     order = np.empty(rows.num_rows, dtype=np.int64)
     order[position.to_numpy()] = np.arange(1, rows.num_rows + 1)
-    events = (typed.append_column(START_AT, _sequence(rows, table)).append_column(IS_DELETE, deletes)
-              .append_column(ORDER, pa.array(order)).append_column(UNCHANGED, rows.column(Column.UNCHANGED)))
-    return events, rows.select([Column.TOPIC, Column.PARTITION, Column.OFFSET, Column.KEY])
+    data = rows.select([c for c in rows.column_names if c not in HISTORY_META])
+    return (data.append_column(START_AT, _sequence(rows, table)).append_column(IS_DELETE, deletes)
+            .append_column(ORDER, pa.array(order)).append_column(UNCHANGED, rows.column(Meta.UNCHANGED)))
 
 
 class HistorySink:
@@ -115,11 +101,14 @@ class HistorySink:
         last = self.table.last_batch(app_id)
         return last is not None and last >= batch_id
 
-    def apply(self, changelog: pa.Table, app_id: str, batch_id: int) -> HistoryOutcome:
-        """Bring the history of the batch's keys up to date with its changelog rows (`CHANGE_COLUMNS`)."""
+    def apply(self, history: pa.Table | None, app_id: str, batch_id: int) -> HistoryOutcome:
+        """Bring the history of the batch's keys up to date with its row changes (`BatchChanges.history`;
+        None: none)."""
         if self.already_committed(app_id, batch_id):
             return HistoryOutcome(batch_id, 0, 0, 0, skipped_replay=True)
-        events, _ = batch_events(changelog, self.primary_key, self.table.uri)
+        if history is None or history.num_rows == 0:
+            return HistoryOutcome(batch_id, 0, 0, 0)
+        events = batch_events(history, self.table.uri)
         if events.num_rows == 0:
             return HistoryOutcome(batch_id, 0, 0, 0)
         existing = self.table.schema()

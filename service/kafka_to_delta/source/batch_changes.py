@@ -22,10 +22,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from connectors.delta.arrow_types import arrow_type, typed_column
-from service.kafka_to_delta.materialize.payload import TypeEvidence, payload_table
+from service.kafka_to_delta.materialize.payload import HISTORY, TypeEvidence, payload_table
 from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
 from service.kafka_to_delta.rows.names import FAILED_COLUMNS, Meta, Part
 from service.kafka_to_delta.source.fill_across_ranges import RANGE_COLUMN, filled_last_rows
+from service.kafka_to_delta.source.history_rows import HISTORY_META, SEQUENCE
 from vocabulary.errors import DecodeError, SourceCoordinates
 
 
@@ -51,10 +52,13 @@ class BatchChanges:
     """Ranges of the plain path decoded record by record (settings it does not take, or given back)."""
     odd_records: int = 0
     """Records of vectorised ranges left to the record-by-record way (`debezium_columns`)."""
+    history: pa.Table | None = None
+    """For a history table: every row change of the batch, typed (`history_rows`); None when not asked."""
 
 
-def _conformed(table: pa.Table, types: dict[str, str]) -> pa.Table:
-    """A range's table with exactly the batch's columns and types, then the `Meta` columns."""
+def _conformed(table: pa.Table, types: dict[str, str], trailing: tuple[str, ...] = Meta.ALL) -> pa.Table:
+    """A range's table with exactly the batch's columns and types, then the `trailing` columns
+    (the `Meta` columns, or a history part's `HISTORY_META`)."""
     arrays, fields = [], []
     for name, type_name in types.items():
         target = arrow_type(type_name)
@@ -69,7 +73,7 @@ def _conformed(table: pa.Table, types: dict[str, str]) -> pa.Table:
                     column = _typed_or_located(table, name, type_name)
         arrays.append(column)
         fields.append(pa.field(name, target))
-    for name in Meta.ALL:
+    for name in trailing:
         arrays.append(table.column(name))
         fields.append(table.schema.field(name))
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
@@ -134,10 +138,14 @@ def batch_changes(payloads: pa.Table) -> BatchChanges:
     truncates: list[tuple[str, int, int]] = []
     fallbacks: list[str] = []
     vectorised = record_by_record = odd_records = 0
+    history: list[tuple[pa.Table, TypeEvidence]] = []
     for part, payload in zip(payloads.column("part").to_pylist(), payloads.column("payload").to_pylist()):
         table, info = payload_table(payload)
         if part == Part.FAILED:
             failed.append(table)
+            continue
+        if part == HISTORY:
+            history.append((table, TypeEvidence.from_json(info["types"])))
             continue
         count += info.get("changes", 0)
         vectorised += info.get("vectorised") is True
@@ -174,4 +182,21 @@ def batch_changes(payloads: pa.Table) -> BatchChanges:
         vectorised=vectorised,
         record_by_record=record_by_record,
         odd_records=odd_records,
+        history=batch_history(history) if history else None,
     )
+
+
+def batch_history(parts: list[tuple[pa.Table, TypeEvidence]]) -> pa.Table:
+    """The history parts of a batch's ranges as one table: the column types of the batch decided from
+    every part's evidence, as for the net changes, each part cast to them."""
+    evidence = TypeEvidence()
+    for _, found in parts:
+        evidence.add(found)
+    types = evidence.types()
+    tables = [_conformed(table, types, HISTORY_META) for table, _ in parts]
+    sequences = [table.column(SEQUENCE) for table in tables]
+    sequence_type = pa.unify_schemas([pa.schema([(SEQUENCE, s.type)]) for s in sequences],
+                                     promote_options="permissive").field(SEQUENCE).type
+    tables = [t.set_column(t.num_columns - 1, pa.field(SEQUENCE, sequence_type), s.cast(sequence_type))
+              for t, s in zip(tables, sequences)]
+    return pa.concat_tables(tables)

@@ -48,10 +48,17 @@ from service.kafka_to_delta.source.debezium_columns import (
     KEY_COLUMN,
     NotVectorisable,
     RangeColumns,
+    VectorPlan,
     decode_range,
     meta_columns,
     typed_net,
     vector_plan,
+)
+from service.kafka_to_delta.source.history_rows import (
+    HistoryColumns,
+    changelog_history,
+    history_plan,
+    sequence_path,
 )
 from service.kafka_to_delta.source.wrapper_layouts import BARE
 from vocabulary.changes import ChangeKind
@@ -68,9 +75,13 @@ class _Reduced:
     failed: list[pa.Table] = field(default_factory=list)
     truncate_offset: int | None = None
     changes: int = 0
+    every: list[pa.Table] | None = None
+    """Every changelog row, kept for a history table (None: not kept)."""
 
     def add(self, changelog: pa.Table) -> None:
         self.changes += changelog.num_rows
+        if self.every is not None:
+            self.every.append(changelog)
         failed = changelog.filter(pc.is_valid(changelog.column(Column.ERROR)))
         if failed.num_rows:
             self.failed.append(failed.select(list(FAILED_COLUMNS)))
@@ -119,10 +130,15 @@ class PartitionReducer:
     way it went, `fallback` why).
     """
 
-    def __init__(self, decoder: ChangelogBatchDecoder, primary_key: tuple[str, ...], vectorised: bool = True) -> None:
+    def __init__(self, decoder: ChangelogBatchDecoder, primary_key: tuple[str, ...], vectorised: bool = True,
+                 history: tuple[str, ...] = ()) -> None:
         self.decoder = decoder
         self.primary_key = primary_key
-        self.plan = vector_plan(decoder, primary_key) if vectorised else None
+        self.history = sequence_path(history) if history else None
+        if not vectorised:
+            self.plan = None
+        else:
+            self.plan = history_plan(decoder, primary_key) if history else vector_plan(decoder, primary_key)
 
     def __call__(self, read: Callable[[], Iterable[pa.RecordBatch]],
                  read_values: Callable[[], Iterable[ValueChunk]] | None = None) -> Iterator[pa.RecordBatch]:
@@ -132,7 +148,7 @@ class PartitionReducer:
         if self.plan is not None:
             chunks = read_values() if read_values is not None else map(ValueChunk.of_batch, read())
             try:
-                columns = decode_range(self.plan, self.decoder.decode_value, chunks)
+                columns = self._decoded(self.plan, chunks)
                 yield from self._vectorised(columns, read)
                 return
             except NotVectorisable as exc:
@@ -146,6 +162,14 @@ class PartitionReducer:
             info["fallback"] = fallback
         yield self._payload(reduced, info)
 
+    def _decoded(self, plan: VectorPlan, chunks: Iterable[ValueChunk]) -> RangeColumns:
+        if self.history is None:
+            return decode_range(plan, self.decoder.decode_value, chunks)
+        columns = HistoryColumns(plan, self.decoder.decode_value, sequence=self.history)
+        for chunk in chunks:
+            columns.add(chunk)
+        return columns
+
     def _payload(self, reduced: _Reduced, info: dict[str, Any]) -> pa.RecordBatch:
         net = reduced.surviving()
         info = {"changes": reduced.changes, "truncated": reduced.truncate_offset is not None, **info}
@@ -153,12 +177,15 @@ class PartitionReducer:
         if net is not None and net.num_rows:
             typed, evidence = typed_changes(net, self.primary_key)
             info["types"] = evidence.to_json()
-        return payload_batch(typed, reduced.failed, info)
+        history = None
+        if reduced.every is not None and reduced.every:
+            history = changelog_history(pa.concat_tables(reduced.every), self.primary_key)
+        return payload_batch(typed, reduced.failed, info, history)
 
     def _reduced(self, read: Callable[[], Iterable[pa.RecordBatch]], range_types: dict[str, str] | None,
                  offsets: pa.Array | None = None) -> _Reduced:
         """The range's records (those at `offsets` only, when given) decoded record by record."""
-        reduced = _Reduced()
+        reduced = _Reduced(every=[] if self.history is not None else None)
         for batch in read():
             if offsets is not None:
                 batch = batch.filter(pc.is_in(batch.column(Column.OFFSET), value_set=offsets))
@@ -178,7 +205,8 @@ class PartitionReducer:
             odd = self._reduced(read, None, pa.array(columns.odd, pa.int64()))
             self._check_apart(columns, net, declared, odd)
         extra = {"odd_records": len(columns.odd)} if odd is not None else {}
-        yield self._arrow_payload(columns, net, declared, seen, extra)
+        history = columns.history(self.primary_key) if isinstance(columns, HistoryColumns) else None
+        yield self._arrow_payload(columns, net, declared, seen, extra, history)
         if odd is not None:
             marker = {}
             if odd.truncate_offset is not None:
@@ -193,7 +221,8 @@ class PartitionReducer:
         return self._arrow_payload(columns, *columns.result(self.primary_key), {})
 
     def _arrow_payload(self, columns: RangeColumns, net: pa.Table | None, declared: dict[str, str],
-                       seen: dict[str, set[str]], extra: dict[str, Any]) -> pa.RecordBatch:
+                       seen: dict[str, set[str]], extra: dict[str, Any],
+                       history: tuple[pa.Table, TypeEvidence] | None = None) -> pa.RecordBatch:
         info: dict[str, Any] = {"changes": columns.changes, "truncated": False, "vectorised": True, **extra}
         typed = None
         if net is not None:
@@ -203,7 +232,7 @@ class PartitionReducer:
             for name in Meta.ALL:
                 typed = typed.append_column(name, meta[_META_ROLES[name]])
             info["types"] = evidence.to_json()
-        return payload_batch(typed, [], info)
+        return payload_batch(typed, [], info, history)
 
     @staticmethod
     def _check_apart(columns: RangeColumns, net: pa.Table | None, declared: dict[str, str], odd: _Reduced) -> None:

@@ -11,6 +11,7 @@ import pyarrow as pa
 from connectors.delta.change_feed import feed_schema, read_versions
 from service.config.history import DELETED, END_AT, START_AT, UPDATED_AT, HistorySettings
 from service.kafka_to_delta.sink.history_sink import HistorySink
+from service.kafka_to_delta.source.history_rows import changelog_history
 from tests.support.history_reference import reference
 
 APP = "history-app"
@@ -23,20 +24,22 @@ BATCHES = [
 
 
 def changelog(batch: list[tuple], first_offset: int) -> pa.Table:
-    """The changelog rows a Debezium-shaped batch decodes to (one partition; a delete's key alone)."""
+    """The typed row changes of the changelog rows a Debezium-shaped batch decodes to (one partition; a
+    delete's key alone), as a range hands them over (`history_rows`)."""
     rows = []
     for n, (key, seq, deleted, a, b) in enumerate(batch):
-        rows.append({"topic": "t", "partition": 0, "offset": first_offset + n, "change_index": 0,
+        rows.append({"topic": "t", "partition": 0, "offset": first_offset + n, "timestamp": 0, "change_index": 0,
                      "kind": "-D" if deleted else "+U", "key": json.dumps([key]),
                      "row": None if deleted else json.dumps({"id": key, "a": a, "b": b}),
                      "types": json.dumps({"id": "int64", "a": "string", "b": "int64"}),
                      "unchanged": None, "sequence": json.dumps([seq]), "error": None})
     schema = pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
+                        ("timestamp", pa.int64()),
                         ("change_index", pa.int32()), ("kind", pa.string()), ("key", pa.string()),
                         ("row", pa.string()), ("types", pa.string()), ("unchanged", pa.string()),
                         ("sequence", pa.string()),
                         ("error", pa.string())])
-    return pa.Table.from_pylist(rows, schema)
+    return changelog_history(pa.Table.from_pylist(rows, schema), ("id",))[0]
 
 
 def _rows(table: pa.Table) -> list[dict]:

@@ -42,14 +42,15 @@ def test_what_a_history_cannot_be_is_refused(extra, reason):
         _pipeline(**extra)
 
 
-def test_plan_shows_the_history_operator_and_the_shape_keeps_every_change():
+def test_plan_shows_the_history_operator_and_the_shape_stays_the_plain_path():
     pipeline = _pipeline(history={"track_history_column_list": ["a"]})
     [operator] = pipeline_operators(pipeline)
     assert (operator.kind, operator.key) == (Kind.HISTORY, ("id",))
     assert operator.properties["history_table"] == "people_history"
     assert operator.properties["track_history_column_list"] == ["a"]
     shape = pipeline_shape(pipeline)
-    assert not shape.reduces_where_read and shape.reduces_per_batch and not shape.materializer
+    # the ranges hand every row change over with their net changes (`history_rows`)
+    assert shape.history and shape.reduces_where_read and not shape.reduces_per_batch and not shape.materializer
     settings = settings_from_mapping({"pipelines": [pipeline.model_dump()]})
     line = next(line for line in summary(settings) if "people/history" in line)
     assert "key (id)" in line and "people_history" in line
