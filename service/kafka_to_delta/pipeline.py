@@ -4,9 +4,10 @@ The streaming plan, plain path (no materializer, no stateful FROM_CHANGELOG): ea
 is read, decoded, reduced to its last change per key and typed where it is read
 (`changes_source`, `partition_changes`); the driver merges the ranges in Arrow
 (`batch_changes`) and MERGEs. With a history table, each range also hands over every row
-change it read, typed (`history_rows`), which the history's commit takes after the MERGE. Otherwise: each range is decoded where it is read as well
-(`decode_stage.DecodedRanges` through `changes_source`: changelog rows, no raw records), the
-stateful FROM_CHANGELOG stage when configured, then either the keyed-state materializer
+change it read, typed (`history_rows`), which the history's commit takes after the MERGE.
+Otherwise: each range is decoded where it is read as well (`decode_stage.DecodedRanges`
+through `changes_source`: changelog rows, no raw records), the stateful FROM_CHANGELOG stage
+when configured, then either the keyed-state materializer
 (`materializer_stage`, when the upsert key differs from the primary key or several topics
 feed the table) or, per micro-batch, the reduction in Spark (`net_changes`).
 

@@ -4,9 +4,9 @@ A payload is a few Arrow IPC streams (`PAYLOAD_SCHEMA`), not a row per change: p
 (typed net changes with the `Meta` columns; its schema metadata holds the types the rows
 declared, the kinds the data suggested and the counts), part `failed` (records that could
 not become changes, with their policy and original bytes) and, for a pipeline with a history
-table, part `history` (every row change of the range, typed: `source.history_rows`). The plain path builds it where it
-reads (`source.partition_changes`), a stateful path after its last stage (`net_payload`); the
-driver reads it back (`payload_table`).
+table, part `history` (every row change of the range, typed: `source.history_rows`). The
+plain path builds it where it reads (`source.partition_changes`), a stateful path after its
+last stage (`net_payload`); the driver reads it back (`payload_table`).
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ Two ways build the part, as they build the net changes:
 - `changelog_history`, the record-by-record way's changelog rows (JSON images, `typed_changes`); also the
   history of a batch decoded by a stateful FROM_CHANGELOG stage (`table_query.HistoryWriter`).
 
-Columns of the part: the typed row columns, then `HISTORY_META` (`Meta`'s source columns, the change's
-kind: +U an upsert, -U an update's before image, -D a delete, and `SEQUENCE`, the sequence value, null when the change has none).
+Columns of the part: the typed row columns, then `HISTORY_META` (`Meta`'s source columns; the change's
+kind: +U an upsert, -U an update's before image, -D a delete; `SEQUENCE`, the sequence value, null when
+the change has none).
 """
 
 from __future__ import annotations
