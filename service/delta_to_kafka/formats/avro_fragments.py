@@ -13,9 +13,15 @@ row path writes (`avro_values.writer` then `fastavro.schemaless_writer`):
   bytes from binaries, `decimal` bytes from decimal128 of at most 18 digits at the schema's
   scale (the row path's length, `bit_length // 8 + 1`, big-endian two's complement);
 - a list of strings in an Avro string (the row path writes its compact `json.dumps` text):
-  the list's JSON fragments (`json_columns`) where they are printable ASCII;
-- any other pairing of Arrow type and Avro type, and those list rows, are written value by
-  value through the row path's converter and fastavro, for that column only.
+  each distinct item dumped once, joined per row with Arrow's list join;
+- any other pairing of Arrow type and Avro type is written value by value through the row
+  path's converter and fastavro, for that column only.
+
+A field's encoding is a list of pieces (columns or constants) whose row-wise concatenation is
+the encoding; a null in a column piece is an empty piece. A record's pieces are its fields'
+pieces, a `[null, record]` field's are the union tags and the record's pieces with the absent
+rows' validity cleared (no data copied), so a whole value is concatenated once (`framed`) and
+a long string is copied once, not once per nesting level.
 
 A value the row path refuses (a decimal with more digits than the schema allows, a required
 field that is null) raises TypeError, so the caller falls back to the row path, which names it.
@@ -24,6 +30,7 @@ field that is null) raises TypeError, so the caller falls back to the row path, 
 from __future__ import annotations
 
 import io
+import json
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -35,7 +42,6 @@ import pyarrow.compute as pc
 from connectors.schema_registry import avro_values
 from connectors.schema_registry.avro_codec import without_logical_types
 from connectors.schema_registry.avro_types import AVRO_NULL, LOGICAL_TYPE, resolve
-from service.delta_to_kafka.formats.json_columns import json_fragments, rows_where
 
 Bytes = Union[pa.Array, bytes]
 """A column of Avro encodings, or one encoding for every row."""
@@ -46,7 +52,6 @@ _DECIMAL_BYTES = 8
 _MAX_FAST_DIGITS = 18  # an unscaled value of at most 18 digits fits an int64
 _MICROS = ("timestamp-micros", "local-timestamp-micros")
 _NONE = b""
-_FIRST_PRINTABLE, _LAST_ASCII = 0x20, 0x7F
 
 
 @dataclass(frozen=True)
@@ -68,31 +73,61 @@ def varints(values: np.ndarray) -> pa.Array:
     zigzag = ((values << 1) ^ (values >> 63)).view(np.uint64)
     lengths = np.ones(len(values), np.int64)
     for group in range(1, _MAX_VARINT):
-        lengths += zigzag >= np.uint64(1 << (7 * group))
-    shifts = (np.arange(_MAX_VARINT, dtype=np.uint64) * np.uint64(7))[None, :]
+        longer = zigzag >= np.uint64(1 << (7 * group))
+        if not longer.any():
+            break
+        lengths += longer
+    width = int(lengths.max()) if len(values) else 1
+    if width == 1:
+        return _ragged(zigzag.astype(np.uint8), lengths)
+    shifts = (np.arange(width, dtype=np.uint64) * np.uint64(7))[None, :]
     groups = ((zigzag[:, None] >> shifts) & np.uint64(0x7F)).astype(np.uint8)
-    place = np.arange(_MAX_VARINT)[None, :]
+    place = np.arange(width)[None, :]
     groups |= (place < (lengths[:, None] - 1)).astype(np.uint8) << np.uint8(7)
     return _ragged(groups[place < lengths[:, None]], lengths)
 
 
 def _join(pieces: list[Bytes]) -> Bytes:
+    """Pieces concatenated row by row; a null in a column piece is an empty piece in that row."""
+    pieces = _merged(pieces)
     if all(isinstance(piece, bytes) for piece in pieces):
         return b"".join(pieces)  # type: ignore[arg-type]
-    return pc.binary_join_element_wise(*[pa.scalar(p, pa.binary()) if isinstance(p, bytes) else p
-                                         for p in pieces], pa.scalar(_NONE, pa.binary()))
+    if len(pieces) == 1:
+        return pc.fill_null(pieces[0], pa.scalar(_NONE, pa.binary()))
+    return pc.binary_join_element_wise(*[pa.scalar(p, pa.binary()) if isinstance(p, bytes) else p for p in pieces],
+                                       pa.scalar(_NONE, pa.binary()), null_handling="replace", null_replacement="")
+
+
+def _merged(pieces: list[Bytes]) -> list[Bytes]:
+    """Neighbouring constant pieces as one."""
+    merged: list[Bytes] = []
+    for piece in pieces:
+        if isinstance(piece, bytes) and merged and isinstance(merged[-1], bytes):
+            merged[-1] += piece
+        else:
+            merged.append(piece)
+    return merged
+
+
+def _masked(piece: Bytes, present: pa.Array) -> pa.Array:
+    """A piece empty (null) in the rows where `present` is false; the column's data is not copied."""
+    if isinstance(piece, bytes):
+        return pc.if_else(present, pa.scalar(piece, pa.binary()), pa.scalar(None, pa.binary()))
+    keep = present if piece.null_count == 0 else pc.and_(present, piece.is_valid())
+    bits = np.concatenate([np.zeros(piece.offset, bool), keep.to_numpy(zero_copy_only=False)])
+    validity = pa.py_buffer(np.packbits(bits, bitorder="little"))
+    return pa.Array.from_buffers(piece.type, len(piece), [validity, *piece.buffers()[1:]], offset=piece.offset)
 
 
 def _integers(column: pa.Array) -> np.ndarray:
     return pc.fill_null(column, 0).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
-def _with_length(body: pa.Array) -> pa.Array:
-    lengths = _integers(pc.binary_length(body))
-    return _join([varints(lengths), body])  # type: ignore[return-value]
+def _with_length(body: pa.Array) -> list[Bytes]:
+    return [varints(_integers(pc.binary_length(body))), body]
 
 
-def _decimals(column: pa.Array, precision: int) -> pa.Array:
+def _decimals(column: pa.Array, precision: int) -> list[Bytes]:
     words = np.frombuffer(column.buffers()[1], dtype="<i8")[2 * column.offset:2 * (column.offset + len(column))]
     unscaled = np.where(column.is_valid().to_numpy(zero_copy_only=False), words[::2], 0)
     magnitude = np.abs(unscaled)
@@ -103,7 +138,7 @@ def _decimals(column: pa.Array, precision: int) -> pa.Array:
         lengths += magnitude >= (1 << (8 * size - 1))
     big_endian = unscaled.astype(">i8").view(np.uint8).reshape(-1, _DECIMAL_BYTES)
     keep = np.arange(_DECIMAL_BYTES)[None, :] >= (_DECIMAL_BYTES - lengths[:, None])
-    return _join([varints(lengths), _ragged(big_endian[keep], lengths)])  # type: ignore[return-value]
+    return [varints(lengths), _ragged(big_endian[keep], lengths)]
 
 
 def _fixed(column: pa.Array, dtype: str) -> pa.Array:
@@ -111,21 +146,30 @@ def _fixed(column: pa.Array, dtype: str) -> pa.Array:
     return _ragged(data.view(np.uint8), np.full(len(data), data.itemsize, np.int64))
 
 
-def _fast(schema: Any, column: pa.Array) -> pa.Array | None:
-    """The encodings of a non-null type's values by kernels; None when this pairing has none."""
+def _longs(arrow: pa.DataType, column: pa.Array) -> bool:
+    """Integers that are Avro longs as they are (a uint64 column only below 2**63)."""
+    if not pa.types.is_integer(arrow):
+        return False
+    return arrow != pa.uint64() or (pc.max(column).as_py() or 0) < 2**63
+
+
+def _fast(schema: Any, column: pa.Array) -> list[Bytes] | None:
+    """The encodings of a non-null type's values by kernels, as pieces; None when this pairing has none.
+
+    The pieces hold some encoding in null rows: the caller masks them."""
     kind = schema.get("type") if isinstance(schema, dict) else schema
     logical = schema.get(LOGICAL_TYPE) if isinstance(schema, dict) else None
     arrow = column.type
-    if kind in ("long", "int") and logical is None and pa.types.is_integer(arrow) and arrow != pa.uint64():
-        return varints(_integers(column))
+    if kind in ("long", "int") and logical is None and _longs(arrow, column):
+        return [varints(_integers(column))]
     if kind == "int" and logical == "date" and pa.types.is_date32(arrow):
-        return varints(_integers(column.cast(pa.int32())))
+        return [varints(_integers(column.cast(pa.int32())))]
     if kind == "long" and logical in _MICROS and pa.types.is_timestamp(arrow) and arrow.unit in ("s", "ms", "us"):
-        return varints(_integers(column.cast(pa.timestamp("us", tz=arrow.tz)).cast(pa.int64())))
+        return [varints(_integers(column.cast(pa.timestamp("us", tz=arrow.tz)).cast(pa.int64())))]
     if kind == "double" and logical is None and pa.types.is_float64(arrow):
-        return _fixed(column, "<f8")
+        return [_fixed(column, "<f8")]
     if kind == "boolean" and pa.types.is_boolean(arrow):
-        return pc.if_else(column, pa.scalar(b"\x01", pa.binary()), pa.scalar(b"\x00", pa.binary()))
+        return [pc.if_else(column, pa.scalar(b"\x01", pa.binary()), pa.scalar(b"\x00", pa.binary()))]
     if kind == "string" and logical is None and pa.types.is_string(arrow):
         return _with_length(column.cast(pa.binary()))
     if kind == "bytes" and logical is None and pa.types.is_binary(arrow):
@@ -136,28 +180,23 @@ def _fast(schema: Any, column: pa.Array) -> pa.Array | None:
     return None
 
 
-def _outside_ascii_text(data: np.ndarray) -> np.ndarray:
-    return (data < _FIRST_PRINTABLE) | (data > _LAST_ASCII)
-
-
-def _list_text(schema: Any, column: pa.Array, named: dict[str, Any]) -> pa.Array | None:
+def _list_text(schema: Any, column: pa.Array) -> list[Bytes] | None:
     """A list of strings as the row path's JSON text (`json.dumps`, compact, ASCII) in an Avro string.
 
-    The JSON fragments of the list are that text wherever it is printable ASCII; other rows
-    (non-ASCII or control characters, which `json.dumps` escapes its own way) go one by one."""
+    Each distinct item is dumped once (the row path's `json.dumps` of a string or None); a row's
+    text is its items' texts joined by commas in brackets, which is what `json.dumps` writes for
+    the list."""
     kind = schema.get("type") if isinstance(schema, dict) else schema
     arrow = column.type
-    listed = pa.types.is_list(arrow) or pa.types.is_large_list(arrow)
-    if kind != "string" or not listed or not pa.types.is_string(arrow.value_type):
+    if kind != "string" or not pa.types.is_list(arrow) or not pa.types.is_string(arrow.value_type):
         return None
-    text = json_fragments(column)
-    encoded = _with_length(text.cast(pa.binary()))
-    odd = rows_where(text, _outside_ascii_text)
-    if odd.size == 0:
-        return encoded
-    mask = np.zeros(len(column), dtype=bool)
-    mask[odd] = True
-    return pc.replace_with_mask(encoded, pa.array(mask), _one_by_one(schema, column.take(pa.array(odd)), named))
+    items = column.values
+    distinct = pc.unique(items)
+    texts = pa.array([json.dumps(item) for item in distinct.to_pylist()], pa.string())
+    item_texts = texts.take(pc.index_in(items, value_set=distinct))
+    joined = pc.binary_join(pa.ListArray.from_arrays(column.offsets, item_texts), ",")
+    text = pc.binary_join_element_wise("[", joined, "]", "").cast(pa.binary())
+    return _with_length(text)
 
 
 def _one_by_one(schema: Any, column: pa.Array, named: dict[str, Any]) -> pa.Array:
@@ -180,58 +219,71 @@ def _constant(schema: Any, value: Any, named: dict[str, Any]) -> bytes:
     return _one_by_one(schema, pa.array([value]), named)[0].as_py()
 
 
-def _nullable(schema: list, node: Any, length: int, named: dict[str, Any]) -> Bytes:
+def _kernels(schema: Any, column: pa.Array) -> list[Bytes] | None:
+    fast = _fast(schema, column)
+    return _list_text(schema, column) if fast is None else fast
+
+
+def _tags(present: pa.Array) -> pa.Array:
+    return pc.if_else(present, pa.scalar(_PRESENT, pa.binary()), pa.scalar(_NULL, pa.binary()))
+
+
+def _nullable(schema: list, node: Any, length: int, named: dict[str, Any]) -> list[Bytes]:
     branch = resolve(schema[1], named)
     if node is None:
-        return _NULL
+        return [_NULL]
     if isinstance(node, Columns):
-        body, present = record_bytes(branch, node, length, named), node.present
+        body, present = record_pieces(branch, node, length, named), node.present
     elif isinstance(node, pa.Array):
-        fast = _fast(branch, node)
-        fast = _list_text(branch, node, named) if fast is None else fast
+        fast = _kernels(branch, node)
         if fast is None:
-            return _one_by_one(schema, node, named)
-        body, present = fast, node.is_valid()
+            return [_one_by_one(schema, node, named)]
+        body, present = fast, (node.is_valid() if node.null_count else None)
     else:
-        return _PRESENT + _constant(branch, node, named)
-    tagged = _join([_PRESENT, body])
+        return [_PRESENT + _constant(branch, node, named)]
     if present is None:
-        return tagged
-    return pc.if_else(present, tagged, pa.scalar(_NULL, pa.binary()))
+        return [_PRESENT, *body]
+    return [_tags(present), *(_masked(piece, present) for piece in _merged(body))]
 
 
-def field_bytes(schema: Any, node: Any, length: int, named: dict[str, Any]) -> Bytes:
-    """The encodings of one field's node under its (parsed) schema."""
+def field_pieces(schema: Any, node: Any, length: int, named: dict[str, Any]) -> list[Bytes]:
+    """The encodings of one field's node under its (parsed) schema, as pieces to concatenate."""
     if isinstance(schema, list):
         if len(schema) != 2 or schema[0] != AVRO_NULL:
             raise TypeError("only [null, T] unions are encoded column by column")
         return _nullable(schema, node, length, named)
     schema = resolve(schema, named)
     if isinstance(node, Columns):
-        return record_bytes(schema, node, length, named)
+        return record_pieces(schema, node, length, named)
     if node is None or (isinstance(node, pa.Array) and node.null_count):
         raise TypeError("a required Avro field is null")
     if isinstance(node, pa.Array):
-        fast = _fast(schema, node)
-        fast = _list_text(schema, node, named) if fast is None else fast
-        return _one_by_one(schema, node, named) if fast is None else fast
-    return _constant(schema, node, named)
+        fast = _kernels(schema, node)
+        return [_one_by_one(schema, node, named)] if fast is None else fast
+    return [_constant(schema, node, named)]
 
 
-def record_bytes(schema: Any, document: Columns, length: int, named: dict[str, Any]) -> Bytes:
-    """Record bodies, row by row, of a document of columns under a parsed record schema."""
+def record_pieces(schema: Any, document: Columns, length: int, named: dict[str, Any]) -> list[Bytes]:
+    """Record bodies, row by row, of a document of columns under a parsed record schema, as pieces.
+
+    Concatenated once (`framed`), so a long value is copied once, not once per nesting level."""
     schema = resolve(schema, named)
     if not isinstance(schema, dict) or schema.get("type") != "record":
         raise TypeError("a nested value is not an Avro record")
     extra = document.fields.keys() - {field["name"] for field in schema["fields"]}
     if extra:
         raise TypeError(f"fields {sorted(extra)} are not in the Avro schema")
-    return _join([field_bytes(field["type"], document.fields.get(field["name"]), length, named)
-                  for field in schema["fields"]])
+    return [piece for field in schema["fields"]
+            for piece in field_pieces(field["type"], document.fields.get(field["name"]), length, named)]
 
 
-def framed(schema_id: int, bodies: Bytes, length: int) -> pa.Array:
-    """Confluent-framed values: magic byte, the schema id (4 bytes, big-endian), the body."""
+def record_bytes(schema: Any, document: Columns, length: int, named: dict[str, Any]) -> Bytes:
+    """Record bodies, row by row, of a document of columns under a parsed record schema."""
+    return _join(record_pieces(schema, document, length, named))
+
+
+def framed(schema_id: int, bodies: list[Bytes], length: int) -> pa.Array:
+    """Confluent-framed values of record bodies given as pieces: magic byte, the schema id (4 bytes, big-endian), the body."""
     header = b"\x00" + schema_id.to_bytes(4, "big")
-    joined = _join([header, bodies])
+    joined = _join([header, *bodies])
     return joined if isinstance(joined, pa.Array) else pa.array([joined] * length, pa.binary())

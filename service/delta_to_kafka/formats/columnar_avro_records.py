@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from service.config.exports import ChangeFeedColumn, ExportSettings
 from service.delta_to_kafka.changelog.feed_changes import NO_ROW
-from service.delta_to_kafka.formats.avro_fragments import Columns, framed, record_bytes
+from service.delta_to_kafka.formats.avro_fragments import Columns, framed, record_pieces
 from service.delta_to_kafka.formats.avro_serializers import TableAvroSerializer
 from service.delta_to_kafka.formats.columnar_records import FULL, KEY, ColumnarRecords, _Part
 from service.delta_to_kafka.formats.output_formats import CONNECTOR, SourceField
@@ -37,7 +37,7 @@ class _Schema:
         self.parsed = fastavro.parse_schema(definition, self.named)
 
     def values(self, document: Columns, length: int) -> pa.Array:
-        return framed(self.schema_id, record_bytes(self.parsed, document, length, self.named), length)
+        return framed(self.schema_id, record_pieces(self.parsed, document, length, self.named), length)
 
 
 class _Feed:

@@ -10,6 +10,7 @@ the tests' registry (Apicurio) with the table's own serializers; the bytes must 
 from __future__ import annotations
 
 import io
+import json
 import uuid
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
@@ -24,7 +25,7 @@ from hypothesis import strategies as st
 from connectors.schema_registry import SchemaRegistryClient
 from service.config.exports import ExportSettings
 from service.delta_to_kafka.changelog.to_changelog import ToChangelog
-from service.delta_to_kafka.formats.avro_fragments import varints
+from service.delta_to_kafka.formats.avro_fragments import _list_text, varints
 from service.delta_to_kafka.formats.avro_serializers import TableAvroSerializer
 from service.delta_to_kafka.formats.export_encoder import ExportEncoder
 from service.delta_to_kafka.formats.output_formats import EncodeError, KafkaRecordEncoder
@@ -131,6 +132,9 @@ def test_avro_column_by_column_equals_row_by_row(layout, table_uri, apicurio_reg
     @HYPOTHESIS
     @given(feed=feeds())
     def check(feed):
+        if "_commit_version" in layout.get("passthrough", ()):  # delta-rs reads it as uint64
+            feed = feed.set_column(feed.schema.get_field_index("_commit_version"), "_commit_version",
+                                   feed.column("_commit_version").cast(pa.uint64()))
         _both_ways(export, feed, key, value)
 
     check()
@@ -144,6 +148,20 @@ def test_varints_are_avro_zigzag_longs():
         fastavro.schemaless_writer(stream, "long", number)
         expected.append(stream.getvalue())
     assert varints(pa.array(numbers, pa.int64()).to_numpy()).to_pylist() == expected
+
+
+def test_list_text_is_the_row_paths_json_dumps_of_a_sliced_list_column():
+    lists = [["a", None], None, [], ["größe", "🏷", "o'neil", 'q"\\\n'], ["a"], None, ["\u2028", "x" * 300]]
+    column = pa.array([["skipped"], *lists], pa.list_(pa.string())).slice(1)
+    pieces = _list_text("string", column)  # a null list's text is "[]": its union tag leaves it out
+    assert pieces is not None
+    joined = pa.array([b"".join(p[i].as_py() or b"" for p in pieces) for i in range(len(column))])
+    expected = []
+    for value in lists:
+        stream = io.BytesIO()
+        fastavro.schemaless_writer(stream, "string", json.dumps([] if value is None else value, separators=(",", ":")))
+        expected.append(stream.getvalue())
+    assert joined.to_pylist() == expected
 
 
 def test_a_decimal_beyond_the_schema_takes_the_row_path(table_uri, apicurio_registry_url):
