@@ -100,6 +100,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="freshness: the `databases:` source, or one `pipelines:` block per table")
     parser.add_argument("--drain-seconds", type=float, default=600, help="freshness: wait for the tables at most")
     parser.add_argument("--timeout", type=float, default=3_600, help="seconds one run --until-idle may take")
+    parser.add_argument("--database-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting of the `databases:` entry (VALUE as YAML), e.g. parallel_merges=4")
     parser.add_argument("--quick", action="store_true",
                         help="--tables 20 --changes 20000 --keys 5000 --rate 500 --rate-seconds 30")
     parser.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP"),
@@ -219,9 +221,10 @@ def pipeline_block(topic: str, table: str) -> dict:
     return {"name": table, "topics": [topic], "table": table, "primary_key": ["id"]}
 
 
-def database_block() -> dict:
-    """The `databases:` entry, exactly the issue's shape."""
-    return {"name": DATABASE, "topic_pattern": TOPIC_PATTERN, "table_name": TABLE_NAME}
+def database_block(options: list[str] = ()) -> dict:
+    """The `databases:` entry, exactly the issue's shape, plus `--database-option`s."""
+    extra = {key: yaml.safe_load(value) for key, value in (option.split("=", 1) for option in options)}
+    return {"name": DATABASE, "topic_pattern": TOPIC_PATTERN, "table_name": TABLE_NAME, **extra}
 
 
 def write_config(workdir: Path, config: dict) -> Path:
@@ -639,7 +642,7 @@ def main(argv: list[str] | None = None) -> None:
                     continue
                 config = base_config(work / name, bootstrap)
                 if name == "database":
-                    config["databases"] = [database_block()]
+                    config["databases"] = [database_block(args.database_option)]
                 else:
                     config["pipelines"] = [pipeline_block(w.topic, table) for table, w in many.items()]
                 attempt(results, name, lambda name=name, config=config: service_section(
@@ -650,7 +653,7 @@ def main(argv: list[str] | None = None) -> None:
                 where = work / args.freshness_with
                 config = base_config(where, bootstrap)
                 if args.freshness_with == "database":
-                    config["databases"] = [database_block()]
+                    config["databases"] = [database_block(args.database_option)]
                 else:
                     config["pipelines"] = [pipeline_block(w.topic, table) for table, w in many.items()]
                 attempt(results, "freshness", lambda: freshness_section(args, bootstrap, where, config, many))

@@ -104,6 +104,8 @@ class DatabaseSettings(SettingsModel):
     on_table_error: OnTableError = "stop"
     topic_refresh_seconds: float = Field(default=DEFAULT_TOPIC_REFRESH_SECONDS, gt=0)
     parallel_merges: int = Field(default=2, ge=1)
+    # A batch's MERGEs run while the next batch is read (run with a trigger; not under --until-idle).
+    overlap_merges: bool = False
     tables: dict[str, TableOverride] = Field(default_factory=dict)
 
     @field_validator("topic_pattern", "include", "exclude")
