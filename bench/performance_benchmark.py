@@ -38,6 +38,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -221,8 +223,8 @@ def topic_sections(args: argparse.Namespace, bootstrap: str, tmp: Path, events: 
                     tmp / uuid.uuid4().hex[:8], bootstrap, topic, workload, produced, variant,
                     args.materializer_batch))
         if "history" in sections:
-            attempt(out, "history_plain", lambda: run_service(tmp / uuid.uuid4().hex[:8], bootstrap, topic, workload,
-                                                              produced, {}, args.history_batch))
+            attempt(out, "history_plain", lambda: plain_run(tmp / uuid.uuid4().hex[:8], bootstrap, topic, workload,
+                                                            produced, args.history_batch))
             attempt(out, "history", lambda: history_run(tmp / uuid.uuid4().hex[:8], bootstrap, topic, workload,
                                                         produced, args.history_batch))
     finally:
@@ -230,12 +232,44 @@ def topic_sections(args: argparse.Namespace, bootstrap: str, tmp: Path, events: 
     return out
 
 
+_STAGE_LINE = re.compile(r"batch (\d+) -> .*\(read\+decode\+reduce ([\d.]+)s, merge ([\d.]+)s\)")
+_HISTORY_LINE = re.compile(r"history \S+: batch (\d+): .*\(([\d.]+)s\)")
+
+
+def stage_medians(log_path: Path) -> dict[str, float]:
+    """Per batch after the first, the median seconds of the service's stages (its log lines): read, decode
+    and reduce; both MERGEs; of them the history's commit (0 without a history)."""
+    text = log_path.read_text()
+    stages = [(float(r), float(m)) for b, r, m in _STAGE_LINE.findall(text) if int(b) > 0]
+    history = [float(h) for b, h in _HISTORY_LINE.findall(text) if int(b) > 0]
+    if not stages:
+        return {}
+    return {"reduce_s": statistics.median(r for r, _ in stages), "merge_s": statistics.median(m for _, m in stages),
+            "history_s": statistics.median(history) if history else 0.0}
+
+
+def plain_run(workdir: Path, bootstrap: str, topic: str, workload: DebeziumWorkload, events: int,
+              max_offsets: int) -> dict[str, float]:
+    """`run_service` of the plain pipeline at the history's batch size, with its stage medians."""
+    figures = run_service(workdir, bootstrap, topic, workload, events, {}, max_offsets)
+    return {**figures, **stage_medians(workdir / "pipeline.log")}
+
+
 def history_run(workdir: Path, bootstrap: str, topic: str, workload: DebeziumWorkload, events: int,
                 max_offsets: int) -> dict[str, float]:
-    """`run_service` with `HISTORY_VARIANT`; the history table checked too."""
+    """`run_service` with `HISTORY_VARIANT`; the history table checked too; the stage medians."""
     figures = run_service(workdir, bootstrap, topic, workload, events, HISTORY_VARIANT, max_offsets)
     figures["history_rows"] = check_history(str(workdir / "tables" / f"{TABLE}{HISTORY_TABLE_SUFFIX}"), workload)
-    return figures
+    return {**figures, **stage_medians(workdir / "pipeline.log")}
+
+
+def _stages(figures: dict) -> str:
+    """A run's stage medians, for the table (empty for figures recorded before they were)."""
+    if "reduce_s" not in figures:
+        return ""
+    history = f", of it history {figures['history_s']:.2f} s" if figures.get("history_s") else ""
+    return (f"per batch (median) read+decode+reduce {figures['reduce_s']:.2f} s, "
+            f"merge {figures['merge_s']:.2f} s{history}")
 
 
 def export_section(bootstrap: str, changes: int) -> dict[str, float]:
@@ -356,12 +390,12 @@ def table(results: dict, args: argparse.Namespace) -> list[tuple[str, str, str]]
             plain, history = part["history_plain"], part["history"]
             batch = args.history_batch
             rows.append((f"{label}plain path, batches of {batch:,}, steady", f"{plain['steady_rate']:,.0f} events/s",
-                         f"{plain['batches']} batches"))
+                         ", ".join(filter(None, (f"{plain['batches']} batches", _stages(plain))))))
             rows.append((f"{label}history (scd2) on, batches of {batch:,}, steady",
                          f"{history['steady_rate']:,.0f} events/s",
                          ", ".join(filter(None, (versus(history["steady_rate"], plain["steady_rate"], "the plain path"),
                                                  f"{history['history_rows']:,} history rows",
-                                                 f"peak RSS {history['rss_mib']:,.0f} MiB")))))
+                                                 f"peak RSS {history['rss_mib']:,.0f} MiB", _stages(history))))))
     for name in ("export", "freshness"):
         if "failed" in results.get(name, {}):
             rows.append((name, "FAILED", results.pop(name)["failed"]))

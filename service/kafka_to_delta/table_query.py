@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import pyarrow as pa
@@ -71,10 +72,11 @@ class HistoryWriter:
 
     def commit(self, rows: pa.Table | None, app_id: str, batch_id: int) -> None:
         """Bring the history table up to date with the batch's row changes, once per batch id."""
+        started = time.monotonic()
         outcome = self.last_outcome = self.sink.apply(rows, app_id, batch_id)
         if not outcome.skipped_replay:
-            log.info("history %s: batch %d: %d key(s), %d row(s) written, %d removed", self.sink.table.uri,
-                     batch_id, outcome.keys, outcome.written, outcome.removed)
+            log.info("history %s: batch %d: %d key(s), %d row(s) written, %d removed (%.2fs)", self.sink.table.uri,
+                     batch_id, outcome.keys, outcome.written, outcome.removed, time.monotonic() - started)
 
 
 class QueryIdentity:

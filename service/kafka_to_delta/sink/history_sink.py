@@ -50,15 +50,17 @@ class HistoryOutcome:
 
 
 def _row_changes(rows: pa.Table) -> pa.Table:
-    """The batch's row changes sorted by key and source position, without a -U its +U follows (an
-    update's before image)."""
-    rows = rows.take(pc.sort_indices(rows, [(c, "ascending") for c in (Meta.KEY, *_ORDER)]))
-    kinds = rows.column(Meta.KIND).to_numpy(zero_copy_only=False)
-    keys = rows.column(Meta.KEY).to_numpy(zero_copy_only=False)
+    """The batch's row changes without a -U its +U follows (an update's before image): of each key's
+    changes in source order."""
+    order = pc.sort_indices(rows.select([Meta.KEY, *_ORDER]), [(c, "ascending") for c in (Meta.KEY, *_ORDER)])
+    kinds = rows.column(Meta.KIND).take(order).to_numpy(zero_copy_only=False)
+    keys = rows.column(Meta.KEY).take(order).to_numpy(zero_copy_only=False)
     before = kinds == ChangeKind.UPDATE_BEFORE.value
     followed = np.zeros(len(kinds), dtype=bool)
     followed[:-1] = (kinds[1:] == ChangeKind.UPDATE_AFTER.value) & (keys[1:] == keys[:-1])
-    return rows.filter(pa.array(~(before & followed)))
+    kept = np.ones(len(kinds), dtype=bool)
+    kept[order.to_numpy()[before & followed]] = False
+    return rows.filter(pa.array(kept))
 
 
 def _sequence(rows: pa.Table, table: str) -> pa.ChunkedArray:
