@@ -62,6 +62,7 @@ class _Rows:
         self._columns = [c for c in feed.column_names if c not in ChangeFeedColumn.ALL]
         self._passthrough = passthrough
         self.fragments = {c: json_fragments(feed.column(c)) for c in self._columns}
+        self._key_columns = settings.primary_key
         self.key = self._members(list(settings.primary_key))
 
     @cached_property
@@ -75,11 +76,27 @@ class _Rows:
         columns = [c for c in self._columns if c not in self._passthrough]
         return self.full if columns == self._columns else self._members(columns)
 
-    def _members(self, columns: list[str]) -> Text:
-        pieces: list[Text] = []
+    @cached_property
+    def braced_key(self) -> Text:
+        """`{key members}` per feed row."""
+        return self._members(list(self._key_columns), braced=True)
+
+    @cached_property
+    def braced_full(self) -> Text:
+        """`{every column's member}` per feed row."""
+        return self._members(self._columns, braced=True)
+
+    @cached_property
+    def braced_payload(self) -> Text:
+        """`{image field members}` per feed row."""
+        columns = [c for c in self._columns if c not in self._passthrough]
+        return self.braced_full if columns == self._columns else self._members(columns, braced=True)
+
+    def _members(self, columns: list[str], braced: bool = False) -> Text:
+        pieces: list[Text] = ["{"] if braced else []
         for column in columns:
-            pieces += [("," if pieces else "") + key_text(column), self.fragments[column]]
-        return join(pieces)
+            pieces += [("," if len(pieces) > braced else "") + key_text(column), self.fragments[column]]
+        return join([*pieces, "}"] if braced else pieces)
 
 
 def _take(texts: Text, rows: np.ndarray) -> Text:
@@ -89,10 +106,6 @@ def _take(texts: Text, rows: np.ndarray) -> Text:
     return texts.take(pa.array(rows, mask=rows == NO_ROW))
 
 
-def _braced(inner: Text, rows: np.ndarray) -> Text:
-    """`{members}` at feed rows, "null" where there is no image."""
-    taken = json_object([(None, _take(inner, rows))])
-    return taken if isinstance(taken, str) else pc.fill_null(taken, NULL)
 
 
 class ColumnarRecords:
@@ -165,7 +178,7 @@ class ColumnarRecords:
         return _Rows(feed, self.settings, self._columns)
 
     def _keys(self, feed: pa.Table, rows: _Rows, last: np.ndarray) -> pa.Array:
-        return _braced(rows.key, last)
+        return _take(rows.braced_key, last)  # every change has a last row: no nulls
 
     def _records(self, feed: pa.Table, rows: _Rows, texts: pa.Array, last: np.ndarray) -> list[KafkaRecord]:
         keys = pc.cast(self._keys(feed, rows, last), pa.binary()).to_pylist()
@@ -182,8 +195,8 @@ class ColumnarRecords:
         if which is None:
             return NULL
         shape = part.before_shape if which == "before" else FULL
-        inner = rows.key if shape == KEY else (rows.payload if payload else rows.full)
-        return _braced(inner, images[which])
+        braced = rows.braced_key if shape == KEY else (rows.braced_payload if payload else rows.braced_full)
+        return _take(braced, images[which])  # null where the change has no such image: "null" in the value
 
     def _meta_fields(self, feed: pa.Table, last: np.ndarray) -> list[tuple[str | None, Text]]:
         taken = pa.array(last)
@@ -212,10 +225,10 @@ class ColumnarRecords:
             image_fields = [(before_field, self._image(rows, part, part.before, images, True)),
                             (after_field, self._image(rows, part, part.after, images, True))]
         if not self.settings.debezium_envelope:
-            return json_object([*op, *meta, *columns, *image_fields])
+            return json_object([*op, *meta, *columns, *image_fields], null=NULL)
         source = self._source_block(feed, last)
         return json_object([*image_fields, (Envelope.SOURCE, source), *op, (Envelope.TS_MS, str(processed_at_ms)),
-                            *meta, *columns])
+                            *meta, *columns], null=NULL)
 
     def _source_block(self, feed: pa.Table, last: np.ndarray) -> Text:
         taken = pa.array(last)

@@ -154,21 +154,25 @@ def key_text(name: str) -> str:
     return dump(str(name)) + ":"
 
 
-def join(pieces: Sequence[Text]) -> pa.Array | str:
-    """The row-wise concatenation of texts (a null in any piece gives null)."""
+def join(pieces: Sequence[Text], null: str | None = None) -> pa.Array | str:
+    """The row-wise concatenation of texts; a null in a piece gives null, or with `null` stands for that text."""
     if all(isinstance(piece, str) for piece in pieces):
         return "".join(pieces)  # type: ignore[arg-type]
-    return pc.binary_join_element_wise(*pieces, "")
+    if null is None:
+        return pc.binary_join_element_wise(*pieces, "")
+    return pc.binary_join_element_wise(*pieces, "", null_handling="replace", null_replacement=null)
 
 
-def json_object(fields: Sequence[tuple[str | None, Text]]) -> pa.Array | str:
-    """`{"name":value,...}` row by row; a field named None is a run of members inserted as it is."""
+def json_object(fields: Sequence[tuple[str | None, Text]], null: str | None = None) -> pa.Array | str:
+    """`{"name":value,...}` row by row; a field named None is a run of members inserted as it is.
+
+    A null value gives a null object, or with `null` is written as that text (`join`)."""
     pieces: list[Text] = ["{"]
     for index, (name, value) in enumerate(fields):
         pieces.append(("," if index else "") + ("" if name is None else key_text(name)))
         pieces.append(value)
     pieces.append("}")
-    return join(pieces)
+    return join(pieces, null)
 
 
 def as_array(text: pa.Array | pa.ChunkedArray | str, length: int) -> pa.Array:
