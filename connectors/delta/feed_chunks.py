@@ -34,13 +34,16 @@ _BEFORE_SIDE = ("update_preimage", "delete")
 Offset = tuple[int, int]  # (version, row): the next row to read
 
 
+def _canonical_indices(feed: pa.Table, key_columns: tuple[str, ...]) -> pa.Array:
+    side = pc.invert(pc.is_in(feed.column(CHANGE_TYPE).cast(pa.string()), value_set=pa.array(_BEFORE_SIDE)))
+    sortable = feed.select([c for c in (COMMIT_VERSION, *key_columns) if c in feed.column_names])
+    sortable = sortable.append_column(_SIDE, side)
+    return pc.sort_indices(sortable, [(c, "ascending") for c in sortable.column_names])
+
+
 def canonical_order(feed: pa.Table, key_columns: tuple[str, ...]) -> pa.Table:
     """Rows sorted by (version if present, key columns, before side first)."""
-    side = pc.invert(pc.is_in(feed.column(CHANGE_TYPE).cast(pa.string()), value_set=pa.array(_BEFORE_SIDE)))
-    sortable = feed.append_column(_SIDE, side)
-    keys = [c for c in (COMMIT_VERSION, *key_columns, _SIDE) if c in sortable.column_names]
-    order = pc.sort_indices(sortable, [(c, "ascending") for c in keys])
-    return feed.take(order)
+    return feed.take(_canonical_indices(feed, key_columns))
 
 
 def run_start_mask(table: pa.Table) -> np.ndarray:
@@ -149,8 +152,59 @@ def chunk_of_version(keys_and_types: pa.Table, batches: Iterable[pa.Table], sche
 
     `keys_and_types` is the version's key columns and change types; `batches` its rows in `schema`.
     """
+    return chunk_and_rest(keys_and_types, batches, schema, key_columns, start_row, end_row)[0]
+
+
+def chunk_and_rest(keys_and_types: pa.Table, batches: Iterable[pa.Table], schema: pa.Schema,
+                   key_columns: tuple[str, ...], start_row: int, end_row: int,
+                   ahead: int = 0) -> tuple[pa.Table, pa.Table]:
+    """`chunk_of_version`'s rows, and the version's next `ahead` rows after them from the same read.
+
+    Both canonically ordered and numbered, each its own copy (the rest holds no buffer of the
+    chunk). The rest ends anywhere, not at a key boundary: use it only up to a later chunk's end.
+    """
     ordered = canonical_order(keys_and_types, key_columns)
     stop = ordered.num_rows if end_row == 0 else end_row
-    wanted = ordered.slice(start_row, stop - start_row).select(list(key_columns))
-    chunk = canonical_order(rows_of_keys(batches, wanted, schema), key_columns)
-    return chunk.append_column(COMMIT_ROW, pa.array(np.arange(start_row, start_row + chunk.num_rows, dtype=np.int64)))
+    further = min(stop + ahead, ordered.num_rows)
+    wanted = ordered.slice(start_row, further - start_row).select(list(key_columns))
+    rows = rows_of_keys(batches, wanted, schema)
+    order = _canonical_indices(rows, key_columns).to_numpy()
+    cut = stop - start_row
+    parts = []
+    for first, indices in ((start_row, order[:cut]), (stop, order[cut:further - start_row])):
+        part = rows.take(pa.array(indices))
+        parts.append(part.append_column(COMMIT_ROW, pa.array(np.arange(first, first + part.num_rows,
+                                                                      dtype=np.int64))))
+    return parts[0], parts[1]
+
+
+class VersionRest:
+    """The rows of a split version read ahead of its next chunk, so that chunk does not stream the version again.
+
+    Holds at most one version's rows [first, first + n) in canonical order with `_commit_row`;
+    `take` hands out a later chunk [first, end) lying inside them, once."""
+
+    def __init__(self) -> None:
+        self._where: tuple[str, int] | None = None
+        self._rows: pa.Table | None = None
+        self._to_end = False
+
+    def take(self, table: str, version: int, start_row: int, end_row: int) -> pa.Table | None:
+        """Rows [start_row, end_row) of the version if held (end_row 0: to the version's end), else None."""
+        rows, to_end = self._rows, self._to_end
+        if rows is None or self._where != (table, version) or rows.num_rows == 0:
+            return None
+        first = rows.column(COMMIT_ROW)[0].as_py()
+        self.drop()
+        if start_row != first:
+            return None
+        if end_row == 0:
+            return rows if to_end else None
+        return rows.slice(0, end_row - start_row) if end_row <= first + rows.num_rows else None
+
+    def keep(self, table: str, version: int, rows: pa.Table, to_end: bool) -> None:
+        """Hold `rows` of the version; `to_end`: they reach the version's last row."""
+        self._where, self._rows, self._to_end = (table, version), rows, to_end
+
+    def drop(self) -> None:
+        self._where, self._rows, self._to_end = None, None, False

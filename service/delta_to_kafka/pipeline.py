@@ -54,7 +54,7 @@ from connectors.delta.change_feed import (
     offset_of,
     read_batch,
 )
-from connectors.delta.feed_chunks import COMMIT_ROW, Offset
+from connectors.delta.feed_chunks import COMMIT_ROW, Offset, VersionRest
 from connectors.kafka.transactional_producer import KafkaRecord, TransactionalProducer
 from service.delta_to_kafka.export_position import (
     DEFAULT_POSITIONS_TOPIC,
@@ -162,6 +162,7 @@ class ExportPipeline(BatchPipeline):
         self.starting_timestamp = starting_timestamp
         self.max_versions_per_trigger = max_versions_per_trigger
         self.max_rows_per_trigger = max_rows_per_trigger
+        self._version_rest = VersionRest()  # a split version's rows read ahead for the next batch
         self.key_columns = tuple(key_columns)
         self.positions_topic = positions_topic
         self.trigger_interval_seconds = trigger_interval_seconds
@@ -258,7 +259,7 @@ class ExportPipeline(BatchPipeline):
         if start >= end:
             return schema.empty_table()
         parts = read_batch(self.table_uri, self.storage_options, schema, start, end, self.key_columns,
-                           self.max_rows_per_trigger)
+                           self.max_rows_per_trigger, self._version_rest)
         return sort_feed(pa.concat_tables([schema.empty_table(), *parts]))
 
     def _record(self, batch_id: int, rows: int, records: int, read_encode_s: tuple[float, float],
@@ -277,6 +278,7 @@ class ExportPipeline(BatchPipeline):
 
     def close(self) -> None:
         """Release the Kafka producer (call once the query has stopped); a later batch opens a new one."""
+        self._version_rest.drop()
         store, self._store = self._store, None
         if store is not None:
             store.producer.close()
