@@ -151,15 +151,16 @@ class ChangelogBatchDecoder:
     """Kafka record batch -> changelog batch under one FROM_CHANGELOG configuration.
 
     `value_decoder` / `key_decoder`: `decode(bytes) -> (document, column types)`; JSON by
-    default. Picklable, so it can be shipped to Spark executors.
+    default. `ignore_null_updates`: nulls of updates become unchanged markers (`FromChangelog`). Picklable, so it can be shipped to Spark executors.
     """
 
     def __init__(
         self, settings: FromChangelogSettings, primary_key: tuple[str, ...], upsert_key: tuple[str, ...] | None = None,
         value_decoder: DocumentDecoder | None = None, key_decoder: KeyDecoder = json_key,
+        ignore_null_updates: bool = False,
     ) -> None:
         self.settings = settings
-        self.stage = FromChangelog(settings, primary_key, upsert_key, key_decoder)
+        self.stage = FromChangelog(settings, primary_key, upsert_key, key_decoder, ignore_null_updates)
         self.decode_value = value_decoder or JsonDocuments(connect_layout(settings))
 
     def __call__(self, batch: pa.RecordBatch, range_types: dict[str, str] | None = None) -> pa.RecordBatch:

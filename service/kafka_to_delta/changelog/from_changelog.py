@@ -13,7 +13,9 @@ Rules, in the order they apply to a record:
 - 'UPDATE_BEFORE, UPDATE_AFTER' without a before image emits +U alone, or leaves the -U to
   the stateful stage (`Intent`); groupings that need state are marked the same way.
 - Debezium's unavailable-value placeholder is removed from the row and the column listed in
-  `unchanged`: the sink keeps the stored value. Passthrough paths become extra columns.
+  `unchanged`: the sink keeps the stored value. With `ignore_null_updates` (the pipeline's
+  `table_shape`) a null in an image of an update (any op code not mapped to INSERT or DELETE) is
+  such a marker too, the primary key's excepted. Passthrough paths become extra columns.
 - Every row needs non-NULL primary-key, upsert-key and partition columns (spec 4.3.5).
 
 Errors are `RecordRejected` carrying the policy that applies; reasons never quote row values.
@@ -128,6 +130,8 @@ _FIXED_PLANS: dict[Grouping, tuple[_Step, ...]] = {
     Grouping.DELETE: ((ChangeKind.DELETE, _Side.DELETE, None),),
     Grouping.UPSERT_RETRACT: ((ChangeKind.UPDATE_AFTER, _Side.AFTER, Intent.UPSERT_RETRACT),),
 }
+_KEEPS_NULLS = (Grouping.INSERT, Grouping.DELETE)
+"""Groupings whose images store their nulls under `ignore_null_updates` (an insert has nothing to keep)."""
 _RETRACT_PLAN: tuple[_Step, ...] = (
     (ChangeKind.UPDATE_BEFORE, _Side.BEFORE, None),
     (ChangeKind.UPDATE_AFTER, _Side.AFTER, None),
@@ -192,6 +196,7 @@ class FromChangelog:
     def __init__(
         self, settings: FromChangelogSettings, primary_key: tuple[str, ...],
         upsert_key: tuple[str, ...] | None = None, key_decoder: KeyDecoder = json_key,
+        ignore_null_updates: bool = False,
     ) -> None:
         if not primary_key:
             raise ConfigError("primary_key: at least one column is needed")
@@ -207,6 +212,7 @@ class FromChangelog:
         self._upsert_is_primary = self.upsert_key == self.primary_key
         self._partition_is_primary = self.partition_by == self.primary_key
         self._key_decoder = key_decoder
+        self.ignore_null_updates = ignore_null_updates
         self._groupings = parse_op_mapping(settings.op_mapping)
         self._after = settings.after or settings.before
         self._before = settings.before or settings.after
@@ -253,7 +259,8 @@ class FromChangelog:
             plan = _RETRACT_PLAN
         images = [(kind, *self._image(side, record, code), intent) for kind, side, intent in plan]
         meta = self._meta(record.document, images[-1][1], column_types, required=True)
-        return [self._row(kind, image, where, intent, meta) for kind, image, where, intent in images]
+        nulls = self.ignore_null_updates and grouping not in _KEEPS_NULLS
+        return [self._row(kind, image, where, intent, meta, nulls) for kind, image, where, intent in images]
 
     def _has_before_image(self, document: dict | None) -> bool:
         return self._separate_before and document is not None and isinstance(document.get(self._before), dict)
@@ -379,11 +386,15 @@ class FromChangelog:
 
     def _row(
         self, kind: ChangeKind, image: dict, where: str, intent: Intent | None,
-        meta: tuple[str | None, str | None, int | None, dict[str, Any]],
+        meta: tuple[str | None, str | None, int | None, dict[str, Any]], nulls_unchanged: bool = False,
     ) -> ChangelogRow:
         snapshot, sequence, event_time, passthrough = meta
         row, unchanged = image, ()
-        if UNAVAILABLE_VALUE in row.values():
+        if nulls_unchanged and None in row.values():
+            unchanged = tuple(column for column, value in row.items() if value == UNAVAILABLE_VALUE or (
+                value is None and column not in self.primary_key))
+            row = {column: value for column, value in row.items() if column not in unchanged}
+        elif UNAVAILABLE_VALUE in row.values():
             unchanged = tuple(column for column, value in row.items() if value == UNAVAILABLE_VALUE)
             row = {column: value for column, value in row.items() if column not in unchanged}
         if passthrough:

@@ -1,14 +1,17 @@
 """A batch of typed net changes shaped by the pipeline's `table_shape` before its MERGE
-(service/config/table_shape.py): soft deletes and ignore_null_updates.
+(service/config/table_shape.py): soft deletes.
 
-Both ride on the MERGE's keep flags (`merge_plan.keep_flag`), the mechanism that keeps a stored
+They ride on the MERGE's keep flags (`merge_plan.keep_flag`), the mechanism that keeps a stored
 value under Debezium's unavailable-value placeholder: a flagged column keeps the stored value on an
 update and is NULL on an insert.
 
 - Soft deletes: every row gets `__DELETED` and `__DELETED_AT` (the delete's time, null for an upsert);
   a delete becomes an upsert of the key that keeps every other stored column. A delete of a key the
   table lacks inserts the key alone, flagged deleted; a later upsert of the key sets `__DELETED` false.
-- ignore_null_updates: a null in an upsert keeps the stored value (an insert stores the null).
+- ignore_null_updates is not applied here: the decode made each null of an update an unchanged
+  marker like the placeholder (`changelog.from_changelog`, `source.debezium_columns`), filled from the
+  key's earlier images of the batch; what is left of them arrives as keep flags. A null without a flag
+  (an insert's) is stored, also by a re-insert of a soft-deleted key.
 """
 
 from __future__ import annotations
@@ -57,19 +60,12 @@ def _or_keep_flag(batch: pa.Table, column: str, mask: pa.ChunkedArray | pa.Array
 
 def shaped(batch: pa.Table, primary_key: tuple[str, ...], shape: TableShape) -> pa.Table:
     """The MERGE input `batch` (data columns, `DELETE_FLAG`, keep flags) shaped by `shape`."""
-    if not shape.soft_deletes and not shape.ignore_null_updates:
+    if not shape.soft_deletes:
         return batch
     deletes = pc.fill_null(batch.column(DELETE_FLAG), False)
     own = set(primary_key) | set(SOFT_DELETE_COLUMNS) | {DELETE_FLAG}
     data = [c for c in batch.column_names if c not in own and not c.startswith(keep_flag(""))]
     for column in data:
-        mask = pa.nulls(batch.num_rows, pa.bool_())
-        if shape.ignore_null_updates:
-            mask = pc.and_(pc.is_null(batch.column(column)), pc.invert(deletes))
-        if shape.soft_deletes:
-            mask = pc.or_(pc.fill_null(mask, False), deletes)
-        batch = _or_keep_flag(batch, column, mask)
-    if shape.soft_deletes:
-        index = batch.schema.get_field_index(DELETE_FLAG)
-        batch = batch.set_column(index, batch.schema.field(DELETE_FLAG), pa.array([False] * batch.num_rows))
-    return batch
+        batch = _or_keep_flag(batch, column, deletes)
+    index = batch.schema.get_field_index(DELETE_FLAG)
+    return batch.set_column(index, batch.schema.field(DELETE_FLAG), pa.array([False] * batch.num_rows))

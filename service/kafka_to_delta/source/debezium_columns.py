@@ -109,6 +109,8 @@ class _Side:
     retract: bool
     optional: bool = False
     image: bool = True
+    nulls_unchanged: bool = False
+    """Its nulls are unchanged markers (`ignore_null_updates`, an update's image)."""
 
 
 @dataclass(frozen=True)
@@ -141,12 +143,14 @@ def vector_plan(decoder: ChangelogBatchDecoder, primary_key: tuple[str, ...]) ->
     for code, grouping in parse_op_mapping(settings.op_mapping).items():
         if grouping not in _STATELESS:
             return None
+        nulls = stage.ignore_null_updates and grouping not in (Grouping.INSERT, Grouping.DELETE)
         if grouping in _RETRACTING:
-            codes[code] = (_Side(retract=True, image=grouping is Grouping.UPDATE_BEFORE), None)
+            codes[code] = (_Side(retract=True, image=grouping is Grouping.UPDATE_BEFORE, nulls_unchanged=nulls), None)
         elif grouping is Grouping.UPDATE:
-            codes[code] = (_Side(retract=True, optional=True), _Side(retract=False))
+            codes[code] = (_Side(retract=True, optional=True, nulls_unchanged=nulls),
+                           _Side(retract=False, nulls_unchanged=nulls))
         else:
-            codes[code] = (None, _Side(retract=False))
+            codes[code] = (None, _Side(retract=False, nulls_unchanged=nulls))
     return VectorPlan(settings.op, settings.before, settings.after, codes, tuple(primary_key))
 
 
@@ -416,6 +420,7 @@ class RangeColumns:
             image = parsed.column(side_name).combine_chunks()
             valid = _mask(image.is_valid())
             emits = np.zeros(len(op), np.bool_)
+            nulls = np.zeros(len(op), np.bool_)
             for code, pair in self.plan.codes.items():
                 side = pair[position]
                 if side is None:
@@ -424,7 +429,9 @@ class RangeColumns:
                 if not side.optional:
                     keep &= ~coded | valid
                 emits |= coded & valid
-            rows, misfits = self._side_rows(image, group)
+                if side.nulls_unchanged:
+                    nulls |= coded & valid
+            rows, misfits = self._side_rows(image, group, nulls & keep)
             keep &= ~(emits & (self._unkeyed(image) | misfits))
             sides.append((rows, emits))
         tables = []
@@ -450,20 +457,29 @@ class RangeColumns:
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise NotVectorisable(f"the two images typed a column differently ({_shown(exc)})") from None
 
-    def _side_rows(self, image: pa.StructArray, group: int) -> tuple[pa.Table, np.ndarray]:
+    def _side_rows(self, image: pa.StructArray, group: int, nulls: np.ndarray) -> tuple[pa.Table, np.ndarray]:
         """(one side's images as rows: the key text, the columns as parsed (nested ones as JSON
         text), a `_FLAG` column per column holding the unavailable-value placeholder (its value
-        null); the images holding a value only the record-by-record way can judge: one their
-        declared type does not take (`bulk_values`))."""
+        null) or, in the images at `nulls` (`ignore_null_updates`), a null outside the primary key;
+        the images holding a value only the record-by-record way can judge: one their declared
+        type does not take (`bulk_values`))."""
         layout = self._layout(group) if group != BARE else None
         misfits = np.zeros(len(image), np.bool_)
         arrays, names, flags = [], [], []
         for child, column in zip(image.type, image.flatten()):
+            kept = np.zeros(len(image), np.bool_)
             if pa.types.is_string(column.type):
                 kept = _mask(pc.equal(column, UNAVAILABLE_VALUE))
                 if kept.any():
                     column = pc.if_else(pa.array(kept), pa.scalar(None, pa.string()), column)
-                    flags.append((_FLAG + child.name, kept))
+            if nulls.any() and child.name not in self.plan.primary_key:
+                absent = nulls & ~_mask(column.is_valid())
+                if group == BARE and absent.any():
+                    raise NotVectorisable("schema-less update images holding nulls under ignore_null_updates "
+                                          "(a column left out cannot be told from a null)")
+                kept |= absent
+            if kept.any():
+                flags.append((_FLAG + child.name, kept))
             if layout is not None and child.name in layout.nested:
                 column, misfit = json_text(column, fixed_key_order=True)
                 misfits |= misfit
@@ -583,8 +599,11 @@ class RangeColumns:
             kept = _mask(net.column(flag)) & upserts
             if kept.any():
                 lost = self.lost.get(name)
-                if lost is not None and len(lost) and _mask(pc.is_in(net.column(_KEY), lost))[kept].any():
-                    raise NotVectorisable("a placeholder after a delete whose earlier images are not at hand")
+                if lost is not None and len(lost):  # a key holding it again since (a re-insert) is not lost
+                    unheld = _mask(pc.is_in(net.column(_KEY), lost)) & ~_mask(pc.is_in(net.column(_KEY),
+                                                                                      held.column(_KEY)))
+                    if unheld[kept].any():
+                        raise NotVectorisable("a placeholder after a delete whose earlier images are not at hand")
                 position = pc.index_in(net.column(_KEY), value_set=held.column(_KEY))
                 found = kept & _mask(position.is_valid())
                 if found.any():

@@ -42,6 +42,7 @@ def batch_decoder(pipeline: PipelineSettings) -> ChangelogBatchDecoder:
     return ChangelogBatchDecoder(
         pipeline.changelog_settings, pipeline.primary_key, pipeline.effective_upsert_key,
         value_decoder=value_decoder(pipeline.format, pipeline.schema_registry),
+        ignore_null_updates=pipeline.table_shape.ignore_null_updates,
     )
 
 

@@ -1,6 +1,7 @@
 """The MERGE sink under a pipeline's table_shape on both Delta engines: soft deletes, kept values
-(the unavailable-value placeholder and ignore_null_updates: one mechanism, one test), partitioning and
-clustering; every table read back with the delta-rs reader and, for delta-spark, with Spark too."""
+(the unavailable-value placeholder), ignore_null_updates (Debezium records decoded, both ways of the
+plain path, reduced and merged: the nulls of updates are markers like the placeholder), partitioning
+and clustering; every table read back with the delta-rs reader and, for delta-spark, with Spark too."""
 
 from __future__ import annotations
 
@@ -13,9 +14,15 @@ from deltalake import DeltaTable
 
 from connectors.delta.delta_rs import DeltaRsTable, DeltaSchemaError
 from connectors.delta.delta_spark import DeltaSparkTable
+from connectors.kafka.range_reader import SOURCE_SCHEMA
+from service.config.settings import PipelineSettings
 from service.config.table_shape import DELETED, DELETED_AT, TableShape
+from service.kafka_to_delta.rows.arrow import PAYLOAD_SCHEMA
 from service.kafka_to_delta.rows.names import Meta
 from service.kafka_to_delta.sink.merge_sink import MergeSink
+from service.kafka_to_delta.source.batch_changes import batch_changes
+from service.kafka_to_delta.source.decode_stage import batch_decoder
+from service.kafka_to_delta.source.partition_changes import PartitionReducer
 from vocabulary.changes import ChangeKind
 
 APP = "shape-app"
@@ -83,16 +90,16 @@ def test_soft_deletes_keep_the_row_flagged_and_a_reinsert_clears_it(engine, tmp_
     assert "delete" not in everything and "update_postimage" in everything
 
 
-@pytest.mark.parametrize("mechanism", ["placeholder", "null"])
-def test_a_kept_column_keeps_the_stored_value(engine, tmp_path, mechanism):
-    """The unavailable-value placeholder and ignore_null_updates keep a stored value the same way; an
-    insert has none to keep; without ignore_null_updates a null overwrites."""
+def test_a_kept_column_keeps_the_stored_value(engine, tmp_path):
+    """A column left unchanged (the unavailable-value placeholder, or a null of an update under
+    ignore_null_updates: the decode makes both the same marker) keeps the stored value; an insert has
+    none to keep; a null without the marker overwrites, with or without ignore_null_updates."""
     open_table, _ = engine
     uri = str(tmp_path / "t")
-    sink = MergeSink(open_table(uri), ("id",), shape=TableShape(ignore_null_updates=mechanism == "null"))
+    sink = MergeSink(open_table(uri), ("id",), shape=TableShape(ignore_null_updates=True))
     sink.apply_typed(_typed([(ChangeKind.INSERT, {"id": 1, "body": "large text", "rev": 1}, T0, None),
                              (ChangeKind.INSERT, {"id": 2, "body": "other", "rev": 1}, T0, None)]), APP, 0)
-    unchanged = ["body"] if mechanism == "placeholder" else None
+    unchanged = ["body"]
     sink.apply_typed(_typed([(ChangeKind.UPDATE_AFTER, {"id": 1, "rev": 2}, T1, unchanged),
                              (ChangeKind.UPDATE_AFTER, {"id": 2, "body": "new", "rev": 2}, T1, None),
                              (ChangeKind.INSERT, {"id": 3, "rev": 1}, T1, unchanged)], 2), APP, 1)
@@ -100,21 +107,103 @@ def test_a_kept_column_keeps_the_stored_value(engine, tmp_path, mechanism):
                 {"id": 3, "body": None, "rev": 1}]
     for rows in _read(engine, uri):
         assert rows == expected
-    plain = MergeSink(open_table(str(tmp_path / "plain")), ("id",))
-    plain.apply_typed(_typed([(ChangeKind.INSERT, {"id": 1, "body": "large text", "rev": 1}, T0, None)]), APP, 0)
-    plain.apply_typed(_typed([(ChangeKind.UPDATE_AFTER, {"id": 1, "rev": 2}, T1, None)], 1), APP, 1)
-    assert DeltaTable(str(tmp_path / "plain")).to_pyarrow_table().to_pylist() == [{"id": 1, "body": None, "rev": 2}]
+    for shape in (TableShape(), TableShape(ignore_null_updates=True)):
+        plain = MergeSink(open_table(str(tmp_path / f"plain{shape.ignore_null_updates}")), ("id",), shape=shape)
+        plain.apply_typed(_typed([(ChangeKind.INSERT, {"id": 1, "body": "large text", "rev": 1}, T0, None)]), APP, 0)
+        plain.apply_typed(_typed([(ChangeKind.UPDATE_AFTER, {"id": 1, "rev": 2}, T1, None)], 1), APP, 1)
+        assert DeltaTable(plain.table.uri).to_pyarrow_table().to_pylist() == [{"id": 1, "body": None, "rev": 2}]
 
 
-def test_soft_deletes_with_ignore_null_updates(engine, tmp_path):
+_BLOCK = {"type": "struct", "fields": [{"type": "int64", "optional": False, "field": "id"},
+                                       {"type": "string", "optional": True, "field": "body"},
+                                       {"type": "int64", "optional": True, "field": "rev"}]}
+_ENVELOPE = {"type": "struct", "name": "t.Envelope", "fields": [
+    {**_BLOCK, "optional": True, "field": "before"}, {**_BLOCK, "optional": True, "field": "after"},
+    {"type": "string", "optional": False, "field": "op"}]}
+
+
+def _change(op: str, key: int, body: str | None = None, rev: int | None = None, before: str | None = None) -> dict:
+    """A Debezium change of row `key`: an insert, update (`before`: the before image's body) or delete."""
+    image = {"id": key, "body": body, "rev": rev}
+    if op == "d":
+        return {"op": "d", "before": image, "after": None}
+    return {"op": op, "before": None if before is None else {"id": key, "body": before, "rev": None},
+            "after": image}
+
+
+class _Ingest:
+    """Micro-batches of Debezium records (Connect JSON) decoded one way of the plain path (vectorised
+    or record by record), each batch's ranges reduced and merged as the pipeline does, into `sink`."""
+
+    def __init__(self, sink: MergeSink, vectorised: bool) -> None:
+        self.sink = sink
+        pipeline = PipelineSettings(name="p", topics=["t"], table="t", primary_key=["id"],
+                                    table_shape=sink.shape.model_dump())
+        self.decoder = batch_decoder(pipeline)
+        self.vectorised = vectorised
+        self.offset = 0
+        self.batch_id = 0
+
+    def _range(self, changes: list[dict], timestamp_ms: int) -> list[pa.RecordBatch]:
+        n = len(changes)
+        records = pa.RecordBatch.from_pydict({
+            "key": [json.dumps({"id": c[("after" if c["after"] else "before")]["id"]}).encode() for c in changes],
+            "value": [json.dumps({"schema": _ENVELOPE, "payload": c}).encode() for c in changes],
+            "topic": ["t"] * n, "partition": pa.array([0] * n, pa.int32()),
+            "offset": pa.array(range(self.offset, self.offset + n), pa.int64()),
+            "timestamp": pa.array([timestamp_ms * 1000] * n, pa.timestamp("us", tz="UTC")),
+            "headers": pa.nulls(n, SOURCE_SCHEMA.field("headers").type), "watermark_floor": pa.nulls(n, pa.int64()),
+        }, schema=SOURCE_SCHEMA)
+        self.offset += n
+        reducer = PartitionReducer(self.decoder, ("id",), vectorised=self.vectorised)
+        return list(reducer(lambda: iter([records])))
+
+    def batch(self, *ranges: list[dict], timestamp_ms: int = T0) -> None:
+        """One micro-batch of `ranges` (consecutive pieces of one partition)."""
+        payloads = [payload for changes in ranges for payload in self._range(changes, timestamp_ms)]
+        found = batch_changes(pa.Table.from_batches(payloads, schema=PAYLOAD_SCHEMA))
+        assert (found.vectorised, found.record_by_record) == ((len(ranges), 0) if self.vectorised else (0, len(ranges)))
+        self.sink.apply_typed(found.changes, APP, self.batch_id)
+        self.batch_id += 1
+
+
+@pytest.mark.parametrize("vectorised", [True, False], ids=["vectorised", "record_by_record"])
+def test_ignore_null_updates_does_not_depend_on_where_batches_end(engine, tmp_path, vectorised):
+    """A null of an update keeps the key's latest value, from an earlier image of its batch (of the
+    range, or of another range), else from the table; an insert stores its nulls; a before image's
+    null is no value either (the table kept one)."""
     open_table, _ = engine
     uri = str(tmp_path / "t")
-    sink = MergeSink(open_table(uri), ("id",), shape=TableShape(deletes="soft", ignore_null_updates=True))
-    sink.apply_typed(_typed([(ChangeKind.INSERT, {"id": 1, "body": "a", "rev": 1}, T0, None)]), APP, 0)
-    sink.apply_typed(_typed([(ChangeKind.DELETE, {"id": 1}, T1, None)], 1), APP, 1)
-    sink.apply_typed(_typed([(ChangeKind.INSERT, {"id": 1, "rev": 2}, T2, None)], 2), APP, 2)
+    ingest = _Ingest(MergeSink(open_table(uri), ("id",), shape=TableShape(ignore_null_updates=True)), vectorised)
+    ingest.batch([_change("c", 1, "a", 1), _change("u", 1, None, 2), _change("c", 2, "b", 1),
+                  _change("c", 4, None, 1)],
+                 [_change("c", 3, "x", 1)], [_change("u", 3, None, 2)])
+    ingest.batch([_change("u", 2, None, 2, before="b"), _change("u", 1, None, 3, before="a")])
+    ingest.batch([_change("u", 1, None, 4, before=None), _change("u", 4, "y", 2, before=None)])
+    ingest.batch([_change("c", 5, "e", 1), _change("u", 5, None, 2, before="e"), _change("u", 5, None, 3, before=None)])
     for rows in _read(engine, uri):
-        assert rows == [{"id": 1, "body": "a", "rev": 2, DELETED: False, DELETED_AT: None}]
+        assert rows == [{"id": 1, "body": "a", "rev": 4}, {"id": 2, "body": "b", "rev": 2},
+                        {"id": 3, "body": "x", "rev": 2}, {"id": 4, "body": "y", "rev": 2},
+                        {"id": 5, "body": "e", "rev": 3}]
+
+
+@pytest.mark.parametrize("vectorised", [True, False], ids=["vectorised", "record_by_record"])
+def test_a_reinsert_of_a_soft_deleted_key_stores_its_nulls(engine, tmp_path, vectorised):
+    """With soft deletes and ignore_null_updates an insert is an insert: its nulls are stored, also
+    when it re-inserts a deleted key (the stored row is the deleted one), in a later batch or in the
+    delete's own batch; a later update's null keeps the re-inserted value."""
+    open_table, _ = engine
+    uri = str(tmp_path / "t")
+    shape = TableShape(deletes="soft", ignore_null_updates=True)
+    ingest = _Ingest(MergeSink(open_table(uri), ("id",), shape=shape), vectorised)
+    ingest.batch([_change("c", 1, "a", 1), _change("c", 2, "b", 1), _change("c", 3, "c", 1)])
+    ingest.batch([_change("d", 1, "a", 1), _change("d", 2, "b", 1), _change("c", 2, None, 2)], timestamp_ms=T1)
+    ingest.batch([_change("c", 1, None, 2), _change("d", 3, "c", 1), _change("c", 3, "c2", 2),
+                  _change("u", 3, None, 3, before="c2")], timestamp_ms=T2)
+    live = {DELETED: False, DELETED_AT: None}
+    for rows in _read(engine, uri):
+        assert rows == [{"id": 1, "body": None, "rev": 2, **live}, {"id": 2, "body": None, "rev": 2, **live},
+                        {"id": 3, "body": "c2", "rev": 3, **live}]
 
 
 def test_partition_by_lays_out_the_new_table(engine, tmp_path):
