@@ -18,6 +18,7 @@ it again from the offsets where it stopped.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -159,6 +160,13 @@ class DatabaseQuery(QueryIdentity, BatchPipeline):
             self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.name}-commit")
         note = f"; {waited:.2f}s waiting for the previous batch's MERGEs, overlapped with the next read"
         self._in_flight = self._committer.submit(self._commit, payloads, batch_id, entries, started, read, note)
+        self._in_flight.add_done_callback(functools.partial(self._report, batch_id))
+
+    def _report(self, batch_id: int, done: Future) -> None:
+        """An overlapped batch's failure is raised by the next batch (or `close`); it is said at once."""
+        if done.exception() is not None:
+            log.error("database %s: batch %d failed; the next micro-batch raises it: %s", self.name, batch_id,
+                      done.exception())
 
     def _finish_earlier(self, batch_id: int) -> None:
         """Before a batch commits: the previous batch's MERGEs done (its failure raised here), and the
@@ -178,6 +186,7 @@ class DatabaseQuery(QueryIdentity, BatchPipeline):
     def _commit(self, payloads: pa.Table, batch_id: int, entries: dict[str, dict[str, Any]], started: float,
                 read: float, note: str = "") -> None:
         """The batch's MERGEs, one per table (a table set aside meanwhile skipped), then its bookkeeping."""
+        begun = time.monotonic()
         groups = {table: rows for table, rows in _by_table(payloads).items()
                   if entries.get(table, {}).get("state") != quarantine.QUARANTINED}
         with ThreadPoolExecutor(max_workers=self.database.parallel_merges) as pool:
@@ -193,7 +202,7 @@ class DatabaseQuery(QueryIdentity, BatchPipeline):
         between = "" if self._batch_ended is None else f"; {started - self._batch_ended:.2f}s since the last batch"
         self._batch_ended = merged
         log.info("database %s: batch %d -> %d table(s) (read+decode+reduce %.2fs, merge %.2fs)%s%s",
-                 self.name, batch_id, len(groups), read - started, merged - read, between, note)
+                 self.name, batch_id, len(groups), read - started, merged - begun, between, note)
 
     def close(self) -> None:
         """The last batch's MERGEs done (the runner calls this when the query stops); a failure stays in the

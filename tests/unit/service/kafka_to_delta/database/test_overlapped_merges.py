@@ -9,6 +9,7 @@ import random
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 from deltalake import DeltaTable
 
 from connectors.kafka.range_reader import SOURCE_SCHEMA, ValueChunk
@@ -18,6 +19,7 @@ from service.kafka_to_delta.database.query import DatabaseQuery
 from service.kafka_to_delta.database.staged_batches import StagedBatches
 from service.kafka_to_delta.source.database_ranges import TableReducers
 from tests.support.run_seed import run_seed
+from vocabulary.errors import DecodeError
 
 TABLES = ("public_orders", "public_items")
 
@@ -143,3 +145,15 @@ def test_a_batch_staged_before_a_crash_is_committed_first_once_per_table(tmp_pat
     # orders: batch 2 only (batch 1 was in); items: batches 1 and 2
     after = {t: DeltaTable(f"{tmp_path}/tables/{t}").version() for t in TABLES}
     assert after == {TABLES[0]: versions[TABLES[0]] + 1, TABLES[1]: versions[TABLES[1]] + 2}
+
+
+def test_a_failed_overlapped_batch_is_raised_by_the_next_and_stays_staged(tmp_path):
+    batches, _ = _batches(9)
+    query = _query(str(tmp_path))
+    query._process_batch(_Batch(batches[0]), 0)
+    broken = batches[1].set_column(batches[1].schema.get_field_index("primary_key"), "primary_key",
+                                   pa.array(["id,name"] * batches[1].num_rows))  # not the tables' key
+    query._process_batch(_Batch(broken), 1)  # returns: its MERGEs run in the background
+    with pytest.raises(DecodeError, match="fields changed"):
+        query._process_batch(_Batch(batches[2]), 2)
+    assert StagedBatches(query.checkpoint).pending() == [1]  # the next start commits it first (and fails again)
