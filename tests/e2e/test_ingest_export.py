@@ -50,7 +50,7 @@ ROUNDS = [
      ("u", 3, {"name": "cy2", "email": None, "score": 33}), ("c", 4, {"name": "di", "email": None, "score": 4})],
     [("c", 2, {"name": "bo2", "email": "b2@x", "score": 22}), ("u", 4, {"name": None, "email": "d@x", "score": None}),
      ("d", 3, None), ("u", 1, {"name": "ann2", "email": None, "score": None})],
-    [("c", 9, {"name": "zed2", "email": "z2@x", "score": 90}), ("d", 4, None)],
+    [("c", 9, {"name": "zed2", "email": None, "score": 90}), ("d", 4, None)],  # a re-insert stores its null
 ]
 ROUND = max(map(len, ROUNDS))
 
@@ -134,8 +134,8 @@ def replay_flat(records: dict[int, list[tuple]]) -> dict[int, dict]:
 def _shaped_model(start: datetime) -> tuple[list[tuple[bytes, bytes, int]], dict[int, dict]]:
     """The shaped pipeline's records (key, value, Kafka timestamp ms from `start` on; recent, as the
     topic's time retention would delete older ones) and the table its rules make of them:
-    an upsert writes its non-null values over the stored ones (all of them for an absent key) and clears the
-    flags; a delete keeps the stored row (the key alone for an absent key), flagged, at its record's time."""
+    an update writes its non-null values over the stored ones (all of them for an absent key), an insert
+    (also a re-insert of a deleted key) all of its values, and both clear the flags; a delete keeps the stored row (the key alone for an absent key), flagged, at its record's time."""
     records, table = [], {}
     for number, changes in enumerate(ROUNDS):
         for index, (op, key, values) in enumerate(changes):
@@ -149,7 +149,7 @@ def _shaped_model(start: datetime) -> tuple[list[tuple[bytes, bytes, int]], dict
                               DELETED: True, DELETED_AT: at}
             else:
                 document = {"before": shown or None if op == "u" else None, "after": {"id": key, **values}, "op": op}
-                kept = {k: v if v is not None or stored is None else stored[k] for k, v in values.items()}
+                kept = {k: v if v is not None or stored is None or op == "c" else stored[k] for k, v in values.items()}
                 table[key] = {"id": key, **kept, DELETED: False, DELETED_AT: None}
             records.append((json.dumps({"id": key}).encode(), json.dumps(document).encode(),
                             int(at.timestamp() * 1000)))
