@@ -4,8 +4,9 @@ overwrite, and how the table is laid out.
 - `deletes: hard` (default) removes a deleted key's row; `deletes: soft` keeps it, with `__DELETED`
   true and `__DELETED_AT` the delete's time (the Kafka record's timestamp); a later upsert of the key
   clears both. A delete of a key the table lacks stores a deleted row holding the key alone.
-- `ignore_null_updates: true`: a null in an upsert keeps the stored value (the mechanism that keeps a
-  stored value under Debezium's unavailable-value placeholder).
+- `ignore_null_updates: true`: a null in an update keeps the key's latest value (the decode makes it
+  Debezium's unavailable-value marker, filled from the key's earlier images of the batch, else kept
+  from the table); an insert stores its nulls (docs/design/table-shape.md).
 - `partition_by`: the table's partition columns, set when the table is created (both engines).
 - `cluster_by`: liquid clustering columns, set when the table is created (delta-spark only).
 
