@@ -37,6 +37,11 @@ def _columnar(settings: ExportSettings, key: ValueSerializer | None,
     return ColumnarAvroRecords(settings, key, value)  # type: ignore[arg-type]
 
 
+def _python_columns(table: pa.Table) -> list[list]:
+    """Each column's Python values (a column's `to_pylist` is faster than the table's, a dict per row)."""
+    return [column.to_pylist() for column in table.columns]
+
+
 class ExportEncoder:
     """TO_CHANGELOG and the record layout together: one flush of the change feed -> Kafka records.
 
@@ -96,11 +101,11 @@ class ExportEncoder:
         if changes is None:
             raise AssertionError("a flush paired for its records did not pair for its state")
         columns = [c for c in feed.column_names if c not in ChangeFeedColumn.ALL]
-        keys = feed.select(list(primary_key)).take(pa.array(changes.last)).to_pylist()
+        keys = list(zip(*_python_columns(feed.select(list(primary_key)).take(pa.array(changes.last)))))
         after = changes.after
-        images = feed.select(columns).take(pa.array(after, mask=after == NO_ROW)).to_pylist()
-        self.changelog.remember_images([tuple(k[c] for c in primary_key) for k in keys],
-                                       [image if row != NO_ROW else None for image, row in zip(images, after)], now)
+        values = _python_columns(feed.select(columns).take(pa.array(after, mask=after == NO_ROW)))
+        images = [dict(zip(columns, row)) if at != NO_ROW else None for row, at in zip(zip(*values), after.tolist())]
+        self.changelog.remember_images(keys, images, now)
 
     def snapshot(self) -> bytes:
         """The encoder's whole state after the last flush."""
