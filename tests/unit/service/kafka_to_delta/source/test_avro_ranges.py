@@ -78,9 +78,12 @@ def test_avro_ranges_decode_in_bulk_as_record_by_record(client, data) -> None:  
         byte = data.draw(st.sampled_from([0x03, 0x04, 0x06, 0x80, 0xFF]) | st.integers(0, 255), label="byte")
         pairs[position] = (key_bytes, value[:at] + bytes([byte]) + value[at + 1:])
 
+    ignore_nulls = data.draw(st.booleans(), label="ignore_null_updates")  # nulls of updates as unchanged markers
+
     def decoder() -> ChangelogBatchDecoder:
         return ChangelogBatchDecoder(_PIPELINE.changelog_settings, _PIPELINE.primary_key,
-                                     _PIPELINE.effective_upsert_key, value_decoder=ConfluentAvroDecoder(client))
+                                     _PIPELINE.effective_upsert_key, value_decoder=ConfluentAvroDecoder(client),
+                                     ignore_null_updates=ignore_nulls)
 
     info = both_ways(pairs, random.Random(data.draw(st.integers(0, 2**16))), decoder)
     if info is not None:

@@ -2,7 +2,8 @@
 `fill_across_ranges`): unchanged (TOAST) columns are filled from an earlier piece's image.
 
 The generated ranges are `test_debezium_columns`' (placeholders, schema versions, deletes,
-tombstones, odd records); each is reduced whole and in pieces cut at random offsets, and the
+tombstones, odd records; in a quarter of the seeds `ignore_null_updates`, whose null markers are filled
+the same way); each is reduced whole and in pieces cut at random offsets, and the
 driver's merge of both must be equal. Seeds: `FIXED_SEEDS` plus one random seed, printed on failure.
 """
 
@@ -33,18 +34,21 @@ _PLACEHOLDER = "__debezium_unavailable_value"
 _PER_RANGE_RULE = "other records of its Kafka range declare"
 
 
-def _reducer(vectorised: bool = True, truncating: bool = False) -> PieceReducer:
+def _reducer(vectorised: bool = True, truncating: bool = False, ignore_nulls: bool = False) -> PieceReducer:
     changelog = {"from_changelog": {"preset": "debezium", "truncate_handling": "truncate"}} if truncating else {}
-    pipeline = PipelineSettings(name="p", topics=["t"], table="t", primary_key=["id"], **changelog)
+    pipeline = PipelineSettings(name="p", topics=["t"], table="t", primary_key=["id"], **changelog,
+                                table_shape={"ignore_null_updates": ignore_nulls})
     return PieceReducer(batch_decoder(pipeline), ("id",), vectorised)
 
 
 def _in_pieces(pairs: list, cuts: list[int], rng: random.Random, vectorised: bool = True,
-               truncating: bool = False) -> pa.Table | str:
-    """The payloads of the range of `pairs` read as the pieces `cuts` make (offsets as in one range)."""
+               truncating: bool = False, ignore_nulls: bool = False) -> pa.Table | str:
+    """The payloads of the range of `pairs` read as the pieces `cuts` make (offsets as in one range);
+    `ignore_nulls`: the pipeline has `table_shape.ignore_null_updates`."""
     whole = pa.Table.from_batches(_batches(pairs, rng)).combine_chunks()
     bounds = [0, *cuts, whole.num_rows]
-    pieces = [_payloads(_reducer(vectorised, truncating), whole.slice(a, b - a).to_batches()) for a, b in zip(bounds, bounds[1:])]
+    pieces = [_payloads(_reducer(vectorised, truncating, ignore_nulls), whole.slice(a, b - a).to_batches())
+              for a, b in zip(bounds, bounds[1:])]
     errors = [piece for piece in pieces if isinstance(piece, str)]
     if errors:
         return errors[0]
@@ -126,8 +130,9 @@ def _compare(seed: int, vectorised: bool = True) -> bool:
         source.add_change(rng.randrange(40))
     n = len(source.pairs)
     cuts = sorted(rng.sample(range(1, n), min(rng.randrange(1, 5), n - 1))) if n > 1 else []
-    whole = _in_pieces(source.pairs, [], random.Random(seed), vectorised)
-    pieces = _in_pieces(source.pairs, cuts, random.Random(seed), vectorised)
+    nulls = seed % 8 >= 4  # the nulls of updates are unchanged markers, filled across pieces as well
+    whole = _in_pieces(source.pairs, [], random.Random(seed), vectorised, ignore_nulls=nulls)
+    pieces = _in_pieces(source.pairs, cuts, random.Random(seed), vectorised, ignore_nulls=nulls)
     if isinstance(whole, str) or isinstance(pieces, str):
         assert pieces == whole
         return True
