@@ -2,7 +2,7 @@
 `fill_across_ranges`): unchanged (TOAST) columns are filled from an earlier piece's image.
 
 The generated ranges are `test_debezium_columns`' (placeholders, schema versions, deletes,
-tombstones, odd records; in a quarter of the seeds `ignore_null_updates`, whose null markers are filled
+tombstones, odd records; in half of the seeds `ignore_null_updates`, whose null markers are filled
 the same way); each is reduced whole and in pieces cut at random offsets, and the
 driver's merge of both must be equal. Seeds: `FIXED_SEEDS` plus one random seed, printed on failure.
 """
