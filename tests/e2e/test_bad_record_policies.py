@@ -15,9 +15,10 @@ The same CLI run carries a pipeline with `columns:` (issue 26: exclude, computed
 that updates move rows out of and into, a salted SHA-256 mask) and a DEAD_LETTER policy, over a topic
 whose bad records carry masked values. Its table holds the model's rows; the masked value appears
 nowhere the service writes: not in the table, any file under it (`_change_data` included), the change
-feed (every row the table ever held) read with deltalake and Spark's Delta reader, the dead letters'
-error metadata (topic headers, table columns) or the CLI's output. A dead letter's own key and value
-are the source's record byte for byte, so they do carry it (docs/design/columns.md, "Masking").
+feed (every row the table ever held) read with deltalake and Spark's Delta reader, the dead letters
+(keys, values, headers, table columns) or the CLI's output: a dead letter's value that decodes holds
+the masked form where the source held the value, one that does not is dropped, its coordinates and
+reason kept (docs/design/columns.md, "Masking").
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from confluent_kafka import Producer
 from deltalake import DeltaTable
 
 from service.config.settings import settings_from_mapping
+from service.kafka_to_delta.sink.dead_letter_masks import DROPPED_NOTE, MASKED_NOTE
 from service.kafka_to_delta.sink.dead_letters import DlqHeader
 from service.operations.workload import create_topics
 from service.supervisor.runner import Runner
@@ -273,8 +275,21 @@ def _assert_masked(spark, bootstrap: str, workdir: Path, dlq: dict, bad: list[tu
         assert MASKED not in str(feed.to_pylist())
     messages = read_committed(bootstrap, dlq["topic"])
     rows = DeltaTable(str(workdir / "tables" / dlq["table"])).to_pyarrow_table().to_pylist()
-    assert sorted((m.key(), m.value()) for m in messages) == sorted((r["key"], r["value"]) for r in rows) == sorted(bad)
-    for message in messages:  # the service's own metadata: headers with no copy of the source's
+    stored = sorted((m.key(), m.value()) for m in messages)
+    assert stored == sorted((r["key"], r["value"]) for r in rows)
+    (not_json_key, not_json), (op_key, op_value) = sorted(bad)  # keys {"id":5} and {"id":6}
+    expected_value = json.loads(op_value)
+    after = expected_value["after"]
+    after["email"] = hashlib.sha256((SALT + after["email"]).encode()).hexdigest()  # the table's masked form
+    assert stored[0] == (not_json_key, None), "an undecodable value is dropped"
+    assert stored[1][0] == op_key and json.loads(stored[1][1]) == expected_value
+    for message in messages:  # nothing of the masked value anywhere, the coordinates kept
         assert all(MASKED.encode() not in value for _, value in message.headers()), message.headers()
+        assert MASKED.encode() not in (message.value() or b"") and MASKED.encode() not in message.key()
+        headers = dict(message.headers())
+        assert headers[DlqHeader.TOPIC] and headers[DlqHeader.OFFSET]
+    errors = {r["key"]: r["error"] for r in rows}
+    assert DROPPED_NOTE.format(parts="value") in errors[not_json_key] and MASKED_NOTE in errors[op_key]
     for row in rows:
-        assert MASKED not in str({k: v for k, v in row.items() if k not in ("key", "value")}), row
+        assert MASKED not in str(row), row
+        assert row["topic"] and row["offset"] is not None

@@ -16,6 +16,10 @@ Stores, either or both (`DeadLetterSettings`, in service/config/dead_letters.py)
   appended with delta-rs in a commit carrying the application transaction (app id, batch
   id); a batch whose id the table already holds for the app id is skipped.
 
+A pipeline with `columns.mask` stores no raw value of a masked column: its dead letters' key and
+value are masked where they decode as JSON and dropped where they do not, the error text saying so
+(`dead_letter_masks`); its other dead letters keep the record's bytes as read.
+
 The app id defaults to `cdc-lakehouse/<pipeline>/dead-letters`; pass the pipeline's own
 application id (it carries the streaming query id) so that batch ids starting again at 0
 after a checkpoint reset are not taken for replays.
@@ -39,6 +43,8 @@ from connectors.kafka.transactional_producer import (
     TransactionalProducer,
 )
 from service.config.dead_letters import DeadLetterSettings
+from service.config.sources import mask_salt
+from service.kafka_to_delta.sink.dead_letter_masks import DeadLetterMasks
 from vocabulary.errors import ConfigError, TerminalError, TransientError
 
 if TYPE_CHECKING:
@@ -151,6 +157,15 @@ def kafka_records(rows: pa.Table, pipeline: str, batch_id: int, stored_at: datet
     return records
 
 
+def _pipeline_masks(settings: "Settings", pipeline: str) -> DeadLetterMasks | None:
+    """The masked columns and salt of the ingest pipeline named `pipeline`, None without a mask."""
+    found = next((p for p in settings.pipelines if p.name == pipeline), None)
+    columns = None if found is None else found.columns
+    if columns is None or not columns.mask or columns.salt_env is None:
+        return None
+    return DeadLetterMasks(tuple(columns.mask), mask_salt(columns.salt_env, f"pipeline {pipeline}: columns"))
+
+
 class DeadLetterSink:
     """Stores one pipeline's dead letters in its configured topic and/or table, once per batch."""
 
@@ -162,7 +177,9 @@ class DeadLetterSink:
         kafka_config: dict[str, str] | None = None,
         table_uri: str | None = None,
         storage_options: dict[str, str] | None = None,
+        masks: DeadLetterMasks | None = None,
     ) -> None:
+        """`masks`: the pipeline's masked columns and salt (keys and values are masked before storing)."""
         if settings.topic is not None and not kafka_config:
             raise ConfigError(f"pipeline {pipeline}: dead_letters.topic needs the Kafka client configuration")
         if settings.table is not None and not table_uri:
@@ -172,18 +189,21 @@ class DeadLetterSink:
         self.kafka_config = dict(kafka_config or {})
         self.table_uri = table_uri if settings.table is not None else None
         self.storage_options = storage_options or None
+        self.masks = masks
         self._producer: TransactionalProducer | None = None
         self._kafka_last: dict[str, int | None] = {}
 
     @classmethod
     def for_pipeline(cls, settings: "Settings", pipeline: str, dead_letters: DeadLetterSettings) -> "DeadLetterSink":
-        """The sink of `pipeline`, its table under the lakehouse root, its topic on the service's cluster."""
+        """The sink of `pipeline`, its table under the lakehouse root, its topic on the service's cluster;
+        the pipeline's masked columns (`columns.mask`) masked in every dead letter."""
         table = dead_letters.table
         return cls(
             dead_letters, pipeline,
             kafka_config=settings.kafka.client_config(),
             table_uri=settings.lakehouse.table_uri(table) if table else None,
             storage_options=dict(settings.lakehouse.storage_options),
+            masks=_pipeline_masks(settings, pipeline),
         )
 
     def default_app_id(self) -> str:
@@ -198,6 +218,8 @@ class DeadLetterSink:
         letters = _conform(rows)
         if letters.num_rows == 0:
             return 0
+        if self.masks is not None:
+            letters = self.masks.applied(letters)
         app_id = app_id or self.default_app_id()
         stored_at = datetime.now(timezone.utc)
         stored = False
