@@ -5,11 +5,12 @@ commits `--rounds` rounds of `--rows` changed keys per table, timing per table a
 
 - the bookkeeping `MergeSink` does before a MERGE: `last_batch` (the application transaction) and `schema`;
 - `merge`: `DeltaRsTable.merge`, the database source's commit (one MERGE, application transaction);
-- `merge, 2 threads`: the same with two tables at a time (`parallel_merges: 2`): does delta-rs let go of the GIL;
+- `merge, N threads`: the same with 2, 4 and 8 tables at a time (`parallel_merges`): does delta-rs let go of the GIL;
 - `append` and `overwrite where id in (...)`: what a plain commit of the same rows costs, for scale
   (neither is the MERGE's equal: an append duplicates updated keys, the overwrite loses kept columns).
 
-Prints ms per table for each. Nothing is asserted; the figures go to bench/README.md.
+Prints ms per table for each, wall and CPU (the process's user + system time, all threads: what
+the commit costs the machine whatever the load). Nothing is asserted; the figures go to bench/README.md.
 
     .venv/bin/python bench/database_merge_probe.py
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import resource
 import shutil
 import tempfile
 import time
@@ -29,6 +31,11 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 
 from connectors.delta.delta_rs import _POST_COMMIT, DeltaRsTable
 from connectors.delta.merge_plan import DELETE_FLAG
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -68,16 +75,18 @@ def main() -> None:
                             commit_properties=CommitProperties(app_transactions=[Transaction("probe", batch_id)]))
 
         kinds = [("last_batch", lambda t: t.last_batch("probe"), 1, False), ("schema", DeltaRsTable.schema, 1, False),
-                 ("merge", merge, 1, True), ("merge, 2 threads", merge, 2, True), ("append", append, 1, True),
+                 ("merge", merge, 1, True), ("merge, 2 threads", merge, 2, True), ("merge, 4 threads", merge, 4, True),
+                 ("merge, 8 threads", merge, 8, True), ("append", append, 1, True),
                  ("overwrite where id in (...)", overwrite, 1, True)]
         print(f"{args.tables} tables of 250 rows, {args.rows} keys per commit; load {os.getloadavg()}")
         for name, action, threads, commits in kinds:
             for _ in range(args.rounds):
                 batch_id += commits
-                started = time.perf_counter()
+                started, cpu = time.perf_counter(), _cpu()
                 with ThreadPoolExecutor(threads) as pool:
                     list(pool.map(action, tables))
-                print(f"{name:30s} {(time.perf_counter() - started) / len(tables) * 1000:7.1f} ms per table")
+                print(f"{name:30s} {(time.perf_counter() - started) / len(tables) * 1000:7.1f} ms per table, "
+                      f"CPU {(_cpu() - cpu) / len(tables) * 1000:6.1f} ms")
     finally:
         if not args.root:
             shutil.rmtree(root, ignore_errors=True)

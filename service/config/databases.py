@@ -103,9 +103,8 @@ class DatabaseSettings(SettingsModel):
     # A table whose batch fails for good: stop the service, or quarantine that table alone.
     on_table_error: OnTableError = "stop"
     topic_refresh_seconds: float = Field(default=DEFAULT_TOPIC_REFRESH_SECONDS, gt=0)
-    parallel_merges: int = Field(default=2, ge=1)
-    # A batch's MERGEs run while the next batch is read (run with a trigger; not under --until-idle).
-    overlap_merges: bool = False
+    # delta-rs lets go of the GIL for most of a MERGE: 4 at a time beat 2 (docs/design/database-source.md).
+    parallel_merges: int = Field(default=4, ge=1)
     tables: dict[str, TableOverride] = Field(default_factory=dict)
 
     @field_validator("topic_pattern", "include", "exclude")

@@ -5,10 +5,7 @@ is read, as a pipeline's plain path does. Per micro-batch, here on the driver: t
 split by table, each table's ranges merged (`batch_changes`), its bad records handled by the
 database's policies, and its MERGE committed with its own application id and the batch id, so a
 crash between two tables' commits replays exactly (a table already holding the batch skips it).
-MERGEs of different tables run side by side (`parallel_merges`). With `overlap_merges` (under a
-processing-time trigger) a batch's MERGEs run in a thread while Spark plans and reads the next batch,
-which waits for them before its own: the batch's payloads are kept in the checkpoint first
-(`staged_batches`), so a crash before its tables hold it replays it from there.
+MERGEs of different tables run side by side (`parallel_merges`).
 
 A terminal error of one table (a value its column cannot take, a bad record under FAIL) stops
 the service (`on_table_error: stop`) or quarantines that table (`quarantine`): its offsets stop
@@ -18,11 +15,10 @@ it again from the offsets where it stopped.
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +30,6 @@ from pyspark.sql.streaming import StreamingQuery
 from connectors.delta.engines import DeltaEngineTable, open_table
 from service.config.databases import DatabaseSettings
 from service.config.settings import Settings
-from service.kafka_to_delta.database.staged_batches import StagedBatches
 from service.kafka_to_delta.database.tables import table_pipeline
 from service.kafka_to_delta.plan.table_routes import check_routes, store_routes, stored_routes
 from service.kafka_to_delta.sink.bad_records import DeadLetterStore, handle_bad_records
@@ -89,10 +84,6 @@ class DatabaseQuery(QueryIdentity, BatchPipeline):
         self._lock = threading.Lock()
         self._routes: dict[str, str] = {}
         self._batch_ended: float | None = None
-        self._overlap = False
-        self._staged = StagedBatches(self.checkpoint)
-        self._committer: ThreadPoolExecutor | None = None
-        self._in_flight: Future | None = None
         self.dead_letters: DeadLetterStore | None = None
         if database.dead_letters is not None:
             sink = DeadLetterSink.for_pipeline(settings, database.name, database.dead_letters)
@@ -148,52 +139,12 @@ class DatabaseQuery(QueryIdentity, BatchPipeline):
         started = time.monotonic()
         payloads = batch.toArrow()
         read = time.monotonic()
-        self._finish_earlier(batch_id)
-        waited = time.monotonic() - read
+        groups = _by_table(payloads)
         entries = quarantine.read(self.quarantine_file)
-        if not self._overlap or any(e.get("state") == quarantine.RESUMING for e in entries.values()):
-            self._commit(payloads, batch_id, entries, started, read)
-            return
-        # Spark records this batch as done when this returns: its payloads are kept until every table has it.
-        self._staged.write(batch_id, payloads)
-        if self._committer is None:
-            self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.name}-commit")
-        note = f"; {waited:.2f}s waiting for the previous batch's MERGEs, overlapped with the next read"
-        self._in_flight = self._committer.submit(self._commit, payloads, batch_id, entries, started, read, note)
-        self._in_flight.add_done_callback(functools.partial(self._report, batch_id))
-
-    def _report(self, batch_id: int, done: Future) -> None:
-        """An overlapped batch's failure is raised by the next batch (or `close`); it is said at once."""
-        if done.exception() is not None:
-            log.error("database %s: batch %d failed; the next micro-batch raises it: %s", self.name, batch_id,
-                      done.exception())
-
-    def _finish_earlier(self, batch_id: int) -> None:
-        """Before a batch commits: the previous batch's MERGEs done (its failure raised here), and the
-        batches staged by an earlier run that Spark counts as done committed (a staged batch Spark runs
-        again, `batch_id` or later, is left to that run)."""
-        in_flight, self._in_flight = self._in_flight, None
-        if in_flight is not None:
-            in_flight.result()
-        for staged in self._staged.pending():
-            if staged < batch_id:
-                log.info("database %s: batch %d, staged before a restart, committed first", self.name, staged)
-                self._commit(self._staged.read(staged), staged, quarantine.read(self.quarantine_file),
-                             time.monotonic(), time.monotonic())
-            else:
-                self._staged.remove(staged)
-
-    def _commit(self, payloads: pa.Table, batch_id: int, entries: dict[str, dict[str, Any]], started: float,
-                read: float, note: str = "") -> None:
-        """The batch's MERGEs, one per table (a table set aside meanwhile skipped), then its bookkeeping."""
-        begun = time.monotonic()
-        groups = {table: rows for table, rows in _by_table(payloads).items()
-                  if entries.get(table, {}).get("state") != quarantine.QUARANTINED}
         with ThreadPoolExecutor(max_workers=self.database.parallel_merges) as pool:
             results = list(pool.map(lambda item: self._apply(item[0], item[1], batch_id, entries), groups.items()))
         failures = [(table, error) for table, error in results if error is not None]
         self._after_batch(batch_id, groups, failures, entries)
-        self._staged.remove(batch_id)
         merged = time.monotonic()
         self.committed_batches += 1
         metrics.BATCHES.labels(self.name, "committed" if groups else "empty").inc()
@@ -201,19 +152,8 @@ class DatabaseQuery(QueryIdentity, BatchPipeline):
         # Between two batches: Spark plans the next one (offsets, ranges, tasks) and waits for the trigger.
         between = "" if self._batch_ended is None else f"; {started - self._batch_ended:.2f}s since the last batch"
         self._batch_ended = merged
-        log.info("database %s: batch %d -> %d table(s) (read+decode+reduce %.2fs, merge %.2fs)%s%s",
-                 self.name, batch_id, len(groups), read - started, merged - begun, between, note)
-
-    def close(self) -> None:
-        """The last batch's MERGEs done (the runner calls this when the query stops); a failure stays in the
-        checkpoint's staged batches for the next start."""
-        in_flight, self._in_flight = self._in_flight, None
-        if in_flight is not None:
-            try:
-                in_flight.result()
-            except BaseException as error:  # noqa: BLE001 - the next start commits the staged batch again
-                log.error("database %s: the last batch's MERGEs failed; the next start tries them again: %s",
-                          self.name, error)
+        log.info("database %s: batch %d -> %d table(s) (read+decode+reduce %.2fs, merge %.2fs)%s",
+                 self.name, batch_id, len(groups), read - started, merged - read, between)
 
     def _apply(self, table: str, payloads: pa.Table, batch_id: int,
                entries: dict[str, dict[str, Any]]) -> tuple[str, BaseException | None]:
@@ -291,8 +231,6 @@ class DatabaseQuery(QueryIdentity, BatchPipeline):
                 metrics.QUARANTINED.labels(self.name, table).set(0)
                 log.info("database %s: table %s tried again from its quarantine offsets", self.name, table)
             quarantine.write(self.quarantine_file, entries)
-        self.close()  # a restart after a failure: what the last run left in flight
-        self._overlap = self.database.overlap_merges and not until_idle
         source = database_source(self.database, self.spark.sparkContext.defaultParallelism)
         self.spark.dataSource.register(source)
         reader = (
