@@ -48,15 +48,19 @@ log = logging.getLogger(__name__)
 _POLL_S = 0.5
 _BATCH_GRACE_S = 60.0
 _INIT_TIMEOUT_S = 120.0
-_INITIALIZING = "Initializing sources"
+_INITIALIZING = ("Initializing StreamExecution", "Initializing sources")  # Spark's first two status messages
 
 
 def _wait_initialized(query: StreamingQuery, stop: threading.Event) -> None:
-    # Each query starts a Python planner process for its source; starting them all at
-    # once on a small machine makes them miss Spark's connect-back timeout. One by one.
+    """Until `query` has created its sources (or ended, or the timeout passed).
+
+    Each query starts a Python process for its source while its sources are initialised; starting
+    them all at once on a small machine makes them miss Spark's connect-back timeout, so queries
+    start one by one. The next start need not wait for this query's first micro-batch: that batch
+    runs beside it (docs/design/runtime-tuning.md, "Query start")."""
     deadline = time.monotonic() + _INIT_TIMEOUT_S
     while query.isActive and time.monotonic() < deadline and not stop.is_set():
-        if query.status.get("message") != _INITIALIZING and query.lastProgress is not None:
+        if query.status.get("message") not in _INITIALIZING:
             return
         time.sleep(_POLL_S / 5)
 
@@ -93,6 +97,7 @@ class Runner:
         self._spark: SparkSession | None = None
         self._exports_started = False
         self._starting: _Supervised | None = None  # the entry `_start` is starting
+        self._starting_all = False  # `start` is starting every query
         self._idle_progress_s = health.DEFAULT_IDLE_PROGRESS_S
         self.endpoint: ThreadingHTTPServer | None = None  # /metrics, /healthz, /readyz (with metrics_port)
 
@@ -125,6 +130,7 @@ class Runner:
             warm_workers(self._spark, modules)
         self._idle_progress_s = health.idle_progress_seconds(self._spark)
         log.info("kafka: %s", self.settings.kafka.redacted())
+        self._starting_all = True
         for config in self.settings.pipelines:
             entry = _Supervised(IngestPipeline(self._spark, self.settings, config))
             self.supervised.append(entry)
@@ -139,6 +145,7 @@ class Runner:
             self._start(entry)
         if not (until_idle and (self.settings.pipelines or self.settings.databases or self.settings.joins)):
             self._start_exports()
+        self._starting_all = False
         self._sources_planned(None)
 
     def _jvm(self) -> JvmProfile:
@@ -173,12 +180,14 @@ class Runner:
             self._starting = None
 
     def _sources_planned(self, entry: _Supervised | None) -> None:
-        """`entry`'s query entered its first micro-batch (None: `start` is done): unless another query
-        is being started (queries start one by one), Spark's data-source planning processes sit idle
-        until a query starts again, and are stopped (`planner_workers`)."""
-        starting = self._starting
-        if self._spark is not None and (starting is None or starting is entry):
-            stop_idle_planner_workers(self._spark)
+        """`entry`'s query entered its first micro-batch (None: `start` is done): unless queries are
+        still being started (one by one; each start needs them), Spark's data-source planning
+        processes sit idle until a query starts again, and are stopped (`planner_workers`)."""
+        if self._spark is None:
+            return
+        if entry is not None and (self._starting_all or self._starting not in (None, entry)):
+            return
+        stop_idle_planner_workers(self._spark)
 
     def wait(self) -> None:
         """Supervise until every query finished or a stop was requested; then stop all.

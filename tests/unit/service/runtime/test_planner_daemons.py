@@ -47,6 +47,46 @@ def test_the_runner_stops_the_daemons_unless_another_query_is_starting(monkeypat
     assert stopped == [spark] * 3
 
 
+def test_while_every_query_is_being_started_no_first_batch_stops_the_daemons(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The next query's start needs them: stopping them after each query's first batch made every
+    # start pay three new planning daemons.
+    stopped: list[object] = []
+    monkeypatch.setattr(runner_module, "stop_idle_planner_workers", stopped.append)
+    runner = Runner(settings_from_mapping({"pipelines": [PLAIN]}))
+    runner._spark = spark = object()  # type: ignore[assignment]
+    first = _Supervised(_Pipeline())  # type: ignore[arg-type]
+    runner._starting_all = True
+    runner._sources_planned(first)
+    assert stopped == []
+    runner._starting_all = False
+    runner._sources_planned(None)
+    assert stopped == [spark]
+
+
+class _Status:
+    """A query whose status message walks through `messages`, one per read."""
+
+    isActive = True
+
+    def __init__(self, messages: list[str]) -> None:
+        self.messages, self.reads = messages, 0
+
+    @property
+    def status(self) -> dict:
+        self.reads += 1
+        return {"message": self.messages[min(self.reads, len(self.messages)) - 1]}
+
+
+def test_the_next_query_starts_once_this_one_created_its_sources(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Not after its first micro-batch: that batch runs beside the next query's start.
+    monkeypatch.setattr(runner_module.time, "sleep", lambda _: None)
+    query = _Status(["Initializing StreamExecution", "Initializing sources", "Initializing sources",
+                     "Getting offsets from x", "Processing new data"])
+    runner_module._wait_initialized(query, runner_module.threading.Event())  # type: ignore[arg-type]
+    assert query.reads == 4
+
+
 class _FinishedQuery:
     isActive = False
 
