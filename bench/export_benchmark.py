@@ -56,6 +56,7 @@ UPDATE_COMMITS = 3
 INSERT_SHARE = 0.4
 _RSS_SAMPLE_S = 0.5
 _CONSUME_BATCH = 10_000
+_CONSUME_WAIT_S = 300  # the first fetch of a large topic from the embedded broker, on a loaded machine
 _MAX_RESPONSE_BYTES = 1 << 30
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -236,9 +237,9 @@ def count_committed(bootstrap: str, topic: str) -> int:
     count = 0
     try:
         while True:
-            messages = consumer.consume(_CONSUME_BATCH, timeout=30)
+            messages = consumer.consume(_CONSUME_BATCH, timeout=_CONSUME_WAIT_S)
             if not messages:
-                raise SystemExit(f"FAILED: no end of {topic} within 30 s")
+                raise SystemExit(f"FAILED: no end of {topic} within {_CONSUME_WAIT_S} s ({count:,} records read)")
             for message in messages:
                 if message.error() is None:
                     count += 1
