@@ -151,7 +151,8 @@ class ChangelogBatchDecoder:
     """Kafka record batch -> changelog batch under one FROM_CHANGELOG configuration.
 
     `value_decoder` / `key_decoder`: `decode(bytes) -> (document, column types)`; JSON by
-    default. `ignore_null_updates`: nulls of updates become unchanged markers (`FromChangelog`). Picklable, so it can be shipped to Spark executors.
+    default. `ignore_null_updates`: nulls of updates become unchanged markers (`FromChangelog`).
+    Picklable, so it can be shipped to Spark executors.
     """
 
     def __init__(

@@ -98,6 +98,6 @@ class DeadLetterMasks:
             values.append(value)
             errors.append("; ".join([error or "", *notes]) if notes else error)
         for name, column in (("raw_key", keys), ("raw_value", values), ("error", errors)):
-            index = letters.schema.get_field_index(name)
-            letters = letters.set_column(index, letters.schema.field(name), pa.array(column, letters.schema.field(name).type))
+            field = letters.schema.field(name)
+            letters = letters.set_column(letters.schema.get_field_index(name), field, pa.array(column, field.type))
         return letters

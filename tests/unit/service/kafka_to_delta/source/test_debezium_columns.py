@@ -222,7 +222,8 @@ def _ignores_nulls(seed: int) -> bool:
 
 
 def both_ways(pairs: list[tuple[bytes | None, bytes | None]], rng: random.Random,
-              decoder: Callable[[], ChangelogBatchDecoder] | None = None, ignore_null_updates: bool = False) -> dict | None:
+              decoder: Callable[[], ChangelogBatchDecoder] | None = None,
+              ignore_null_updates: bool = False) -> dict | None:
     """Run both reducers on one range (cut into batches by `rng`) and assert that the driver makes
     the same of their payloads; the fast way's first payload metadata, None when both failed.
     `decoder`: makes the decoder (default: the JSON pipeline `p` keyed by `id`, with
