@@ -22,7 +22,8 @@ _RETRACTIONS = ("-U", "-D")
 
 
 def _changelog(seed: int, records: int = 120, keys: int = 12) -> list[dict]:
-    """Changelog rows of one topic in two partitions, in source order; some updates leave a column unchanged."""
+    """Changelog rows of one topic in two partitions, in source order; some updates leave a column unchanged,
+    in some of them the before image too (a null of an update under ignore_null_updates)."""
     rnd = random.Random(seed)
     rows, offsets = [], [0, 0]
     for _ in range(records):
@@ -35,7 +36,8 @@ def _changelog(seed: int, records: int = 120, keys: int = 12) -> list[dict]:
         if roll < 0.2:
             kinds = [("-D", image, None)]
         elif roll < 0.45:
-            kinds = [("-U", image, None), ("+U", {"id": key, "a": image["a"] + 1}, ["b"])]
+            before = (image, None) if rnd.random() < 0.5 else ({"id": key, "a": image["a"]}, ["b"])
+            kinds = [("-U", *before), ("+U", {"id": key, "a": image["a"] + 1}, ["b"])]
         elif roll < 0.6:
             kinds = [("+U", {"id": key, "a": image["a"]}, ["b"])]
         else:
