@@ -178,12 +178,12 @@ class IngestPipeline(TableQuery):
         self._await_query_id()
         name = self.pipeline.name
         started = time.monotonic()
-        decoded_history = self.history is not None and not self.shape.reduces_where_read
-        history_rows = self.history.changes(batch) if decoded_history else None
-        prepared = self._prepared(batch)
-        if decoded_history:
+        if self.history is not None and not self.shape.reduces_where_read:  # behind a stateful stage
+            history_rows = self.history.changes(batch)
+            prepared = self._prepared(batch)
             self.history.release(batch)
-        else:
+        else:  # the ranges handed their row changes over (None without a history)
+            prepared = self._prepared(batch)
             history_rows = prepared.history
         metrics.record_state(name, self._query.lastProgress if self._query is not None else None)
         metrics.DECODE_ERRORS.labels(name).inc(prepared.failed.num_rows)

@@ -39,6 +39,12 @@ from vocabulary.errors import DecodeError, SourceCoordinates
 TRUNCATE = "TRUNCATE"
 HISTORY = "history"
 """The `part` of a range's row changes for a history table (`source.history_rows`), when asked for."""
+HISTORY_SEQUENCE = "__cdc_sequence"
+"""A history part's column of each change's sequence value (null when it has none)."""
+HISTORY_META = (Meta.KEY, Meta.KIND, Meta.TOPIC, Meta.PARTITION, Meta.OFFSET, Meta.CHANGE_INDEX, Meta.UNCHANGED,
+                HISTORY_SEQUENCE)
+"""The columns of a history part after the row's own: `Meta`'s source columns, the change's kind (+U an
+upsert, -U an update's before image, -D a delete) and its sequence value."""
 _META_KEY = b"cdc-lakehouse"
 RETRACTIONS = (ChangeKind.UPDATE_BEFORE.value, ChangeKind.DELETE.value)
 

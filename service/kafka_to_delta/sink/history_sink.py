@@ -20,6 +20,8 @@ from connectors.delta.delta_rs import DELETE_FLAG, DeltaSchemaError
 from connectors.delta.engines import DeltaEngineTable
 from service.config.choices import SchemaChanges
 from service.config.history import DELETED, END_AT, START_AT, UPDATED_AT, HistorySettings
+from service.kafka_to_delta.materialize.payload import HISTORY_META
+from service.kafka_to_delta.materialize.payload import HISTORY_SEQUENCE as SEQUENCE
 from service.kafka_to_delta.rows.names import Meta
 from service.kafka_to_delta.sink.history_versions import (
     IS_DELETE,
@@ -30,7 +32,6 @@ from service.kafka_to_delta.sink.history_versions import (
     stored_events,
 )
 from service.kafka_to_delta.sink.schema_changes import conform
-from service.kafka_to_delta.source.history_rows import HISTORY_META, SEQUENCE
 from vocabulary.changes import ChangeKind
 from vocabulary.errors import SourceCoordinates
 

@@ -22,11 +22,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from connectors.delta.arrow_types import arrow_type, typed_column
-from service.kafka_to_delta.materialize.payload import HISTORY, TypeEvidence, payload_table
+from service.kafka_to_delta.materialize.payload import (
+    HISTORY,
+    HISTORY_META,
+    TypeEvidence,
+    payload_table,
+)
+from service.kafka_to_delta.materialize.payload import HISTORY_SEQUENCE as SEQUENCE
 from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
 from service.kafka_to_delta.rows.names import FAILED_COLUMNS, Meta, Part
 from service.kafka_to_delta.source.fill_across_ranges import RANGE_COLUMN, filled_last_rows
-from service.kafka_to_delta.source.history_rows import HISTORY_META, SEQUENCE
 from vocabulary.errors import DecodeError, SourceCoordinates
 
 

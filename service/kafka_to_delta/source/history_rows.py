@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -31,7 +32,8 @@ import pyarrow.compute as pc
 from connectors.delta.arrow_types import merge_types
 from service.config.from_changelog import PATH_SEPARATOR
 from service.kafka_to_delta.changelog.changelog_batch import ChangelogBatchDecoder
-from service.kafka_to_delta.materialize.payload import TypeEvidence, typed_changes
+from service.kafka_to_delta.materialize.payload import HISTORY_META, TypeEvidence, typed_changes
+from service.kafka_to_delta.materialize.payload import HISTORY_SEQUENCE as SEQUENCE
 from service.kafka_to_delta.rows.names import Column, Meta
 from service.kafka_to_delta.source.debezium_columns import (
     _FLAG,
@@ -50,10 +52,6 @@ from service.kafka_to_delta.source.debezium_columns import (
 from service.kafka_to_delta.source.wrapper_layouts import BARE
 from vocabulary.changes import ChangeKind
 
-SEQUENCE = "__cdc_sequence"
-HISTORY_META = (Meta.KEY, Meta.KIND, Meta.TOPIC, Meta.PARTITION, Meta.OFFSET, Meta.CHANGE_INDEX, Meta.UNCHANGED,
-                SEQUENCE)
-"""The columns of a history part after the row's own."""
 ROW_KINDS = (ChangeKind.INSERT.value, ChangeKind.UPDATE_AFTER.value, ChangeKind.UPDATE_BEFORE.value,
              ChangeKind.DELETE.value)
 _VEC_SEQUENCE = "__vec_sequence"
@@ -71,7 +69,8 @@ def history_plan(decoder: ChangelogBatchDecoder, primary_key: tuple[str, ...]) -
     """The vectorised decode's plan for a history pipeline's decoder, whose settings carry the history's
     `sequence_by` (the record-by-record way's sequence value; `HistoryColumns` takes it in bulk)."""
     settings = decoder.settings.model_copy(update={"sequence_by": ()})
-    return vector_plan(_DecoderView(settings, decoder.decode_value, decoder.stage), primary_key)
+    view = cast(ChangelogBatchDecoder, _DecoderView(settings, decoder.decode_value, decoder.stage))
+    return vector_plan(view, primary_key)
 
 
 @dataclass(frozen=True)

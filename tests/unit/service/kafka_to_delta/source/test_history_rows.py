@@ -16,13 +16,13 @@ import pytest
 from connectors.delta.delta_rs import DeltaSchemaError
 from service.config.settings import PipelineSettings
 from service.kafka_to_delta.materialize.payload import HISTORY
+from service.kafka_to_delta.materialize.payload import HISTORY_SEQUENCE as SEQUENCE
 from service.kafka_to_delta.rows.arrow import PAYLOAD_SCHEMA
 from service.kafka_to_delta.rows.names import Meta
 from service.kafka_to_delta.sink.history_sink import batch_events
 from service.kafka_to_delta.sink.history_versions import IS_DELETE, UNCHANGED
 from service.kafka_to_delta.source.batch_changes import BatchChanges, batch_changes
 from service.kafka_to_delta.source.decode_stage import batch_decoder
-from service.kafka_to_delta.source.history_rows import SEQUENCE
 from service.kafka_to_delta.source.partition_changes import PartitionReducer
 from service.operations.workload import DebeziumWorkload
 from tests.support.run_seed import run_seed
