@@ -390,12 +390,10 @@ class FromChangelog:
     ) -> ChangelogRow:
         snapshot, sequence, event_time, passthrough = meta
         row, unchanged = image, ()
-        if nulls_unchanged and None in row.values():
+        marks_nulls = nulls_unchanged and None in row.values()
+        if marks_nulls or UNAVAILABLE_VALUE in row.values():
             unchanged = tuple(column for column, value in row.items() if value == UNAVAILABLE_VALUE or (
-                value is None and column not in self.primary_key))
-            row = {column: value for column, value in row.items() if column not in unchanged}
-        elif UNAVAILABLE_VALUE in row.values():
-            unchanged = tuple(column for column, value in row.items() if value == UNAVAILABLE_VALUE)
+                marks_nulls and value is None and column not in self.primary_key))
             row = {column: value for column, value in row.items() if column not in unchanged}
         if passthrough:
             for column in passthrough:

@@ -178,7 +178,7 @@ class PartitionReducer:
             typed, evidence = typed_changes(net, self.primary_key)
             info["types"] = evidence.to_json()
         history = None
-        if reduced.every is not None and reduced.every:
+        if reduced.every:
             history = changelog_history(pa.concat_tables(reduced.every), self.primary_key)
         return payload_batch(typed, reduced.failed, info, history)
 
