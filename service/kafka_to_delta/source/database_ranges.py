@@ -12,8 +12,9 @@ Small ranges are packed: one Spark task reads several ranges (a database of hund
 quiet tables would otherwise cost a task per partition per micro-batch); a task holds up to
 `_PACK_ROWS` records, and there are at least as many tasks as cores when there is data. A task's
 small ranges (up to `_SMALL_RANGE_ROWS` records) are fetched by one consumer assigned to all their
-partitions at once (`range_reader.read_values_of_ranges`), then decoded and reduced range by range;
-a larger range is streamed by a consumer of its own.
+partitions at once (`range_reader.read_values_of_ranges`); the tables that decode alike are decoded
+and reduced in one call keyed by table (`joint_tables`), another table's ranges as one chunk where
+they can be, else range by range (`task_payloads`); a larger range is streamed by a consumer of its own.
 When a micro-batch has fewer ranges than cores, the largest are first cut in pieces (the
 `minPartitions` of the Kafka source, recorded in the offset), so a large table of one partition
 is read on every core; the driver merges the pieces as a pipeline's (`batch_changes`).
@@ -191,6 +192,47 @@ class TableReducers:
             return None
         return iter([self._rows(payload, table, ranges[0][0].topic, primary_key)])
 
+    def together(self, tables: list[tuple[str, list[tuple[KafkaRange, list["ValueChunk"]]]]]
+                 ) -> tuple[list["pa.RecordBatch"], set[str]]:
+        """The payload rows of several tables' small ranges, the tables that decode alike decoded and
+        reduced in one call per group (`joint_tables`), and the topics so done; every other table is
+        left to its own decode (`joined`, or range by range), which this never changes the output of."""
+        from service.kafka_to_delta.formats.debezium_json import JsonDocuments
+        from service.kafka_to_delta.source.joint_tables import (
+            TableValues,
+            decode_together,
+            joint_groups,
+        )
+
+        by_reducer: dict[int, tuple["PartitionReducer", list[TableValues]]] = {}
+        for table, ranges in tables:
+            chunks = [chunk for _, values in ranges for chunk in values]
+            if not chunks:
+                continue
+            try:
+                keys = {self.primary_key(table, kafka_range, next((c.first_key for c in values
+                                                                   if c.first_key is not None), None))
+                        for kafka_range, values in ranges if values}
+            except DecodeError:  # raised again, and placed, where the table is decoded alone
+                continue
+            if len(keys) != 1:
+                continue
+            primary_key = keys.pop()
+            reducer = self._reducer(table, primary_key)
+            if reducer.plan is None or not isinstance(reducer.decoder.decode_value, JsonDocuments):
+                continue
+            by_reducer.setdefault(id(reducer), (reducer, []))[1].append(
+                TableValues(table, ranges[0][0].topic, primary_key, chunks))
+        batches, done = [], set()
+        for reducer, candidates in by_reducer.values():
+            assert reducer.plan is not None
+            for group in joint_groups(reducer.plan, candidates):
+                decoded, _ = decode_together(reducer, group)
+                for values, payload in decoded:
+                    batches.append(self._rows(payload, values.table, values.topic, values.primary_key))
+                    done.add(values.topic)
+        return batches, done
+
     @staticmethod
     def _rows(batch: "pa.RecordBatch", table: str, topic: str, primary_key: tuple[str, ...]) -> "pa.RecordBatch":
         import pyarrow as pa
@@ -291,28 +333,41 @@ class DatabaseStreamReader(KafkaStreamReader):
         # The small ranges' values in one pass of one consumer (a consumer per range cost more than
         # reading its records); a large range is streamed by a consumer of its own, never held whole.
         small = read_values_of_ranges(self.client, [_coordinates(r) for r, _ in tables if _small(r)])
-        # A table's small ranges (its topic's partitions) are decoded as one where they can be.
-        together: dict[tuple[str, str], list[KafkaRange]] = {}
-        for kafka_range, table in tables:
-            if _small(kafka_range):
-                together.setdefault((table, kafka_range.topic), []).append(kafka_range)
-        joined: set[tuple[str, int, int, int]] = set()
-        for (table, _), group in together.items():
-            if len(group) > 1:
-                payload = reducers.joined(table, [(r, small[_coordinates(r)]) for r in group])
-                if payload is not None:
-                    yield from payload
-                    joined.update(_coordinates(r) for r in group)
-        for kafka_range, table in tables:
-            if _coordinates(kafka_range) in joined:
-                continue
-            if _small(kafka_range):
-                values = functools.partial(iter, small[_coordinates(kafka_range)])
-            else:
-                values = functools.partial(read_values, self.client, *_coordinates(kafka_range))
-            yield from reducers(kafka_range, table, functools.partial(KafkaStreamReader.read, self, kafka_range),
-                                values)
+        yield from task_payloads(reducers, tables, small, functools.partial(KafkaStreamReader.read, self),
+                                 lambda r: read_values(self.client, *_coordinates(r)))
         release_memory()
+
+
+def task_payloads(reducers: TableReducers, tables: list[tuple[KafkaRange, str]],
+                  small: dict[tuple[str, int, int, int], list["ValueChunk"]],
+                  read: Callable[[KafkaRange], Iterable["pa.RecordBatch"]],
+                  read_large: Callable[[KafkaRange], Iterable["ValueChunk"]]) -> Iterator["pa.RecordBatch"]:
+    """A task's payload rows: the tables of its small ranges (values in `small`) that decode alike in one
+    call (`TableReducers.together`), a table's small ranges (its topic's partitions) as one where they can
+    be (`TableReducers.joined`), the rest range by range; `read` reads a range's records (for the
+    record-by-record way), `read_large` streams a large range's values."""
+    together: dict[tuple[str, str], list[KafkaRange]] = {}
+    for kafka_range, table in tables:
+        if _small(kafka_range):
+            together.setdefault((table, kafka_range.topic), []).append(kafka_range)
+    batches, done = reducers.together([(table, [(r, small[_coordinates(r)]) for r in group])
+                                       for (table, _), group in together.items()])
+    yield from batches
+    joined = {_coordinates(r) for (_, topic), group in together.items() if topic in done for r in group}
+    for (table, topic), group in together.items():
+        if len(group) > 1 and topic not in done:
+            payload = reducers.joined(table, [(r, small[_coordinates(r)]) for r in group])
+            if payload is not None:
+                yield from payload
+                joined.update(_coordinates(r) for r in group)
+    for kafka_range, table in tables:
+        if _coordinates(kafka_range) in joined:
+            continue
+        if _small(kafka_range):
+            values = functools.partial(iter, small[_coordinates(kafka_range)])
+        else:
+            values = functools.partial(read_large, kafka_range)
+        yield from reducers(kafka_range, table, functools.partial(read, kafka_range), values)
 
 
 def _coordinates(kafka_range: KafkaRange) -> tuple[str, int, int, int]:
