@@ -8,10 +8,13 @@ task can, each timed over the same ranges:
 - per range: `range_reader.read_values` (a consumer per range), the records only;
 - one consumer: `range_reader.read_values_of_ranges` over all ranges at once, the records only;
 - and each of them followed by the database source's decode and reduce (`TableReducers`), range by range;
-- one consumer, then each table's ranges decoded and reduced as one chunk (`TableReducers.joined`, what a
-  task does now; a table it gives back is decoded range by range).
+- one consumer, then each table's ranges decoded and reduced as one chunk (`TableReducers.joined`; a table
+  it gives back is decoded range by range);
+- one consumer, then what a task does now (`database_ranges.task_payloads`): the tables that decode alike
+  in one call keyed by table (`joint_tables`), the others as above.
 
-Prints seconds and ms per range. Nothing is asserted; the figures go to bench/README.md.
+Prints seconds, ms per range and this process's CPU seconds (the consumers' own threads included).
+Nothing is asserted; the figures go to bench/README.md.
 
     KAFKA_BOOTSTRAP=$(cat /tmp/devbroker.addr) .venv/bin/python bench/database_read_probe.py
 """
@@ -34,7 +37,7 @@ from connectors.kafka.cluster import ClusterView  # noqa: E402
 from connectors.kafka.range_reader import read_values, read_values_of_ranges  # noqa: E402
 from connectors.kafka.source import KafkaRange  # noqa: E402
 from service.config.databases import DatabaseSettings  # noqa: E402
-from service.kafka_to_delta.source.database_ranges import TableReducers  # noqa: E402
+from service.kafka_to_delta.source.database_ranges import TableReducers, task_payloads  # noqa: E402
 from service.operations.workload import create_topics, produce  # noqa: E402
 
 
@@ -86,10 +89,15 @@ def main() -> None:
                 rows += sum(batch.num_rows for batch in batches)
         return rows
 
+    def reduce_task(found) -> int:
+        tables = [(KafkaRange(*r), r[0].rsplit(".", 1)[1]) for r in ranges]
+        return sum(batch.num_rows for batch in task_payloads(
+            reducers, tables, found, lambda r: iter(()), lambda r: sys.exit("no large range in this probe")))
+
     print(f"{len(ranges)} ranges, {sum(r[3] - r[2] for r in ranges)} records; load {os.getloadavg()}")
     for name in ("per range", "one consumer", "per range + decode/reduce", "one consumer + decode/reduce",
-                 "one consumer + joined decode/reduce"):
-        started = time.perf_counter()
+                 "one consumer + joined decode/reduce", "one consumer + tables together"):
+        started, cpu = time.perf_counter(), time.process_time()
         if name == "per range":
             count = sum(len(c.values) for r in ranges for c in read_values(options, *r))
         elif name == "one consumer":
@@ -99,10 +107,13 @@ def main() -> None:
         elif name == "one consumer + decode/reduce":
             found = read_values_of_ranges(options, ranges)
             count = reduce_all(lambda r: iter(found[r]))
-        else:
+        elif name == "one consumer + joined decode/reduce":
             count = reduce_joined(read_values_of_ranges(options, ranges))
-        seconds = time.perf_counter() - started
-        print(f"{name:32s} {seconds:6.2f} s  {seconds / len(ranges) * 1000:5.1f} ms/range  ({count})")
+        else:
+            count = reduce_task(read_values_of_ranges(options, ranges))
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+        print(f"{name:36s} {seconds:6.2f} s  {seconds / len(ranges) * 1000:5.1f} ms/range  "
+              f"CPU {cpu:5.2f} s  ({count})")
 
 
 if __name__ == "__main__":
