@@ -22,7 +22,7 @@ from pathlib import Path
 from export_benchmark import (
     TABLE,
     RssSampler,
-    build_table,
+    build_table_apart,
     count_committed,
     delete_topic,
     expected_records,
@@ -43,7 +43,7 @@ def measure(bootstrap: str, changes: int, preset: str = "debezium", table: str =
     with tempfile.TemporaryDirectory(prefix="cdc-perf-export-") as tmp:
         workdir = Path(tmp)
         started = time.perf_counter()
-        plan = build_table(str(workdir / "tables" / TABLE), changes, shape=table)
+        plan = build_table_apart(str(workdir / "tables" / TABLE), changes, shape=table)
         build_s = time.perf_counter() - started
         create_topics(bootstrap, [topic], 1)
         sampler = RssSampler(os.getpid(), None)

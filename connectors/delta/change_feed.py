@@ -206,6 +206,25 @@ def read_versions(
     return conformed.take(pc.sort_indices(conformed, [(COMMIT_VERSION, "ascending")]))
 
 
+def _holds_view(data_type: pa.DataType) -> bool:
+    """True for a string or binary view type, or a nested type holding one."""
+    if pa.types.is_string_view(data_type) or pa.types.is_binary_view(data_type):
+        return True
+    return any(_holds_view(data_type.field(i).type) for i in range(data_type.num_fields))
+
+
+def takeable(feed: pa.Table, schema: pa.Schema) -> pa.Table:
+    """The raw feed with its nested columns that hold views (a list of string views) in `schema`'s type.
+
+    Top-level view columns stay as they are (`feed_chunks.take_rows` takes them); Arrow has no
+    take kernel for views inside a list or struct."""
+    for index, field in enumerate(feed.schema):
+        nested_view = field.type.num_fields and _holds_view(field.type)
+        if nested_view and schema.get_field_index(field.name) >= 0:
+            feed = feed.set_column(index, field.name, feed.column(index).cast(schema.field(field.name).type))
+    return feed
+
+
 def version_rows(uri: str, storage_options: dict[str, str] | None, schema: pa.Schema, key_columns: tuple[str, ...],
                  version: int, start_row: int = 0, end_row: int = 0, keys: pa.Table | None = None,
                  rest: VersionRest | None = None) -> pa.Table:
@@ -217,19 +236,25 @@ def version_rows(uri: str, storage_options: dict[str, str] | None, schema: pa.Sc
     the next `READ_AHEAD` of a chunk's rows there, so a version is streamed about half as often.
     """
     data_schema = pa.schema([f for f in schema if f.name != COMMIT_ROW])
+    key_types = pa.schema([data_schema.field(c) for c in key_columns if data_schema.get_field_index(c) >= 0])
+
+    def conformed(rows: pa.Table) -> pa.Table:
+        return conform(rows, data_schema, uri, version, version)
+
+    # The raw rows (delta-rs's string views) are ordered and kept as they are and conformed once at
+    # the end: the wide values are copied once, not by each of conform, the keys' filter and the sort.
     if start_row == 0 and end_row == 0:
-        feed = load_feed(uri, storage_options, version, version)
-        conformed = conform(feed, data_schema, uri, version, version)
-        return number_rows(canonical_order(conformed, key_columns))
+        feed = takeable(load_feed(uri, storage_options, version, version), data_schema)
+        return number_rows(conformed(canonical_order(feed, key_columns, key_types)))
     held = None if rest is None else rest.take(uri, version, start_row, end_row)
     if held is not None:
         return held
     if keys is None:
         keys = keys_of(uri, storage_options, version, key_columns)
-    batches = (conform(batch, data_schema, uri, version, version)
-               for batch in stream_feed(uri, storage_options, version))
     ahead = 0 if rest is None or end_row == 0 else int((end_row - start_row) * READ_AHEAD)
-    chunk, later = chunk_and_rest(keys, batches, data_schema, key_columns, start_row, end_row, ahead)
+    batches = (takeable(batch, data_schema) for batch in stream_feed(uri, storage_options, version))
+    chunk, later = chunk_and_rest(keys, batches, data_schema, key_columns, start_row, end_row, ahead,
+                                  finish=conformed)
     if later.num_rows:
         rest.keep(uri, version, later, to_end=end_row + later.num_rows >= keys.num_rows)  # type: ignore[union-attr]
     return chunk

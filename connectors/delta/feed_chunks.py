@@ -34,16 +34,58 @@ _BEFORE_SIDE = ("update_preimage", "delete")
 Offset = tuple[int, int]  # (version, row): the next row to read
 
 
-def _canonical_indices(feed: pa.Table, key_columns: tuple[str, ...]) -> pa.Array:
+_VIEWS = (pa.types.is_string_view, pa.types.is_binary_view)
+
+
+def _take_views(column: pa.ChunkedArray, indices: np.ndarray) -> pa.Array:
+    """A string or binary view column's rows at `indices`, sharing the column's data buffers.
+
+    Arrow has no take or filter kernel for views; a view is 16 bytes, so this takes the views
+    with numpy and leaves the values where they are (a cast to string copies every value)."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    buffers = array.buffers()
+    views = np.frombuffer(buffers[1], dtype=np.int64).reshape(-1, 2)[array.offset:array.offset + len(array)]
+    validity, nulls = None, 0
+    if array.null_count:
+        valid = array.is_valid().to_numpy(zero_copy_only=False)[indices]
+        nulls = int(len(valid) - np.count_nonzero(valid))
+        validity = pa.array(valid).buffers()[1] if nulls else None
+    return pa.Array.from_buffers(array.type, len(indices), [validity, pa.py_buffer(views[indices]), *buffers[2:]],
+                                 null_count=nulls)
+
+
+def take_rows(table: pa.Table, indices: np.ndarray | pa.Array) -> pa.Table:
+    """`table.take(indices)`, also for delta-rs's string and binary view columns (top level only)."""
+    if not any(is_view(f.type) for f in table.schema for is_view in _VIEWS):
+        return table.take(indices)
+    at = indices.to_numpy(zero_copy_only=False) if isinstance(indices, (pa.Array, pa.ChunkedArray)) else indices
+    at = np.asarray(at, dtype=np.int64)
+    columns = [_take_views(column, at) if any(is_view(column.type) for is_view in _VIEWS) else column.take(at)
+               for column in table.columns]
+    return pa.Table.from_arrays(columns, schema=table.schema)
+
+
+def _as_types(column: pa.ChunkedArray, name: str, types: pa.Schema | None) -> pa.ChunkedArray:
+    """`column` in the type `types` gives its name (as it is when `types` has no such column)."""
+    if types is None or types.get_field_index(name) < 0 or column.type == types.field(name).type:
+        return column
+    return column.cast(types.field(name).type)
+
+
+def _canonical_indices(feed: pa.Table, key_columns: tuple[str, ...], key_types: pa.Schema | None = None) -> pa.Array:
     side = pc.invert(pc.is_in(feed.column(CHANGE_TYPE).cast(pa.string()), value_set=pa.array(_BEFORE_SIDE)))
-    sortable = feed.select([c for c in (COMMIT_VERSION, *key_columns) if c in feed.column_names])
+    names = [c for c in (COMMIT_VERSION, *key_columns) if c in feed.column_names]
+    sortable = pa.table([_as_types(feed.column(c), c, key_types) for c in names], names=names)
     sortable = sortable.append_column(_SIDE, side)
     return pc.sort_indices(sortable, [(c, "ascending") for c in sortable.column_names])
 
 
-def canonical_order(feed: pa.Table, key_columns: tuple[str, ...]) -> pa.Table:
-    """Rows sorted by (version if present, key columns, before side first)."""
-    return feed.take(_canonical_indices(feed, key_columns))
+def canonical_order(feed: pa.Table, key_columns: tuple[str, ...], key_types: pa.Schema | None = None) -> pa.Table:
+    """Rows sorted by (version if present, key columns, before side first).
+
+    `key_types`: the types the key columns are compared in (a raw delta-rs feed sorted as its
+    conformed copy would be, so the order is the planning's whatever the raw types)."""
+    return take_rows(feed, _canonical_indices(feed, key_columns, key_types))
 
 
 def run_start_mask(table: pa.Table) -> np.ndarray:
@@ -132,18 +174,21 @@ def rows_of_keys(batches: Iterable[pa.Table], keys: pa.Table, schema: pa.Schema)
     """The rows of `batches` whose key columns equal a row of `keys` (a semi-join on the key columns only).
 
     Joined a block at a time, each block about as large as `keys`: a join per small batch costs
-    more in setting up than in matching.
+    more in setting up than in matching. The batches may be raw (their key columns are compared
+    in the types of `keys`); `schema` is the empty result's.
     """
     names = keys.column_names
-    parts = [schema.empty_table()]
+    parts = []
     for block in _blocks(batches, max(keys.num_rows, _MIN_BLOCK_ROWS)):
+        block_keys = [_as_types(block.column(c), c, keys.schema) for c in names]
         if len(names) == 1:  # a hash set lookup: cheaper than a join
-            parts.append(block.filter(pc.is_in(block.column(names[0]), value_set=keys.column(0).combine_chunks())))
+            kept = pc.is_in(block_keys[0], value_set=keys.column(0).combine_chunks())
+            parts.append(take_rows(block, np.flatnonzero(kept.to_numpy(zero_copy_only=False))))
             continue
-        index = block.select(names).append_column(_INDEX, pa.array(np.arange(block.num_rows, dtype=np.int64)))
+        index = pa.table([*block_keys, pa.array(np.arange(block.num_rows, dtype=np.int64))], names=[*names, _INDEX])
         hits = index.join(keys, names, join_type="left semi").column(_INDEX)
-        parts.append(block.take(hits))
-    return pa.concat_tables(parts)
+        parts.append(take_rows(block, hits))
+    return pa.concat_tables(parts, promote_options="permissive") if parts else schema.empty_table()
 
 
 def chunk_of_version(keys_and_types: pa.Table, batches: Iterable[pa.Table], schema: pa.Schema,
@@ -157,22 +202,27 @@ def chunk_of_version(keys_and_types: pa.Table, batches: Iterable[pa.Table], sche
 
 def chunk_and_rest(keys_and_types: pa.Table, batches: Iterable[pa.Table], schema: pa.Schema,
                    key_columns: tuple[str, ...], start_row: int, end_row: int,
-                   ahead: int = 0) -> tuple[pa.Table, pa.Table]:
+                   ahead: int = 0, finish: Callable[[pa.Table], pa.Table] | None = None) -> tuple[pa.Table, pa.Table]:
     """`chunk_of_version`'s rows, and the version's next `ahead` rows after them from the same read.
 
     Both canonically ordered and numbered, each its own copy (the rest holds no buffer of the
     chunk). The rest ends anywhere, not at a key boundary: use it only up to a later chunk's end.
+    With `finish` the batches are raw rows (e.g. delta-rs's string views) that are kept and
+    ordered as they are, and `finish` (conforming them to `schema`) runs on each part once: the
+    wide values are copied once, not per step.
     """
     ordered = canonical_order(keys_and_types, key_columns)
     stop = ordered.num_rows if end_row == 0 else end_row
     further = min(stop + ahead, ordered.num_rows)
     wanted = ordered.slice(start_row, further - start_row).select(list(key_columns))
     rows = rows_of_keys(batches, wanted, schema)
-    order = _canonical_indices(rows, key_columns).to_numpy()
+    order = _canonical_indices(rows, key_columns, wanted.schema).to_numpy()
     cut = stop - start_row
     parts = []
     for first, indices in ((start_row, order[:cut]), (stop, order[cut:further - start_row])):
-        part = rows.take(pa.array(indices))
+        part = take_rows(rows, indices)
+        if finish is not None:
+            part = finish(part)
         parts.append(part.append_column(COMMIT_ROW, pa.array(np.arange(first, first + part.num_rows,
                                                                       dtype=np.int64))))
     return parts[0], parts[1]
@@ -182,7 +232,8 @@ class VersionRest:
     """The rows of a split version read ahead of its next chunk, so that chunk does not stream the version again.
 
     Holds at most one version's rows [first, first + n) in canonical order with `_commit_row`;
-    `take` hands out a later chunk [first, end) lying inside them, once."""
+    `take` hands out a later chunk [first, end) lying inside them, once, and keeps the rows after
+    it for the chunk after (a short last chunk does not stream the version again)."""
 
     def __init__(self) -> None:
         self._where: tuple[str, int] | None = None
@@ -200,7 +251,11 @@ class VersionRest:
             return None
         if end_row == 0:
             return rows if to_end else None
-        return rows.slice(0, end_row - start_row) if end_row <= first + rows.num_rows else None
+        if end_row > first + rows.num_rows:
+            return None
+        if end_row < first + rows.num_rows:  # the rows after this chunk stay for the next one
+            self.keep(table, version, rows.slice(end_row - start_row), to_end)
+        return rows.slice(0, end_row - start_row)
 
     def keep(self, table: str, version: int, rows: pa.Table, to_end: bool) -> None:
         """Hold `rows` of the version; `to_end`: they reach the version's last row."""

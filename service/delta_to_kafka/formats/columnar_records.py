@@ -24,7 +24,6 @@ from service.delta_to_kafka.changelog.feed_changes import NO_ROW, FeedChanges
 from service.delta_to_kafka.formats.json_columns import (
     NULL,
     Text,
-    as_array,
     dump,
     join,
     json_fragments,
@@ -165,14 +164,13 @@ class ColumnarRecords:
                 value = None if part.tombstone else self._value(feed, rows, part, images, last, processed_at_ms)
                 ordinals.append(picked)
                 slots.append(np.full(picked.size, slot))
-                values.append(pa.nulls(picked.size, self.VALUE_TYPE) if value is None else as_array(value, picked.size))
+                values += _payloads(value, picked.size)
                 lasts.append(last)
         if not ordinals:
             return []
         order = np.lexsort((np.concatenate(slots), np.concatenate(ordinals)))
         last = np.concatenate(lasts)[order]
-        texts = pa.concat_arrays(values).take(pa.array(order))
-        return self._records(feed, rows, texts, last)
+        return self._records(feed, rows, _in_order(values, order), last)
 
     def _rows_of(self, feed: pa.Table) -> _Rows:
         return _Rows(feed, self.settings, self._columns)
@@ -180,9 +178,8 @@ class ColumnarRecords:
     def _keys(self, feed: pa.Table, rows: _Rows, last: np.ndarray) -> pa.Array:
         return _take(rows.braced_key, last)  # every change has a last row: no nulls
 
-    def _records(self, feed: pa.Table, rows: _Rows, texts: pa.Array, last: np.ndarray) -> list[KafkaRecord]:
+    def _records(self, feed: pa.Table, rows: _Rows, values: list[bytes | None], last: np.ndarray) -> list[KafkaRecord]:
         keys = pc.cast(self._keys(feed, rows, last), pa.binary()).to_pylist()
-        values = pc.cast(texts, pa.binary()).to_pylist()
         versions = feed.column(ChangeFeedColumn.COMMIT_VERSION).take(pa.array(last)).to_pylist()
         version_headers = {v: (Header.COMMIT_VERSION, str(v).encode("ascii")) for v in set(versions)}
         table = self._table_header
@@ -241,6 +238,25 @@ class ColumnarRecords:
             (SourceField.TABLE, dump(self.settings.table)), (SourceField.VERSION, version),
             (SourceField.TS_MS, millis),
         ])
+
+
+def _payloads(value: Text | None, length: int) -> list[bytes | None]:
+    """A part's `length` record values as Python bytes (None: tombstones), each copied once."""
+    if value is None:
+        return [None] * length
+    if isinstance(value, str):
+        return [value.encode("utf-8")] * length
+    return pc.cast(value, pa.binary()).to_pylist()
+
+
+def _in_order(values: list[bytes | None], order: np.ndarray) -> list[bytes | None]:
+    """`values` at the positions `order` gives (the parts' values interleaved into record order).
+
+    Reordered as Python references: the texts themselves are not copied again (an Arrow take of
+    the concatenated parts copied every value once more)."""
+    held = np.empty(len(values), dtype=object)
+    held[:] = values
+    return held[order].tolist()
 
 
 @contextmanager

@@ -17,7 +17,7 @@ type costs what the row path costs, only for that column.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Sequence, Union
 
 import numpy as np
 import orjson
@@ -61,21 +61,24 @@ def _floats(column: pa.Array) -> tuple[pa.Array, pa.Array]:
     return pc.if_else(whole, pc.binary_join_element_wise(text, ".0", ""), text), odd
 
 
-def rows_where(column: pa.Array, byte_test: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-    """Rows of a string or binary column holding a byte for which `byte_test` (on a uint8 array) is true."""
+def _escape_rows(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of a string column holding a byte to escape (a quote, a backslash or a control
+    character), and those holding a control character (orjson escapes those, Arrow's replacements
+    do not: such a value goes one by one)."""
     if len(column) == 0 or column.buffers()[2] is None:
-        return np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     offsets = np.frombuffer(column.buffers()[1], dtype=np.int32)[column.offset:column.offset + len(column) + 1]
-    hits = np.flatnonzero(byte_test(np.frombuffer(column.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[-1]]))
-    return np.unique(np.searchsorted(offsets, hits + offsets[0], side="right") - 1)
+    data = np.frombuffer(column.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[-1]]
+    hits = np.flatnonzero((data < _FIRST_PRINTABLE) | (data == _QUOTE) | (data == _BACKSLASH))
+    rows = np.searchsorted(offsets, hits + offsets[0], side="right") - 1
+    return _distinct(rows), _distinct(rows[data[hits] < _FIRST_PRINTABLE])
 
 
-def _needs_escape(data: np.ndarray) -> np.ndarray:
-    return (data < _FIRST_PRINTABLE) | (data == _QUOTE) | (data == _BACKSLASH)
-
-
-def _control(data: np.ndarray) -> np.ndarray:
-    return data < _FIRST_PRINTABLE
+def _distinct(rows: np.ndarray) -> np.ndarray:
+    """The distinct rows of ascending `rows` (no sort)."""
+    if rows.size < 2:
+        return rows
+    return rows[np.concatenate(([True], rows[1:] != rows[:-1]))]
 
 
 def _mask(length: int, rows: np.ndarray) -> pa.Array:
@@ -89,7 +92,7 @@ def _escaped(column: pa.Array) -> pa.Array:
 
 
 def _strings(column: pa.Array) -> tuple[pa.Array, pa.Array]:
-    escaping, control = rows_where(column, _needs_escape), rows_where(column, _control)
+    escaping, control = _escape_rows(column)
     if escaping.size * 2 > len(column):
         column = _escaped(column)
     elif escaping.size:  # only rows with a quote, a backslash or a control character are rewritten
@@ -173,10 +176,3 @@ def json_object(fields: Sequence[tuple[str | None, Text]], null: str | None = No
         pieces.append(value)
     pieces.append("}")
     return join(pieces, null)
-
-
-def as_array(text: pa.Array | pa.ChunkedArray | str, length: int) -> pa.Array:
-    """A column of `length` texts from a column or one text."""
-    if isinstance(text, pa.ChunkedArray):
-        return text.combine_chunks()
-    return text if isinstance(text, pa.Array) else pa.array([text] * length, pa.string())

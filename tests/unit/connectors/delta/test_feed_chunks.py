@@ -101,3 +101,39 @@ def test_rows_of_keys_keeps_exactly_the_rows_of_those_keys(names):
     keys = pa.table({"id": pa.array([1, 3], pa.int64()), "region": ["b", "a"]}).select(names)
     kept = rows_of_keys([rows.slice(0, 2), rows.slice(2)], keys, rows.schema)
     assert sorted(kept.column("v").to_pylist()) == ([10, 11, 13, 14] if names == ["id"] else [11, 13, 14])
+
+
+@pytest.mark.parametrize("offset", [0, 3])
+def test_take_rows_of_raw_string_views_equals_the_take_of_their_strings(offset):
+    """delta-rs gives string views, which Arrow cannot take or filter: `take_rows` takes their views."""
+    from connectors.delta.feed_chunks import take_rows
+
+    rng = random.Random(offset)
+    texts = [None if rng.random() < 0.2 else "x" * rng.randrange(0, 40) + str(i) for i in range(60)]
+    strings = pa.table({"s": pa.chunked_array([texts[:25], texts[25:]], pa.string()), "n": list(range(60))})
+    views = pa.table({"s": strings.column("s").cast(pa.string_view()), "n": strings.column("n")}).slice(offset)
+    at = [rng.randrange(0, 60 - offset) for _ in range(80)]
+    taken = take_rows(views, at)
+    assert taken.column("s").type == pa.string_view()
+    assert taken.column("s").cast(pa.string()).to_pylist() == strings.slice(offset).column("s").take(at).to_pylist()
+    assert taken.column("n").to_pylist() == [n + offset for n in at]
+    present = [i for i, text in enumerate(texts[offset:]) if text is not None]
+    assert take_rows(views, present).column("s").null_count == 0
+
+
+def test_a_version_rest_hands_out_each_later_chunk_and_keeps_what_follows():
+    """Rows read ahead serve every later chunk they cover, a short last one included (no second stream)."""
+    from connectors.delta.feed_chunks import VersionRest
+
+    rows = pa.table({"v": list(range(100, 130)), COMMIT_ROW: pa.array(range(100, 130), pa.int64())})
+    rest = VersionRest()
+    rest.keep("t", 4, rows, to_end=True)
+    assert rest.take("t", 4, 100, 128).column("v").to_pylist() == list(range(100, 128))
+    assert rest.take("t", 4, 128, 0).column("v").to_pylist() == [128, 129]
+    assert rest.take("t", 4, 130, 0) is None
+    rest.keep("t", 4, rows, to_end=False)
+    assert rest.take("t", 4, 100, 110).num_rows == 10
+    assert rest.take("t", 4, 110, 0) is None  # to the version's end, but the rows do not reach it
+    rest.keep("t", 4, rows, to_end=True)
+    assert rest.take("t", 4, 101, 110) is None  # not where the rows start: dropped
+    assert rest.take("t", 4, 110, 120) is None
