@@ -7,7 +7,11 @@ commits `--rounds` rounds of `--rows` changed keys per table, timing per table a
 - `merge`: `DeltaRsTable.merge`, the database source's commit (one MERGE, application transaction);
 - `merge, N threads`: the same with 2, 4 and 8 tables at a time (`parallel_merges`): does delta-rs let go of the GIL;
 - `append` and `overwrite where id in (...)`: what a plain commit of the same rows costs, for scale
-  (neither is the MERGE's equal: an append duplicates updated keys, the overwrite loses kept columns).
+  (neither is the MERGE's equal: an append duplicates updated keys, the overwrite loses kept columns);
+- `rewrite in Arrow`: the floor of a home-made commit of a one-file table: its rows read, the changes
+  applied in Arrow, one new Parquet file written and committed in place of the old one
+  (`create_write_transaction`). Not the MERGE's equal either: it writes no change data feed, which that
+  API cannot commit, so the table's feed would read every row as deleted and inserted.
 
 Prints ms per table for each, wall and CPU (the process's user + system time, all threads: what
 the commit costs the machine whatever the load). Nothing is asserted; the figures go to bench/README.md.
@@ -18,16 +22,21 @@ the commit costs the machine whatever the load). Nothing is asserted; the figure
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import resource
 import shutil
 import tempfile
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from deltalake import CommitProperties, Transaction, write_deltalake
+from deltalake.transaction import AddAction
 
 from connectors.delta.delta_rs import _POST_COMMIT, DeltaRsTable
 from connectors.delta.merge_plan import DELETE_FLAG
@@ -74,10 +83,24 @@ def main() -> None:
                             post_commithook_properties=_POST_COMMIT,
                             commit_properties=CommitProperties(app_transactions=[Transaction("probe", batch_id)]))
 
+        def rewrite(table: DeltaRsTable) -> None:
+            handle = table._open()
+            data = changes(rng.sample(range(300), args.rows)).drop_columns([DELETE_FLAG])
+            stored = handle.to_pyarrow_table()
+            kept = stored.filter(pc.invert(pc.is_in(stored.column("id"), value_set=data.column("id"))))
+            rows = pa.concat_tables([kept, data.cast(kept.schema)])
+            name = f"part-{uuid.uuid4()}.parquet"
+            pq.write_table(rows, f"{table.uri}/{name}", compression="snappy")
+            add = AddAction(name, os.path.getsize(f"{table.uri}/{name}"), {}, int(time.time() * 1000), True,
+                            json.dumps({"numRecords": rows.num_rows}))
+            handle.create_write_transaction([add], "overwrite", rows.schema, post_commithook_properties=_POST_COMMIT,
+                                            commit_properties=CommitProperties(
+                                                app_transactions=[Transaction("probe", batch_id)]))
+
         kinds = [("last_batch", lambda t: t.last_batch("probe"), 1, False), ("schema", DeltaRsTable.schema, 1, False),
                  ("merge", merge, 1, True), ("merge, 2 threads", merge, 2, True), ("merge, 4 threads", merge, 4, True),
                  ("merge, 8 threads", merge, 8, True), ("append", append, 1, True),
-                 ("overwrite where id in (...)", overwrite, 1, True)]
+                 ("overwrite where id in (...)", overwrite, 1, True), ("rewrite in Arrow", rewrite, 1, True)]
         print(f"{args.tables} tables of 250 rows, {args.rows} keys per commit; load {os.getloadavg()}")
         for name, action, threads, commits in kinds:
             for _ in range(args.rounds):
