@@ -166,13 +166,18 @@ def join(pieces: Sequence[Text], null: str | None = None) -> pa.Array | str:
     return pc.binary_join_element_wise(*pieces, "", null_handling="replace", null_replacement=null)
 
 
-def json_object(fields: Sequence[tuple[str | None, Text]], null: str | None = None) -> pa.Array | str:
+def json_object(fields: Sequence[tuple[str | None, Text | list[Text]]], null: str | None = None) -> pa.Array | str:
     """`{"name":value,...}` row by row; a field named None is a run of members inserted as it is.
 
+    A value may be a list of texts (an object's pieces, e.g. an image's members taken at its
+    rows), joined in place: the value is not joined on its own first and copied again here.
     A null value gives a null object, or with `null` is written as that text (`join`)."""
     pieces: list[Text] = ["{"]
     for index, (name, value) in enumerate(fields):
         pieces.append(("," if index else "") + ("" if name is None else key_text(name)))
-        pieces.append(value)
+        if isinstance(value, list):
+            pieces += value
+        else:
+            pieces.append(value)
     pieces.append("}")
     return join(pieces, null)
