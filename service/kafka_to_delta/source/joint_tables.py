@@ -43,6 +43,11 @@ from service.kafka_to_delta.source.debezium_columns import (
 )
 from service.kafka_to_delta.source.partition_changes import PartitionReducer
 
+TABLE_ROWS = 250
+"""A table with more records goes alone: past a few hundred records a table's own call costs little more
+than its share of a joint one, and the check of its images (`signature`, record by record) costs more."""
+CALL_ROWS = 10_000
+"""Records per joint call at most: one `pyarrow.json` parse of many more grew slower than the parts."""
 _TABLE = "__joint_table"
 _OWN_KEY = "__joint_key"
 _UNAVAILABLE = UNAVAILABLE_VALUE.encode()
@@ -123,22 +128,25 @@ def _kind(seen: set[str]) -> str | None:
 
 
 def joint_groups(plan: VectorPlan, tables: list[TableValues]) -> list[list[TableValues]]:
-    """Tables of one decoder and primary key in groups of two or more that decode alike; tables not
-    in a group go alone."""
+    """Tables of one decoder and primary key in groups of two or more that decode alike (of up to
+    `TABLE_ROWS` records each, `CALL_ROWS` a group); tables not in a group go alone."""
     if any(side is not None and side.nulls_unchanged for sides in plan.codes.values() for side in sides):
         return []
-    groups: list[tuple[Signature, list[TableValues]]] = []
+    groups: list[tuple[Signature, list[TableValues], int]] = []
     for table in tables:
+        rows = sum(len(chunk.offsets) for chunk in table.chunks)
+        if rows > TABLE_ROWS:
+            continue
         found = signature(plan, table.chunks)
         if found is None or "mixed" in found.kinds:
             continue
-        for index, (shared, members) in enumerate(groups):
-            if shared.joins(found):
-                groups[index] = (shared.merged(found), [*members, table])
+        for index, (shared, members, size) in enumerate(groups):
+            if size + rows <= CALL_ROWS and shared.joins(found):
+                groups[index] = (shared.merged(found), [*members, table], size + rows)
                 break
         else:
-            groups.append((found, [table]))
-    return [members for _, members in groups if len(members) > 1]
+            groups.append((found, [table], rows))
+    return [members for _, members, _ in groups if len(members) > 1]
 
 
 @dataclass

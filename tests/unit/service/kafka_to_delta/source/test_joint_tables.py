@@ -18,6 +18,7 @@ from service.config.databases import DatabaseSettings
 from service.kafka_to_delta.rows.names import Meta
 from service.kafka_to_delta.source.batch_changes import batch_changes
 from service.kafka_to_delta.source.database_ranges import TableReducers, task_payloads
+from service.kafka_to_delta.source.joint_tables import TABLE_ROWS
 from tests.support.run_seed import run_seed
 
 SEEDS = [0, 1, 2, 3, 4, run_seed(1 << 30)]
@@ -157,3 +158,17 @@ def test_tables_decoded_together_equal_each_table_decoded_alone(seed):
     failed = got[topic.replace("db.public.", "public_")][1].to_pylist()
     assert [(row["topic"], row["partition"], row["offset"]) for row in failed] == bad[:len(failed)], seed
     assert failed, f"seed {seed}"
+
+
+def test_a_table_of_many_records_goes_alone():
+    rng = random.Random(5)
+    tables = [_table("plain", index, rng) for index in range(3)]
+    topic, ranges = tables[0]
+    chunk = ranges[0][1][0]
+    while sum(len(c.offsets) for _, [c] in ranges) <= TABLE_ROWS:
+        chunk.values.append(chunk.values[0])
+        chunk.offsets.append(chunk.offsets[-1] + 1)
+        chunk.timestamps.append(None)
+    ranges[0] = (KafkaRange(topic, chunk.partition, chunk.offsets[0], chunk.offsets[-1] + 1), [chunk])
+    _, done = TableReducers(_database()).together([(t.replace("db.public.", "public_"), r) for t, r in tables])
+    assert done == {tables[1][0], tables[2][0]}
