@@ -155,20 +155,35 @@ def expected_records(plan: dict[str, int], preset: str) -> int:
 
 def _tree_rss_mib(root: int, exclude: int | None) -> float:
     """Summed RSS of `root` and its descendants except the `exclude` subtree, from /proc."""
-    parents, rss = {}, {}
+    return sum(_tree_rss_by_process(root, exclude).values())
+
+
+def _tree_rss_by_process(root: int, exclude: int | None) -> dict[str, float]:
+    """RSS in MiB of `root` and each descendant except the `exclude` subtree, by "pid name", from /proc."""
+    parents, rss, names = {}, {}, {}
     for status in Path("/proc").glob("[0-9]*/status"):
         try:
             fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+            command = (status.parent / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
         pid = int(status.parent.name)
         parents[pid] = int(fields["PPid"])
         rss[pid] = int(fields.get("VmRSS", "0 kB").split()[0])
+        names[pid] = _process_name(fields["Name"].strip(), command)
     tree, grew = {root}, True
     while grew:
         found = {pid for pid, ppid in parents.items() if ppid in tree and pid != exclude} - tree
         tree, grew = tree | found, bool(found)
-    return sum(rss.get(pid, 0) for pid in tree) / 1024
+    return {f"{pid} {names.get(pid, '?')}": rss.get(pid, 0) / 1024 for pid in tree}
+
+
+def _process_name(name: str, command: list[bytes]) -> str:
+    """A short name: the Python module a Python process runs (`-m`), else the program's name."""
+    words = [w.decode(errors="replace") for w in command if w]
+    if "-m" in words and words.index("-m") + 1 < len(words):
+        return words[words.index("-m") + 1]
+    return name
 
 
 def _tree_cpu_s(root: int, exclude: int | None) -> dict[int, float]:
@@ -198,6 +213,7 @@ class RssSampler(threading.Thread):
         super().__init__(daemon=True)
         self.root, self.broker_pid = root, broker_pid
         self.peak = self.broker_peak = 0.0
+        self.peaks: dict[str, float] = {}  # "pid name" -> its own RSS when the tree's sum peaked
         self.done = threading.Event()
         self._cpu_start: dict[int, float] = {}
         self._cpu_last: dict[int, float] = {}
@@ -207,7 +223,9 @@ class RssSampler(threading.Thread):
         return sum(seconds - self._cpu_start.get(pid, 0.0) for pid, seconds in self._cpu_last.items())
 
     def _sample(self) -> None:
-        self.peak = max(self.peak, _tree_rss_mib(self.root, self.broker_pid))
+        by_process = _tree_rss_by_process(self.root, self.broker_pid)
+        if sum(by_process.values()) > self.peak:
+            self.peak, self.peaks = sum(by_process.values()), by_process
         if self.broker_pid:
             self.broker_peak = max(self.broker_peak, _tree_rss_mib(self.broker_pid, None))
         self._cpu_last.update(_tree_cpu_s(self.root, self.broker_pid))
@@ -320,7 +338,8 @@ def report(plan: dict[str, int], build_s: float, run: dict[str, float], records:
         ("records published", f"{records:,}", "read back read_committed, equal to the plan"),
         ("CPU, export", f"{sampler.cpu_s:.1f} s", f"driver + JVM + Python workers: {rows / sampler.cpu_s:,.0f} "
                                                   "feed rows per CPU second (a figure less bent by load)"),
-        ("peak RSS", f"{sampler.peak:,.0f} MiB", "driver + JVM + Python workers"),
+        ("peak RSS", f"{sampler.peak:,.0f} MiB", "driver + JVM + Python workers: " + ", ".join(
+            f"{name} {mib:,.0f}" for name, mib in sorted(sampler.peaks.items(), key=lambda item: -item[1]) if mib >= 1)),
         ("broker peak RSS", f"{sampler.broker_peak:,.0f} MiB", "embedded noida-db"),
     ]
     for name, figure, note in figures:
@@ -345,7 +364,8 @@ def main(argv: list[str] | None = None) -> None:
         try:
             run = run_export(bootstrap, workdir, topic, args, sampler, registry_url)
             print(f"export done: {run['seconds']:.1f} s, CPU {sampler.cpu_s:.1f} s, peak RSS {sampler.peak:,.0f} MiB "
-                  "(reading the records back)", flush=True)
+                  f"({', '.join(f'{n} {m:,.0f}' for n, m in sampler.peaks.items() if m >= 1)}; reading the records back)",
+                  flush=True)
             records = count_committed(bootstrap, topic)
             want = expected_records(plan, args.preset)
             if records != want:
