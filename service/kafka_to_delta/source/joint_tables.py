@@ -189,7 +189,7 @@ def decode_together(reducer: PartitionReducer, tables: list[TableValues]
                            counts=np.zeros(len(tables), np.int64))
     try:
         columns.add(joint)
-    except NotVectorisable:
+    except (NotVectorisable, pa.ArrowException):  # each table's own decode decides, as before
         return [], tables
     if columns.held or (columns.layouts is not None and columns.layouts.known):
         return [], tables
