@@ -217,10 +217,17 @@ class RssSampler(threading.Thread):
         self.done = threading.Event()
         self._cpu_start: dict[int, float] = {}
         self._cpu_last: dict[int, float] = {}
+        self._names: dict[int, str] = {}
 
     @property
     def cpu_s(self) -> float:
-        return sum(seconds - self._cpu_start.get(pid, 0.0) for pid, seconds in self._cpu_last.items())
+        return sum(self.cpu_by_process.values())
+
+    @property
+    def cpu_by_process(self) -> dict[str, float]:
+        """CPU seconds since `start` by "pid name"."""
+        return {f"{pid} {self._names.get(pid, '?')}": seconds - self._cpu_start.get(pid, 0.0)
+                for pid, seconds in self._cpu_last.items()}
 
     def _sample(self) -> None:
         by_process = _tree_rss_by_process(self.root, self.broker_pid)
@@ -229,6 +236,7 @@ class RssSampler(threading.Thread):
         if self.broker_pid:
             self.broker_peak = max(self.broker_peak, _tree_rss_mib(self.broker_pid, None))
         self._cpu_last.update(_tree_cpu_s(self.root, self.broker_pid))
+        self._names.update({int(name.split(" ", 1)[0]): name.split(" ", 1)[1] for name in by_process})
 
     def run(self) -> None:
         self._cpu_start = _tree_cpu_s(self.root, self.broker_pid)
@@ -337,7 +345,10 @@ def report(plan: dict[str, int], build_s: float, run: dict[str, float], records:
                                                       if run["between"] else "-"),
         ("records published", f"{records:,}", "read back read_committed, equal to the plan"),
         ("CPU, export", f"{sampler.cpu_s:.1f} s", f"driver + JVM + Python workers: {rows / sampler.cpu_s:,.0f} "
-                                                  "feed rows per CPU second (a figure less bent by load)"),
+                                                  "feed rows per CPU second (a figure less bent by load): " +
+                                                  ", ".join(f"{name} {seconds:.1f}" for name, seconds in sorted(
+                                                      sampler.cpu_by_process.items(), key=lambda item: -item[1])
+                                                      if seconds >= 0.1)),
         ("peak RSS", f"{sampler.peak:,.0f} MiB", "driver + JVM + Python workers: " + ", ".join(
             f"{name} {mib:,.0f}" for name, mib in sorted(sampler.peaks.items(), key=lambda item: -item[1]) if mib >= 1)),
         ("broker peak RSS", f"{sampler.broker_peak:,.0f} MiB", "embedded noida-db"),
