@@ -11,7 +11,7 @@ The output topic is deleted at the end (the embedded broker keeps everything in 
 
 Figures: feed rows and records; export seconds from query start to its end (Spark is
 already up) and from the first to the last committed batch; feed rows per second; peak
-RSS of this process tree (driver, JVM, Python workers; the broker is measured apart).
+RSS of this process tree (driver, JVM, Python workers; the broker and a registry started for the run apart).
 
     .venv/bin/python bench/export_benchmark.py --changes 100000
     .venv/bin/python bench/export_benchmark.py                      # 1,000,000 feed rows
@@ -153,12 +153,16 @@ def expected_records(plan: dict[str, int], preset: str) -> int:
     return plan["inserts"] + plan["updates"] + plan["deletes"] + tombstones
 
 
-def _tree_rss_mib(root: int, exclude: int | None) -> float:
+def _pids(exclude: int | set[int] | None) -> set[int]:
+    return exclude if isinstance(exclude, set) else {exclude} if exclude else set()
+
+
+def _tree_rss_mib(root: int, exclude: int | set[int] | None) -> float:
     """Summed RSS of `root` and its descendants except the `exclude` subtree, from /proc."""
     return sum(_tree_rss_by_process(root, exclude).values())
 
 
-def _tree_rss_by_process(root: int, exclude: int | None) -> dict[str, float]:
+def _tree_rss_by_process(root: int, exclude: int | set[int] | None) -> dict[str, float]:
     """RSS in MiB of `root` and each descendant except the `exclude` subtree, by "pid name", from /proc."""
     parents, rss, names = {}, {}, {}
     for status in Path("/proc").glob("[0-9]*/status"):
@@ -173,7 +177,7 @@ def _tree_rss_by_process(root: int, exclude: int | None) -> dict[str, float]:
         names[pid] = _process_name(fields["Name"].strip(), command)
     tree, grew = {root}, True
     while grew:
-        found = {pid for pid, ppid in parents.items() if ppid in tree and pid != exclude} - tree
+        found = {pid for pid, ppid in parents.items() if ppid in tree and pid not in _pids(exclude)} - tree
         tree, grew = tree | found, bool(found)
     return {f"{pid} {names.get(pid, '?')}": rss.get(pid, 0) / 1024 for pid in tree}
 
@@ -186,7 +190,7 @@ def _process_name(name: str, command: list[bytes]) -> str:
     return name
 
 
-def _tree_cpu_s(root: int, exclude: int | None) -> dict[int, float]:
+def _tree_cpu_s(root: int, exclude: int | set[int] | None) -> dict[int, float]:
     """CPU seconds (user + system) so far of `root` and each descendant except the `exclude` subtree."""
     parents, cpu = {}, {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -199,7 +203,7 @@ def _tree_cpu_s(root: int, exclude: int | None) -> dict[int, float]:
         cpu[pid] = (int(fields[11]) + int(fields[12])) / _TICKS
     tree, grew = {root}, True
     while grew:
-        found = {pid for pid, ppid in parents.items() if ppid in tree and pid != exclude} - tree
+        found = {pid for pid, ppid in parents.items() if ppid in tree and pid not in _pids(exclude)} - tree
         tree, grew = tree | found, bool(found)
     return {pid: cpu[pid] for pid in tree if pid in cpu}
 
@@ -209,9 +213,10 @@ class RssSampler(threading.Thread):
 
     CPU is what the tree's processes used since `start` (a process that ends counts up to its last sample)."""
 
-    def __init__(self, root: int, broker_pid: int | None) -> None:
+    def __init__(self, root: int, broker_pid: int | None, apart: int | None = None) -> None:
         super().__init__(daemon=True)
         self.root, self.broker_pid = root, broker_pid
+        self._apart = {pid for pid in (broker_pid, apart) if pid}  # the broker, a registry started for the run
         self.peak = self.broker_peak = 0.0
         self.peaks: dict[str, float] = {}  # "pid name" -> its own RSS when the tree's sum peaked
         self.done = threading.Event()
@@ -230,16 +235,16 @@ class RssSampler(threading.Thread):
                 for pid, seconds in self._cpu_last.items()}
 
     def _sample(self) -> None:
-        by_process = _tree_rss_by_process(self.root, self.broker_pid)
+        by_process = _tree_rss_by_process(self.root, self._apart)
         if sum(by_process.values()) > self.peak:
             self.peak, self.peaks = sum(by_process.values()), by_process
         if self.broker_pid:
             self.broker_peak = max(self.broker_peak, _tree_rss_mib(self.broker_pid, None))
-        self._cpu_last.update(_tree_cpu_s(self.root, self.broker_pid))
+        self._cpu_last.update(_tree_cpu_s(self.root, self._apart))
         self._names.update({int(name.split(" ", 1)[0]): name.split(" ", 1)[1] for name in by_process})
 
     def run(self) -> None:
-        self._cpu_start = _tree_cpu_s(self.root, self.broker_pid)
+        self._cpu_start = _tree_cpu_s(self.root, self._apart)
         while not self.done.wait(_RSS_SAMPLE_S):
             self._sample()
         self._sample()
@@ -371,7 +376,8 @@ def main(argv: list[str] | None = None) -> None:
         plan = build_table_apart(str(workdir / "tables" / TABLE), args.changes, shape=args.table)
         build_s = time.perf_counter() - started
         create_topics(bootstrap, [topic], 1)
-        sampler = RssSampler(os.getpid(), broker_pid)
+        started_registry = None if args.format != "avro" or args.registry else _child_named(os.getpid(), "java")
+        sampler = RssSampler(os.getpid(), broker_pid, apart=started_registry)
         try:
             run = run_export(bootstrap, workdir, topic, args, sampler, registry_url)
             print(f"export done: {run['seconds']:.1f} s, CPU {sampler.cpu_s:.1f} s, peak RSS {sampler.peak:,.0f} MiB "
