@@ -30,10 +30,7 @@ from service.config.settings import PipelineSettings  # noqa: E402
 from service.kafka_to_delta.rows.names import Meta  # noqa: E402
 from service.kafka_to_delta.source.batch_changes import batch_changes  # noqa: E402
 from service.kafka_to_delta.source.decode_stage import batch_decoder  # noqa: E402
-from service.kafka_to_delta.source.fill_across_ranges import (  # noqa: E402
-    RANGE_COLUMN,
-    filled_last_rows,
-)
+from service.kafka_to_delta.source.fill_across_ranges import filled_last_rows  # noqa: E402
 from service.kafka_to_delta.source.piece_reducer import PieceReducer  # noqa: E402
 from service.operations.workload import DebeziumWorkload  # noqa: E402
 
@@ -68,13 +65,12 @@ def _fill_seconds(keys: int, repeat: int) -> float:
             Meta.PARTITION: pa.array([0] * keys, pa.int32()), Meta.OFFSET: pa.array(range(index * keys, (index + 1) * keys)),
             Meta.CHANGE_INDEX: pa.array([0] * keys, pa.int32()), Meta.TIMESTAMP: pa.array([0] * keys, pa.int64()),
             Meta.UNCHANGED: pa.array(['["name"]' if placeholder else None] * keys, pa.string()),
-            RANGE_COLUMN: pa.array([index] * keys, pa.int32()),
         })
     ordered = pa.concat_tables([piece(0, False), piece(1, True)]).sort_by([(c, "ascending") for c in Meta.ORDER])
     best = float("inf")
     for _ in range(repeat):
         started = time.process_time()
-        filled = filled_last_rows(ordered, [frozenset({"id", "name"})] * 2)
+        filled = filled_last_rows(ordered)
         best = min(best, time.process_time() - started)
     assert filled.column(Meta.UNCHANGED).null_count == keys and filled.column("name").null_count == 0
     return best

@@ -1,4 +1,8 @@
-"""Columns a change left unchanged (a TOAST placeholder), filled from the key's earlier images."""
+"""Columns a change left unchanged (a TOAST placeholder), filled from the key's earlier images.
+
+A delete ends the key's images: it is passed on as an image whose row is JSON `null`, and a
+placeholder after it, with no image since holding the column, stands for null (the row it would
+keep is gone), as across batches, where the deleted row is no longer stored."""
 
 from __future__ import annotations
 
@@ -12,18 +16,31 @@ from service.kafka_to_delta.rows.names import EARLIER_IMAGES, Column
 from vocabulary.changes import ChangeKind
 
 _IMAGE_KINDS = (ChangeKind.INSERT.value, ChangeKind.UPDATE_BEFORE.value, ChangeKind.UPDATE_AFTER.value)
+_ENDING_KINDS = (*_IMAGE_KINDS, ChangeKind.DELETE.value)
+DELETED_ROW = "null"
+"""The row text of a delete among a key's images."""
 
 
 def fill_unchanged(row: dict, unchanged: list[str], images: list[dict]) -> tuple[dict, list[str]]:
     """(row, columns still unchanged): each unchanged column taken from the latest of the key's
-    earlier `images` (source order, `row` JSON text without its own unchanged columns) holding it."""
+    earlier `images` (source order, `row` JSON text without its own unchanged columns) holding it:
+    every image holds each column it does not leave unchanged (null where its row lacks it); a
+    delete (`DELETED_ROW`) holds null for every column."""
     known: dict = {}
     for image in images:
-        if image["row"] is not None:
-            known.update(json.loads(image["row"]))
+        if image["row"] is None:
+            continue
+        values = json.loads(image["row"])
+        if values is None:
+            known = dict.fromkeys(unchanged)
+            continue
+        own = set(json.loads(image["unchanged"])) if image.get("unchanged") else set()
+        known.update(values)
+        known.update((c, None) for c in unchanged if c not in values and c not in own)
     filled = {c for c in unchanged if c in known}
     ordered = {**known, **row}  # the complete image's column order
-    return ({c: v for c, v in ordered.items() if c in row or c in filled},
+    result = {c: v for c, v in ordered.items() if c in row or c in filled}
+    return (result | {c: None for c in unchanged if c in filled and c not in result},
             [c for c in unchanged if c not in filled])
 
 
@@ -49,13 +66,15 @@ def filled_images(last: pa.Table, changes: pa.Table) -> pa.Table:
         return last
     partial_keys = pc.filter(last.column(Column.KEY), pc.is_valid(unchanged))
     images = changes.filter(pc.and_(pc.is_in(changes.column(Column.KEY), partial_keys),
-                                    pc.is_in(changes.column(Column.KIND), pa.array(_IMAGE_KINDS))))
+                                    pc.is_in(changes.column(Column.KIND), pa.array(_ENDING_KINDS))))
     by_key: dict[str, list[dict]] = {}
-    for image in images.select([Column.KEY, Column.ROW, Column.UNCHANGED]).to_pylist():
+    for image in images.select([Column.KEY, Column.KIND, Column.ROW, Column.UNCHANGED]).to_pylist():
         chain = by_key.setdefault(image[Column.KEY], [])
-        if image[Column.UNCHANGED] is None:
-            chain.clear()  # images from the last complete one on
-        chain.append({"row": image[Column.ROW], "unchanged": image[Column.UNCHANGED]})
+        deleted = image[Column.KIND] == ChangeKind.DELETE.value
+        if image[Column.UNCHANGED] is None or deleted:
+            chain.clear()  # images from the last complete one (or delete) on
+        chain.append({"row": DELETED_ROW if deleted else image[Column.ROW],
+                      "unchanged": None if deleted else image[Column.UNCHANGED]})
     texts, lefts = [], []
     for key, text, left in zip(*(last.column(c).to_pylist() for c in (Column.KEY, Column.ROW, Column.UNCHANGED))):
         found = by_key.get(key)

@@ -7,8 +7,9 @@ A retraction (-U, -D) as the last change deletes the key. Rows that failed an ea
 are kept, one row each, so the driver can act on them.
 
 When the last change leaves columns unchanged (Debezium could not read them: a TOAST value),
-the key's row images of the batch from its last complete one on travel along in
-`EARLIER_IMAGES`: the stored value may only exist in this batch, the sink fills it from there.
+the key's row images of the batch from its last complete one (or delete) on travel along in
+`EARLIER_IMAGES`: the stored value may only exist in this batch, the sink fills it from there
+(after a delete, with null: `fill_unchanged`).
 
 Both this reduction and the materializer produce `NET_SCHEMA`.
 """
@@ -22,6 +23,7 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from service.kafka_to_delta.materialize.fill_unchanged import DELETED_ROW
 from service.kafka_to_delta.rows.ipc import ipc_bytes
 from service.kafka_to_delta.rows.names import (
     CHANGES_COLUMN,
@@ -84,10 +86,13 @@ def _net_kind(kind: Column) -> Column:
 
 
 def _image_aggregates(order: Column) -> list[Column]:
-    """The key's last complete row image and its images that left columns unchanged."""
-    image = F.struct(order.alias("order"), F.col("row"), F.col("unchanged"))
+    """The key's last complete row image (or delete, whose row is `DELETED_ROW`) and its images
+    that left columns unchanged."""
+    deleted = F.col("kind") == ChangeKind.DELETE.value
+    image = F.struct(order.alias("order"), F.when(deleted, F.lit(DELETED_ROW)).otherwise(F.col("row")).alias("row"),
+                     F.when(deleted, F.lit(None).cast("string")).otherwise(F.col("unchanged")).alias("unchanged"))
     is_image = F.col("kind").isin(*_IMAGE_KINDS)
-    complete = F.max_by(image, F.when(is_image & F.col("unchanged").isNull(), order))
+    complete = F.max_by(image, F.when((is_image & F.col("unchanged").isNull()) | deleted, order))
     partial = F.collect_list(F.when(is_image & F.col("unchanged").isNotNull(), image))
     return [complete.alias("complete"), partial.alias("partial")]
 

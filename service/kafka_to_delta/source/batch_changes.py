@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -31,7 +30,7 @@ from service.kafka_to_delta.materialize.payload import (
 from service.kafka_to_delta.materialize.payload import HISTORY_SEQUENCE as SEQUENCE
 from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
 from service.kafka_to_delta.rows.names import FAILED_COLUMNS, Meta, Part
-from service.kafka_to_delta.source.fill_across_ranges import RANGE_COLUMN, filled_last_rows
+from service.kafka_to_delta.source.fill_across_ranges import filled_last_rows
 from vocabulary.errors import DecodeError, SourceCoordinates
 
 
@@ -71,7 +70,9 @@ def _conformed(table: pa.Table, types: dict[str, str], trailing: tuple[str, ...]
             column = pa.nulls(table.num_rows, target)
         else:
             column = table.column(name)
-            if column.type != target:
+            if column.type != target and pa.types.is_integer(column.type) and pa.types.is_temporal(target):
+                column = _typed_or_located(table, name, type_name)  # epoch counts in the unit the type names
+            elif column.type != target:
                 try:
                     column = column.cast(target)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
@@ -169,11 +170,8 @@ def batch_changes(payloads: pa.Table) -> BatchChanges:
     changes = pa.table({})
     if ranges:
         if len(ranges) > 1:
-            changes = pa.concat_tables([
-                _conformed(table, types).append_column(RANGE_COLUMN, pa.array(np.full(table.num_rows, i, np.int32)))
-                for i, table in enumerate(ranges)])
-            ordered = changes.sort_by([(name, "ascending") for name in Meta.ORDER])
-            changes = filled_last_rows(ordered, [frozenset(table.column_names) for table in ranges])
+            changes = pa.concat_tables([_conformed(table, types) for table in ranges])
+            changes = filled_last_rows(changes.sort_by([(name, "ascending") for name in Meta.ORDER]))
         else:
             changes = _conformed(ranges[0], types)
         changes = without_truncated(changes, truncates)

@@ -20,7 +20,8 @@ type than its column's), found by the row its error names; an unknown or missing
 missing, null, a placeholder or text that JSON escapes; a declared integer out of its type's
 range. Debezium's unavailable-value placeholder (a TOASTed column left unchanged) is taken in
 bulk: the column is filled from the key's latest earlier image of the range holding it, else
-left to the sink (`unchanged`).
+left to the sink (`unchanged`). A delete ends the key's images: a placeholder after it, with no
+image since, stands for null (the row it would keep is gone), as across batches and ranges.
 
 Confluent Avro values (the value decoder is `ConfluentAvroDecoder`) are decoded per schema id by
 `connectors.schema_registry.avro_columns` (Arrow's Rust Avro reader, typed columns); each schema
@@ -42,7 +43,10 @@ the odd records and the others next to placeholders (the fill would have to cros
 Decided differences: a schema-less column whose surviving values were all written as integers,
 in a range where other records wrote it with a fraction, is float64 here (Arrow parses the
 range's values as one column) and int64 the record-by-record way. A schema-less image with a
-column absent (not null) counts as holding null for the placeholder fill.
+column absent (not null) counts as holding null for the placeholder fill, as does an image whose
+schema version lacks the column. Columns without a declared type follow the first record of the
+range that names them here, the first surviving change that does record by record (a column added
+by DDL may come first there); the sink matches columns by name.
 """
 
 from __future__ import annotations
@@ -185,10 +189,8 @@ class RangeColumns:
     nested_types: dict[int, dict[str, pa.DataType]] = field(default_factory=dict)
     """Per group: nested columns parsed with the type Arrow inferred for them (`_valid_lists`)."""
     held: dict[str, pa.Table] = field(default_factory=dict)
-    """Per column a placeholder stood for: the key's latest image value of the range holding it."""
-    lost: dict[str, pa.Array] = field(default_factory=dict)
-    """Per such column: keys whose last change was a delete when the column was first left unchanged
-    (their earlier images are no longer at hand)."""
+    """Per column a placeholder stood for: the key's latest image value of the range holding it,
+    null where a delete came after it (`_track_placeholders`)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.documents, JsonDocuments):
@@ -554,17 +556,20 @@ class RangeColumns:
 
     # -- placeholders -----------------------------------------------------------------------------
 
-    def _holds(self, rows: pa.Table, name: str) -> np.ndarray:
-        """Image rows holding a value of `name` (not a placeholder; their schema has the column)."""
-        holders = [BARE] + [i for i, layout in enumerate(self.layouts.known if self.layouts else [])
-                            if name in layout.types]
-        if name not in rows.column_names:
-            return np.zeros(rows.num_rows, np.bool_)
-        holds = _mask(rows.column(_IMAGE)) & _mask(pc.is_in(rows.column(_GROUP), pa.array(holders, pa.int32())))
+    @staticmethod
+    def _holders(rows: pa.Table, name: str) -> pa.Table:
+        """(key, value of `name`) of the image rows that hold it (all but those leaving it unchanged:
+        an image whose schema version lacks the column holds null) and of the deletes (null: a delete
+        ends the key's images), in source order."""
+        image = _mask(rows.column(_IMAGE))
+        deletes = _mask(rows.column(_RETRACT)) & ~image
         flag = _FLAG + name
-        if flag in rows.column_names:
-            holds &= ~_mask(rows.column(flag))
-        return holds
+        holds = image & ~_mask(rows.column(flag)) if flag in rows.column_names else image
+        taken = pa.array(holds | deletes)
+        if name not in rows.column_names:
+            return pa.table({_KEY: rows.column(_KEY).filter(taken), name: pa.nulls(int(np.sum(holds | deletes)))})
+        values = pc.if_else(pa.array(deletes), pa.scalar(None, rows.schema.field(name).type), rows.column(name))
+        return pa.table({_KEY: rows.column(_KEY), name: values}).filter(taken)
 
     def _track_placeholders(self, rows: pa.Table) -> None:
         """Keep, per column a placeholder stood for, each key's latest image value holding it."""
@@ -573,13 +578,10 @@ class RangeColumns:
             if name in self.held:
                 continue
             self.held[name] = pa.table({_KEY: pa.array([], pa.string()), name: pa.array([], pa.null())})
-            if self.net is not None and self.net.num_rows and name in self.net.column_names:
-                holds = self._holds(self.net, name)
-                self.held[name] = self.net.filter(pa.array(holds)).select([_KEY, name])
-                deleted = _mask(self.net.column(_RETRACT)) & ~_mask(self.net.column(_IMAGE))
-                self.lost[name] = self.net.column(_KEY).filter(pa.array(deleted))
+            if self.net is not None and self.net.num_rows:
+                self.held[name] = self._holders(self.net, name)
         for name, held in self.held.items():
-            candidates = rows.filter(pa.array(self._holds(rows, name))).select([_KEY, name])
+            candidates = self._holders(rows, name)
             if candidates.num_rows:
                 try:
                     joined = pa.concat_tables([held, candidates], promote_options="permissive")
@@ -598,12 +600,6 @@ class RangeColumns:
                 continue
             kept = _mask(net.column(flag)) & upserts
             if kept.any():
-                lost = self.lost.get(name)
-                if lost is not None and len(lost):  # a key holding it again since (a re-insert) is not lost
-                    unheld = _mask(pc.is_in(net.column(_KEY), lost)) & ~_mask(pc.is_in(net.column(_KEY),
-                                                                                      held.column(_KEY)))
-                    if unheld[kept].any():
-                        raise NotVectorisable("a placeholder after a delete whose earlier images are not at hand")
                 position = pc.index_in(net.column(_KEY), value_set=held.column(_KEY))
                 found = kept & _mask(position.is_valid())
                 if found.any():

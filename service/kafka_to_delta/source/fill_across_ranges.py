@@ -4,15 +4,15 @@ A range fills a placeholder from the key's earlier images of that range (`debezi
 `fill_unchanged`); what none of them holds reaches the driver as `unchanged`. When one partition is
 read in pieces (`connectors.kafka.offsets.split_spans`), the image may sit in an earlier piece: the
 driver keeps the last change per key, and fills each column it left unchanged from the latest
-earlier upsert of the same key in the same topic partition that holds the column (a range whose
-rows lack the column holds nothing for it). What no range holds stays `unchanged`: the sink keeps
-the stored value. All in Arrow; Python runs once per distinct `unchanged` list, not per row.
+earlier upsert of the same key in the same topic partition that does not leave it unchanged too
+(as within a range, an image holds every column it does not leave unchanged: one its schema
+version lacks holds null). What no range holds stays `unchanged`: the sink keeps the stored
+value. All in Arrow; Python runs once per distinct `unchanged` list, not per row.
 
-As within a range, a delete does not stop the fill: the placeholder of a key deleted and
-re-inserted is filled from the re-insert, which Debezium writes whole. Only a piece's last change
-per key reaches the driver, so an image followed by a delete in the same piece is not at hand for
-a placeholder of a later piece (an update of a deleted row that was not inserted again, which a
-database does not write).
+As within a range, a delete ends the key's images: a placeholder after it, with no image since
+holding the column, is null (the row it would keep is gone); the placeholder of a key deleted and
+re-inserted is filled from the re-insert, which Debezium writes whole. So a piece's last change
+per key is all the driver needs, whatever images came before it in that piece.
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ from service.kafka_to_delta.materialize.last_change import last_rows
 from service.kafka_to_delta.rows.names import Meta
 from vocabulary.changes import ChangeKind
 
-RANGE_COLUMN = "__cdc_range"
-"""The index of the range a row came from (into the `present` list of `filled_last_rows`)."""
 _FILL_KEY = "__cdc_fill_key"
 
 
@@ -39,29 +37,29 @@ def _contains(unchanged: pa.ChunkedArray, texts: list[str], lists: list[list[str
     return named[code.to_numpy()]
 
 
-def filled_last_rows(ordered: pa.Table, present: list[frozenset[str]]) -> pa.Table:
-    """The last row per key of `ordered` (rows in source order, `RANGE_COLUMN` naming each row's
-    range, whose columns are `present[range]`), its unchanged columns filled across ranges; without
-    `RANGE_COLUMN`."""
+def filled_last_rows(ordered: pa.Table) -> pa.Table:
+    """The last row per key of `ordered` (the ranges' rows in source order, conformed to one
+    schema), its unchanged columns filled across ranges."""
     last = last_rows(ordered, Meta.KEY)
     unchanged = last.column(Meta.UNCHANGED)
     if unchanged.null_count == last.num_rows:
-        return last.drop_columns([RANGE_COLUMN])
+        return last
     ordered, last = ordered.append_column(_FILL_KEY, _fill_key(ordered)), last.append_column(_FILL_KEY, _fill_key(last))
     texts = pc.unique(ordered.column(Meta.UNCHANGED).drop_null()).to_pylist()
     lists = [json.loads(text) for text in texts]
     wanted = [c for c in dict.fromkeys(c for names in lists for c in names) if c in last.column_names]
     upserts = pc.equal(ordered.column(Meta.KIND), ChangeKind.UPDATE_AFTER.value).to_numpy(zero_copy_only=False)
+    deletes = pc.equal(ordered.column(Meta.KIND), ChangeKind.DELETE.value).to_numpy(zero_copy_only=False)
     last_upserts = pc.equal(last.column(Meta.KIND), ChangeKind.UPDATE_AFTER.value).to_numpy(zero_copy_only=False)
-    ranges = ordered.column(RANGE_COLUMN).to_numpy()
     filled: dict[str, np.ndarray] = {}
     for column in wanted:
         need = last_upserts & _contains(unchanged, texts, lists, column)
         if not need.any():
             continue
-        holding = [i for i, names in enumerate(present) if column in names]
-        holds = upserts & np.isin(ranges, holding) & ~_contains(ordered.column(Meta.UNCHANGED), texts, lists, column)
-        holders = last_rows(ordered.filter(pa.array(holds)).select([_FILL_KEY, column]), _FILL_KEY)
+        holds = upserts & ~_contains(ordered.column(Meta.UNCHANGED), texts, lists, column)
+        values = pc.if_else(pa.array(deletes), pa.scalar(None, ordered.schema.field(column).type), ordered.column(column))
+        holders = last_rows(pa.table({_FILL_KEY: ordered.column(_FILL_KEY), column: values})
+                            .filter(pa.array(holds | deletes)), _FILL_KEY)
         position = pc.index_in(last.column(_FILL_KEY), value_set=holders.column(_FILL_KEY))
         found = need & position.is_valid().to_numpy(zero_copy_only=False)
         if not found.any():
@@ -73,7 +71,7 @@ def filled_last_rows(ordered: pa.Table, present: list[frozenset[str]]) -> pa.Tab
     if filled:
         last = last.set_column(last.schema.get_field_index(Meta.UNCHANGED), Meta.UNCHANGED,
                                _still_unchanged(unchanged, filled))
-    return last.drop_columns([RANGE_COLUMN, _FILL_KEY])
+    return last.drop_columns([_FILL_KEY])
 
 
 def _fill_key(table: pa.Table) -> pa.ChunkedArray:

@@ -239,6 +239,9 @@ def both_ways(pairs: list[tuple[bytes | None, bytes | None]], rng: random.Random
         return None
     (changes, unchanged, failed, truncated, count) = _merged(fast)
     (exact_changes, exact_unchanged, exact_failed, exact_truncated, exact_count) = _merged(exact)
+    if changes.column_names != exact_changes.column_names:  # a decided difference (`debezium_columns`)
+        assert sorted(changes.column_names) == sorted(exact_changes.column_names)
+        changes = changes.select(exact_changes.column_names)
     assert changes.schema == exact_changes.schema
     assert changes.equals(exact_changes), "net changes differ"
     assert unchanged == exact_unchanged
