@@ -153,65 +153,54 @@ def expected_records(plan: dict[str, int], preset: str) -> int:
     return plan["inserts"] + plan["updates"] + plan["deletes"] + tombstones
 
 
-def _pids(exclude: int | set[int] | None) -> set[int]:
-    return exclude if isinstance(exclude, set) else {exclude} if exclude else set()
+_PAGE_MIB = os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def _tree_rss_mib(root: int, exclude: int | set[int] | None) -> float:
-    """Summed RSS of `root` and its descendants except the `exclude` subtree, from /proc."""
-    return sum(_tree_rss_by_process(root, exclude).values())
-
-
-def _tree_rss_by_process(root: int, exclude: int | set[int] | None) -> dict[str, float]:
-    """RSS in MiB of `root` and each descendant except the `exclude` subtree, by "pid name", from /proc."""
-    parents, rss, names = {}, {}, {}
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
-            command = (status.parent / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        pid = int(status.parent.name)
-        parents[pid] = int(fields["PPid"])
-        rss[pid] = int(fields.get("VmRSS", "0 kB").split()[0])
-        names[pid] = _process_name(fields["Name"].strip(), command)
-    tree, grew = {root}, True
-    while grew:
-        found = {pid for pid, ppid in parents.items() if ppid in tree and pid not in _pids(exclude)} - tree
-        tree, grew = tree | found, bool(found)
-    return {f"{pid} {names.get(pid, '?')}": rss.get(pid, 0) / 1024 for pid in tree}
-
-
-def _process_name(name: str, command: list[bytes]) -> str:
-    """A short name: the Python module a Python process runs (`-m`), else the program's name."""
-    words = [w.decode(errors="replace") for w in command if w]
-    if "-m" in words and words.index("-m") + 1 < len(words):
-        return words[words.index("-m") + 1]
-    return name
-
-
-def _tree_cpu_s(root: int, exclude: int | set[int] | None) -> dict[int, float]:
-    """CPU seconds (user + system) so far of `root` and each descendant except the `exclude` subtree."""
-    parents, cpu = {}, {}
+def _proc_stats() -> dict[int, tuple[int, float, float]]:
+    """pid -> (parent pid, CPU seconds so far (user + system), RSS MiB) of every process, one /proc read each."""
+    stats = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        pid = int(stat.parent.name)
-        parents[pid] = int(fields[1])
-        cpu[pid] = (int(fields[11]) + int(fields[12])) / _TICKS
+        stats[int(stat.parent.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICKS,
+                                        int(fields[21]) * _PAGE_MIB)
+    return stats
+
+
+def _tree(root: int, exclude: set[int], stats: dict[int, tuple[int, float, float]]) -> set[int]:
+    """`root` and its descendants except the `exclude` subtrees."""
     tree, grew = {root}, True
     while grew:
-        found = {pid for pid, ppid in parents.items() if ppid in tree and pid not in _pids(exclude)} - tree
+        found = {pid for pid, (ppid, _, _) in stats.items() if ppid in tree and pid not in exclude} - tree
         tree, grew = tree | found, bool(found)
-    return {pid: cpu[pid] for pid in tree if pid in cpu}
+    return tree & set(stats)
+
+
+def _tree_rss_mib(root: int, exclude: int | None) -> float:
+    """Summed RSS of `root` and its descendants except the `exclude` subtree, from /proc."""
+    stats = _proc_stats()
+    return sum(stats[pid][2] for pid in _tree(root, {exclude} if exclude else set(), stats))
+
+
+def _process_name(pid: int) -> str:
+    """A short name: the Python module a Python process runs (`-m`), else the program's name."""
+    try:
+        words = [w.decode(errors="replace") for w in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if w]
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+    if "-m" in words and words.index("-m") + 1 < len(words):
+        return words[words.index("-m") + 1]
+    return name
 
 
 class RssSampler(threading.Thread):
     """Peak RSS and CPU seconds of this process tree and, apart, peak RSS of the broker, sampled in the background.
 
-    CPU is what the tree's processes used since `start` (a process that ends counts up to its last sample)."""
+    CPU is what the tree's processes used since `start` (a process that ends counts up to its last sample),
+    less this sampler's own (a thread of this process: a scan of /proc costs a few milliseconds)."""
 
     def __init__(self, root: int, broker_pid: int | None, apart: int | None = None) -> None:
         super().__init__(daemon=True)
@@ -223,6 +212,7 @@ class RssSampler(threading.Thread):
         self._cpu_start: dict[int, float] = {}
         self._cpu_last: dict[int, float] = {}
         self._names: dict[int, str] = {}
+        self._own_cpu_s = 0.0
 
     @property
     def cpu_s(self) -> float:
@@ -230,24 +220,32 @@ class RssSampler(threading.Thread):
 
     @property
     def cpu_by_process(self) -> dict[str, float]:
-        """CPU seconds since `start` by "pid name"."""
-        return {f"{pid} {self._names.get(pid, '?')}": seconds - self._cpu_start.get(pid, 0.0)
+        """CPU seconds since `start` by "pid name" (the sampler's own left out)."""
+        return {f"{pid} {self._names.get(pid, '?')}":
+                seconds - self._cpu_start.get(pid, 0.0) - (self._own_cpu_s if pid == self.root else 0.0)
                 for pid, seconds in self._cpu_last.items()}
 
     def _sample(self) -> None:
-        by_process = _tree_rss_by_process(self.root, self._apart)
+        stats = _proc_stats()
+        tree = _tree(self.root, self._apart, stats)
+        for pid in tree - set(self._names):
+            self._names[pid] = _process_name(pid)
+        by_process = {f"{pid} {self._names[pid]}": stats[pid][2] for pid in tree}
         if sum(by_process.values()) > self.peak:
             self.peak, self.peaks = sum(by_process.values()), by_process
         if self.broker_pid:
-            self.broker_peak = max(self.broker_peak, _tree_rss_mib(self.broker_pid, None))
-        self._cpu_last.update(_tree_cpu_s(self.root, self._apart))
-        self._names.update({int(name.split(" ", 1)[0]): name.split(" ", 1)[1] for name in by_process})
+            self.broker_peak = max(self.broker_peak, sum(stats[pid][2] for pid in _tree(self.broker_pid, set(), stats)))
+        self._cpu_last.update({pid: stats[pid][1] for pid in tree})
 
     def run(self) -> None:
-        self._cpu_start = _tree_cpu_s(self.root, self._apart)
+        started = time.thread_time()
+        stats = _proc_stats()
+        self._cpu_start = {pid: stats[pid][1] for pid in _tree(self.root, self._apart, stats)}
         while not self.done.wait(_RSS_SAMPLE_S):
             self._sample()
+            self._own_cpu_s = time.thread_time() - started
         self._sample()
+        self._own_cpu_s = time.thread_time() - started
 
 
 class BatchTimes(logging.Handler):
