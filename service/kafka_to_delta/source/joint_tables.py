@@ -8,7 +8,7 @@ reduction keyed on table + key (`JointColumns`); the net rows are then split by 
 table's payload is built from its own rows, as its own decode would have built it.
 
 Which tables go together (`joint_groups`): schema-less Debezium JSON (no Connect wrapper) of one
-decoder and primary key, whose images all hold the same columns in the same order and whose
+decoder and primary key, of at most `TABLE_ROWS` records, whose images all hold the same columns in the same order and whose
 columns hold values of the same JSON kind (a column null in all of a table's images goes with
 any kind). Then the one parse types each column as each table's own parse would, and every table
 has the columns and column order its own decode gives. A table goes alone, to the decode of its
@@ -17,7 +17,11 @@ a value that is not one JSON object of the envelope's shape, a wrapper, a nested
 value, the unavailable-value placeholder, settings that mark nulls as unchanged
 (`ignore_null_updates`), or a record the Arrow decode leaves to the record-by-record way (found
 after the joint decode by its position; the table's errors are then placed by its own ranges).
-When the joint decode refuses the chunk as a whole (`NotVectorisable`), every table goes alone.
+When the joint decode refuses the chunk as a whole (`NotVectorisable`, an Arrow error), every
+table goes alone.
+
+`JointColumns` tags the key where `RangeColumns.add` hands its rows to `_conformed`, just before the
+placeholders are tracked and the rows reduced (as `history_rows.HistoryColumns` adds its column there).
 """
 
 from __future__ import annotations
