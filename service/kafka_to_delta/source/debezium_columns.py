@@ -34,8 +34,8 @@ checks above. Non-finite doubles become null, as the reference's JSON rows make 
 What still sends the whole range back (`NotVectorisable`): settings other than envelopes with an
 op field and plain op groupings; declared types other than integers, floats, booleans, text,
 dates and integer-coded millisecond/microsecond timestamps; a row column no schema declares next
-to declared ones; nested inferred columns; integers of 19 digits or more where a column is
-inferred as float; key values other than integers, booleans and text; a column typed
+to declared ones; nested inferred columns; integers of 19 digits or more in the range where a
+column inferred as float holds a value that large (the envelope's `ts_ns` alone does not); key values other than integers, booleans and text; a column typed
 differently by two images or schema versions in a way Arrow cannot unify; more than
 `_MAX_REFUSED` records refused by `pyarrow.json` in one batch; a key with changes among both
 the odd records and the others next to placeholders (the fill would have to cross the two ways).
@@ -95,6 +95,7 @@ _LONG_NUMBER = r"[0-9]{19}"
 _OPEN_BRACE, _OPEN_BRACKET, _NEWLINE, _RETURN = (ord(c) for c in "{[\n\r")
 _LONG_DIGIT_RUN = b"0" * 19
 _DIGITS_TO_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
+_NINETEEN_DIGITS = 1e18
 _UNAVAILABLE = UNAVAILABLE_VALUE.encode()
 _US_PER_MS = 1_000  # timestamp_ms columns are stored in microseconds
 _RETRACTING = (Grouping.UPDATE_BEFORE, Grouping.DELETE)
@@ -405,11 +406,25 @@ class RangeColumns:
             if (not pa.types.is_null(data_type) and data_type not in _INFERRED_KINDS
                     and not pa.types.is_nested(data_type) and name not in timestamps):
                 raise NotVectorisable(f"column {name!r} is inferred as {data_type}")
-            if pa.types.is_floating(data_type) and _LONG_DIGIT_RUN in buffer.translate(_DIGITS_TO_ZERO):
+            if (pa.types.is_floating(data_type) and self._reaches_19_digits(table, name)
+                    and _LONG_DIGIT_RUN in buffer.translate(_DIGITS_TO_ZERO)):
                 raise NotVectorisable("integers of 19 digits or more may sit in a float column")
         self.bare_types.update({n: pa.string() if n in timestamps else t for n, t in inferred.items()
                                 if not pa.types.is_null(t) and not pa.types.is_nested(t)})
         return timestamps
+
+    def _reaches_19_digits(self, table: pa.Table, name: str) -> bool:
+        """Whether an image's float column `name` holds a value of 19 integer digits or more (only
+        then can a long digit run of the values be one of its values, and not e.g. the envelope's
+        `ts_ns`)."""
+        for side in (self.plan.before, self.plan.after):
+            image = table.column(side).combine_chunks()
+            if image.type.get_field_index(name) < 0:
+                continue
+            values = pc.abs(image.field(name))
+            if pc.max(values).as_py() is not None and pc.max(values).as_py() >= _NINETEEN_DIGITS:
+                return True
+        return False
 
     def _changelog(self, parsed: pa.Table, group: int) -> tuple[pa.Table, np.ndarray]:
         """(changelog rows of the parsed records in source order (record, change index), with

@@ -288,6 +288,21 @@ def test_only_envelope_settings_take_the_vectorised_way() -> None:
     assert PartitionReducer(batch_decoder(passthrough), ("id",)).plan is None
 
 
+def test_an_envelopes_ts_ns_keeps_a_schema_less_float_column_in_bulk() -> None:
+    """Debezium 2.5+ writes `ts_ns` (19 digits) in every envelope: only a 19-digit value of the float
+    column itself may send the range record by record (Arrow and the reference could type it apart);
+    either way both decode it alike (`both_ways`)."""
+    def pair(key: int, ratio: object, ts_ns: int) -> tuple[bytes, bytes]:
+        document = {"before": None, "after": {"id": key, "ratio": ratio}, "op": "c", "ts_ms": 1,
+                    "ts_ns": ts_ns, "source": {"ts_ns": ts_ns}}
+        return json.dumps({"id": key}).encode(), json.dumps(document).encode()
+
+    ts_ns = 1_732_000_000_123_456_789
+    clean = both_ways([pair(1, 0.25, ts_ns), pair(2, 3, ts_ns + 1)], random.Random(0))
+    assert clean is not None and clean["vectorised"], clean
+    assert both_ways([pair(1, 0.25, ts_ns), pair(2, 1234567890123456789, ts_ns)], random.Random(0)) is not None
+
+
 def test_a_range_decoded_record_by_record_says_why_without_quoting_values() -> None:
     pipeline = PipelineSettings(name="p", topics=["t"], table="t", primary_key=["id"])
     schema = _schema("int64")
