@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -27,8 +29,32 @@ from tests.support.pipeline_harness import CLI, table_rows, write_config
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory):
-    """Two workers on loopback for the tests of this module."""
+def packing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.Popen, Path, Path]]:
+    """scripts/pack_executor_env.sh packing the project and its dependencies (without pyspark), started
+    first: it packs while the cluster starts and the workload is produced (`packed`)."""
+    directory = tmp_path_factory.mktemp("packed")
+    archive, log = directory / "environment.tar.gz", directory / "pack.log"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "pack_executor_env.sh"
+    with open(log, "w") as output:
+        process = subprocess.Popen(["bash", str(script), str(archive)], stdout=output, stderr=subprocess.STDOUT,
+                                   start_new_session=True, env={**os.environ, "PYTHON": sys._base_executable})
+    yield process, archive, log
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=60)
+
+
+def packed(packing: tuple[subprocess.Popen, Path, Path]) -> Path:
+    """The archive, once the script has finished."""
+    process, archive, log = packing
+    returncode = process.wait(timeout=900)
+    assert returncode == 0 and archive.exists(), log.read_text()[-5000:]
+    return archive
+
+
+@pytest.fixture(scope="module")
+def cluster(packing, tmp_path_factory: pytest.TempPathFactory):
+    """Two workers on loopback for the tests of this module (the packing started before them)."""
     with StandaloneCluster(tmp_path_factory.mktemp("cluster"), workers=2) as running:
         yield running
 
@@ -72,22 +98,12 @@ def executors_per_stage(event_log_dir: Path) -> list[tuple[set[str], set[str]]]:
 
 
 @pytest.fixture(scope="module")
-def packed_environment(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The project and its dependencies (without pyspark) packed by scripts/pack_executor_env.sh."""
-    archive = tmp_path_factory.mktemp("packed") / "environment.tar.gz"
-    script = Path(__file__).resolve().parents[2] / "scripts" / "pack_executor_env.sh"
-    result = subprocess.run(["bash", str(script), str(archive)], capture_output=True, text=True, timeout=900,
-                            env={**os.environ, "PYTHON": sys._base_executable})
-    assert result.returncode == 0 and archive.exists(), result.stdout[-2000:] + result.stderr[-3000:]
-    return archive
-
-
-@pytest.fixture(scope="module")
-def packed_run(cluster, packed_environment, kafka_bootstrap, tmp_path_factory) -> dict:
+def packed_run(packing, cluster, kafka_bootstrap, tmp_path_factory) -> dict:
     """One `run --until-idle` on the cluster: delta-spark, the packed environment, a plain pipeline in
     several micro-batches and a materializer pipeline over one Debezium topic of two partitions."""
     workdir = tmp_path_factory.mktemp("cluster_run")
     workload = _loaded(kafka_bootstrap, f"cluster-{uuid.uuid4().hex[:10]}", 11, 2000, 200)
+    packed_environment = packed(packing)
     events = workdir / "events"
     events.mkdir()
     config = write_config(
