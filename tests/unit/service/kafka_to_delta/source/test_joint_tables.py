@@ -12,7 +12,7 @@ import random
 import pyarrow as pa
 import pytest
 
-from connectors.kafka.range_reader import SOURCE_SCHEMA, ValueChunk
+from connectors.kafka.range_reader import ValueChunk
 from connectors.kafka.source import KafkaRange
 from service.config.databases import DatabaseSettings
 from service.kafka_to_delta.rows.names import Meta
@@ -20,6 +20,7 @@ from service.kafka_to_delta.source.batch_changes import batch_changes
 from service.kafka_to_delta.source.database_ranges import TableReducers, task_payloads
 from service.kafka_to_delta.source.joint_tables import TABLE_ROWS
 from tests.support.run_seed import run_seed
+from tests.unit.service.kafka_to_delta.source.test_joined_ranges import _records
 
 SEEDS = [0, 1, 2, 3, 4, run_seed(1 << 30)]
 PLACEHOLDER = "__debezium_unavailable_value"
@@ -95,15 +96,6 @@ def _table(kind: str, index: int, rng: random.Random) -> tuple[str, list[tuple[K
             chunk.timestamps.append(None)
     return topic, [(KafkaRange(topic, c.partition, starts[c.partition], starts[c.partition] + len(c.offsets)), [c])
                    for c in chunks if c.offsets]
-
-
-def _records(chunks: list[ValueChunk]) -> list[pa.RecordBatch]:
-    """The chunks' records as the Kafka source reads them (`SOURCE_SCHEMA`), for the record-by-record way."""
-    return [pa.RecordBatch.from_pydict({
-        "key": [c.first_key] * len(c.offsets), "value": c.values, "topic": [c.topic] * len(c.offsets),
-        "partition": [c.partition] * len(c.offsets), "offset": c.offsets,
-        "timestamp": [None if t is None else t * 1000 for t in c.timestamps], "headers": [None] * len(c.offsets),
-        "watermark_floor": [None] * len(c.offsets)}, schema=SOURCE_SCHEMA) for c in chunks]
 
 
 def _task(reducers: TableReducers, tables: list[tuple[str, list[tuple[KafkaRange, list[ValueChunk]]]]]
