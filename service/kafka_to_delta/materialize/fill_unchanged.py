@@ -39,8 +39,7 @@ def fill_unchanged(row: dict, unchanged: list[str], images: list[dict]) -> tuple
         known.update((c, None) for c in unchanged if c not in values and c not in own)
     filled = {c for c in unchanged if c in known}
     ordered = {**known, **row}  # the complete image's column order
-    result = {c: v for c, v in ordered.items() if c in row or c in filled}
-    return (result | {c: None for c in unchanged if c in filled and c not in result},
+    return ({c: v for c, v in ordered.items() if c in row or c in filled},
             [c for c in unchanged if c not in filled])
 
 

@@ -421,8 +421,8 @@ class RangeColumns:
             image = table.column(side).combine_chunks()
             if image.type.get_field_index(name) < 0:
                 continue
-            values = pc.abs(image.field(name))
-            if pc.max(values).as_py() is not None and pc.max(values).as_py() >= _NINETEEN_DIGITS:
+            largest = pc.max(pc.abs(image.field(name))).as_py()
+            if largest is not None and largest >= _NINETEEN_DIGITS:
                 return True
         return False
 
