@@ -8,9 +8,10 @@ small machine. Java 17 can write the classes a JVM loaded into an archive when i
 `prepare()` (the `cdc-lakehouse prepare` command; scripts/install.sh and the image build run it)
 starts a local session once in a process of its own with a small workload that loads what the
 service's queries load (`class_archive_workload`: SQL and a shuffle, Arrow batches through Python, a
-streaming query over a Python data source with a state store), waits for its JVM to write the archive, and keeps it under a name keyed by
-the Java runtime and Spark's jars. `session_options()` gives a local session the option that maps
-it when it exists. The JVM checks an archive against its own runtime and class path and goes on
+streaming query over a Python data source with a state store), waits for its JVM to write the
+archive, and keeps it under a name keyed by the Java runtime and Spark's jars (each jar's size and
+modification time, as the JVM checks them). `session_options()` gives a local session the option
+that maps it when it exists. The JVM checks an archive against its own runtime and class path and goes on
 without it when they differ (`-Xshare:auto`, the default): a stale archive costs nothing but the
 gain. Executors of a cluster are started by their workers and do not use it.
 """
@@ -50,20 +51,40 @@ def _java() -> Path | None:
     return Path(found).resolve() if found and Path(found).exists() else None
 
 
+def _jars() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).parent / "jars"
+
+
 def archive_path() -> Path | None:
-    """The archive for this Java runtime and these Spark jars; None when archives are off or no java is found."""
+    """The archive for this Java runtime and these Spark jars; None when archives are off or no java is found.
+
+    The name has two parts: one for where Spark is installed, one for what is installed there, down
+    to each jar's size and modification time (what the JVM checks before it maps an archive). A
+    reinstall over the same path (a new virtual environment in the same clone) thus names a new
+    archive rather than finding one the JVM would refuse.
+    """
     directory, java = archive_dir(), _java()
     if directory is None or java is None:
         return None
     import pyspark
 
-    jars = Path(pyspark.__file__).parent / "jars"
-    digest = hashlib.sha256()
-    for part in (str(java), str(java.stat().st_size), str(int(java.stat().st_mtime)), pyspark.__version__, str(jars)):
-        digest.update(part.encode() + b"\0")
+    jars = _jars()
+    place = hashlib.sha256(f"{java}\0{jars}".encode()).hexdigest()[:8]
+    content = hashlib.sha256()
+    for part in (str(java.stat().st_size), str(java.stat().st_mtime_ns), pyspark.__version__):
+        content.update(part.encode() + b"\0")
     for jar in sorted(jars.glob("*.jar")):
-        digest.update(f"{jar.name}:{jar.stat().st_size}".encode() + b"\0")
-    return directory / f"spark-{pyspark.__version__}-{digest.hexdigest()[:16]}.jsa"
+        stat = jar.stat()
+        content.update(f"{jar.name}:{stat.st_size}:{stat.st_mtime_ns}".encode() + b"\0")
+    return directory / f"spark-{pyspark.__version__}-{place}-{content.hexdigest()[:12]}.jsa"
+
+
+def stale_archives(path: Path) -> list[Path]:
+    """Archives written earlier for the same installation place as `path`, for jars no longer there."""
+    place = path.name.rsplit("-", 1)[0]
+    return sorted(p for p in path.parent.glob(f"{place}-*.jsa") if p != path)
 
 
 def session_options() -> str:
@@ -93,6 +114,9 @@ def prepare() -> Path | None:
         log.info("JVM class archive: %s", path)
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in stale_archives(path):
+        log.info("JVM class archive of replaced jars removed: %s", stale)
+        stale.unlink(missing_ok=True)
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     try:
         done = subprocess.run([sys.executable, "-m", WORKLOAD_MODULE, str(partial)], stdout=subprocess.PIPE,

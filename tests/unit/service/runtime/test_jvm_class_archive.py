@@ -53,3 +53,29 @@ def test_the_workload_prepare_runs_exists_and_the_archive_module_imports_no_sess
     assert importlib.util.find_spec(archive.WORKLOAD_MODULE) is not None
     source = Path(archive.__file__).read_text()
     assert "spark_session" not in source.split('"""', 2)[2], "the session module imports this one: no cycle back"
+
+
+def test_jars_reinstalled_in_place_name_a_new_archive_and_retire_the_old(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # The JVM refuses an archive when a jar's modification time differs from when it was written (a
+    # new virtual environment in the same clone): such an archive must not be found again.
+    import os
+
+    if archive._java() is None:
+        pytest.skip("no java on this machine")
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    jar = jars / "slf4j-api.jar"
+    jar.write_bytes(b"jar")
+    monkeypatch.setattr(archive, "_jars", lambda: jars)
+    monkeypatch.setenv(archive.ARCHIVE_DIR_ENV, str(tmp_path / "archives"))
+    first = archive.archive_path()
+    assert first is not None
+    first.parent.mkdir()
+    first.write_bytes(b"archive")
+    os.utime(jar, ns=(jar.stat().st_atime_ns, jar.stat().st_mtime_ns + 10**9))
+    second = archive.archive_path()
+    assert second is not None and second != first, "same name, same size, new time: a new archive"
+    other_place = first.parent / "spark-0-otherplace-0123456789ab.jsa"
+    other_place.write_bytes(b"archive of another installation")
+    assert archive.stale_archives(second) == [first]
