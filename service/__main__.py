@@ -71,17 +71,29 @@ def validate(config: Path = typer.Argument(..., help="YAML config file")) -> Non
         _fail(error)
     typer.echo(f"{config}: valid, {len(settings.pipelines)} pipeline(s), {len(settings.databases)} database(s), "
                f"{len(settings.joins)} join(s), {len(settings.exports)} export(s)")
-    for line in _database_tables(settings):
+    for line in _table_pipelines(settings) + _database_tables(settings):
         typer.echo(line)
 
 
 def _compile_expressions(config: Path, settings) -> None:
-    """`ConfigError` naming every pipeline and column whose Spark SQL expression does not compile."""
+    """`ConfigError` naming every pipeline (or database and table) and column whose Spark SQL expression does
+    not compile; a database table's expressions are compiled whether its topic exists yet or not."""
+    from service.kafka_to_delta.database.tables import declared, naming_tables
     from service.runtime.sql_parser import compile_problems
 
-    problems = compile_problems(settings)
+    problems = naming_tables(compile_problems(declared(settings)), settings)
     if problems:
         raise ConfigError(f"{config}: " + "; ".join(problems))
+
+
+def _table_pipelines(settings) -> list[str]:
+    """The plan summary of the database tables that run as pipelines of their own (their shape, history, state)."""
+    if not any(o.own_query for d in settings.databases for o in d.tables.values()):
+        return []
+    from service.kafka_to_delta.database.tables import table_pipelines_only
+    from service.kafka_to_delta.plan.compiled_plan import summary
+
+    return summary(table_pipelines_only(settings))
 
 
 def _database_tables(settings) -> list[str]:

@@ -17,9 +17,9 @@ names. Topics created later that match are picked up within `topic_refresh_secon
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from service.config.base import NAME_PATTERN, Name, Names, SettingsModel
 from service.config.choices import (
@@ -32,10 +32,13 @@ from service.config.choices import (
     StartingOffsets,
     UpsertMaterialize,
 )
+from service.config.columns import ColumnSettings
 from service.config.dead_letters import DeadLetterSettings
 from service.config.from_changelog import FromChangelogSettings
+from service.config.history import HistorySettings, shorthand
 from service.config.maintenance import MaintenanceSettings
 from service.config.registry import SchemaRegistrySettings
+from service.config.table_shape import TableShape
 
 DEFAULT_TOPIC_REFRESH_SECONDS = 10.0
 DEFAULT_IDLE_TIMEOUT_SECONDS = 0.0
@@ -49,8 +52,10 @@ class TableOverride(SettingsModel):
     `primary_key`, `maintenance` and a `from_changelog` without state (its own bad-record policies)
     keep the table in the database's query. A table that needs state (the keyed-state materializer:
     `upsert_key`, `sequence_by`, `on_conflict`, `upsert_materialize: force`, `compaction`; a stateful
-    FROM_CHANGELOG or ORDER BY) runs as its own query, the pipeline `<database>.<table>`, with every
-    guarantee, plan operator and upgrade check of a pipeline; it needs its `primary_key`.
+    FROM_CHANGELOG or ORDER BY) or a table shape other than the default (`history`, `columns`,
+    `table_shape`: as a pipeline's) runs as its own query, the pipeline `<database>.<table>`, with every
+    guarantee, plan operator and upgrade check of a pipeline; it needs its `primary_key`
+    (docs/design/database-source.md, "Tables with state or a shape").
     """
 
     primary_key: Names | None = None
@@ -66,20 +71,29 @@ class TableOverride(SettingsModel):
     state_ttl_seconds: float = Field(default=0.0, ge=0)
     materializer_state_ttl_seconds: float | None = Field(default=None, ge=0)
     tombstone_retention_seconds: float = Field(default=86_400.0, ge=0)
+    # The table shape options of a pipeline (service/config/history.py, columns.py, table_shape.py).
+    history: Annotated[HistorySettings | None, BeforeValidator(shorthand)] = None
+    table_shape: TableShape = Field(default_factory=TableShape)
+    columns: ColumnSettings | None = None
+
+    @property
+    def shaped(self) -> bool:
+        """Whether the table is written in a shape other than the default (history, columns, table_shape)."""
+        return self.history is not None or self.columns is not None or self.table_shape != TableShape()
 
     @property
     def own_query(self) -> bool:
-        """Whether the table needs state, so runs as its own pipeline."""
+        """Whether the table needs state or a shape, so runs as its own pipeline."""
         changelog = self.from_changelog
-        return (self.upsert_key is not None or self.upsert_materialize == "force" or self.on_conflict is not None
+        return (self.shaped or self.upsert_key is not None or self.upsert_materialize == "force" or self.on_conflict is not None
                 or self.compaction is not None or bool(self.sequence_by)
                 or (changelog is not None and (changelog.stateful or changelog.order_by is not None)))
 
     @model_validator(mode="after")
     def _keyed(self) -> "TableOverride":
         if self.own_query and not self.primary_key:
-            raise ValueError("a table with state (materializer, stateful FROM_CHANGELOG, ORDER BY) runs as its own "
-                             "pipeline and needs its `primary_key`")
+            raise ValueError("a table with state (materializer, stateful FROM_CHANGELOG, ORDER BY) or a shape "
+                             "(history, columns, table_shape) runs as its own pipeline and needs its `primary_key`")
         return self
 
 

@@ -348,6 +348,10 @@ class Settings(SettingsModel):
             raise ValueError(f"pipeline, database, join and export names must be unique; repeated: {', '.join(dupes)}")
         for pipeline in self.pipelines:
             pipeline.table_shape.check(f"pipeline {pipeline.name}: table_shape", self.lakehouse.engine, False)
+        from service.config.database_tables import check_tables  # it builds PipelineSettings of this module
+
+        for database in self.databases:
+            check_tables(database, self.lakehouse.engine)
         return self
 
     def maintenance_of(self, pipeline: PipelineSettings) -> MaintenanceSettings:

@@ -30,10 +30,15 @@ from service.config.settings import Settings
 from service.delta_to_kafka.exports import export_pipeline
 from service.delta_to_kafka.pipeline import ExportPipeline
 from service.kafka_to_delta.database.query import DatabaseQuery
-from service.kafka_to_delta.database.tables import cluster_topics, needs_topics, with_table_pipelines
+from service.kafka_to_delta.database.tables import (
+    cluster_topics,
+    needs_topics,
+    with_table_pipelines,
+)
 from service.kafka_to_delta.joins import join_pipeline
 from service.kafka_to_delta.pipeline import IngestPipeline
 from service.kafka_to_delta.plan.compiled_plan import compile_plan, join_operators
+from service.kafka_to_delta.plan.table_queries import check_table_queries
 from service.kafka_to_delta.plan.upgrades import check_and_store, check_and_store_pipeline
 from service.observability import health, metrics
 from service.runtime.jvm_profiles import JvmProfile, jvm_profile
@@ -120,6 +125,7 @@ class Runner:
                      self.settings.metrics_port)
         if needs_topics(self.settings):  # database tables with state run as pipelines of their own
             self.settings = with_table_pipelines(self.settings, cluster_topics(self.settings.kafka.client_config()))
+        check_table_queries(self.settings)  # a started database table moved into or out of a query of its own
         for config in self.settings.pipelines:  # before anything runs: an incompatible upgrade is refused
             check_and_store_pipeline(config, self.settings.checkpoint_dir(config.name))
         for join in self.settings.joins:

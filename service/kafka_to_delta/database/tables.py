@@ -1,7 +1,8 @@
 """The tables of a database source as pipelines: the settings each table runs with.
 
-A table in the database's shared query is written with `table_pipeline`'s settings (its name
-`<database>.<table>` labels its metrics and maintenance). A table whose override needs state
+A table in the database's shared query is written with `table_pipeline`'s settings
+(`service/config/database_tables.py`; its name `<database>.<table>` labels its metrics and
+maintenance). A table whose override needs state or a shape other than the default
 (`TableOverride.own_query`) becomes a pipeline of its own: `with_table_pipelines` adds one per such
 table whose topic exists on the cluster now, so the runner, the compiled plan, the upgrade check
 and `status` treat it as any pipeline. Such a table's topic appearing later is picked up at the
@@ -10,46 +11,36 @@ next start (the shared query leaves it alone meanwhile).
 
 from __future__ import annotations
 
-from pydantic import ValidationError
-
 from connectors.kafka.cluster import ClusterView
-
+from service.config.database_tables import (
+    built_table_pipeline,
+    declared_table_pipelines,
+    named_for_table,
+)
 from service.config.databases import DatabaseSettings
 from service.config.settings import PipelineSettings, Settings
 from vocabulary.errors import ConfigError
 
 
-def table_pipeline(database: DatabaseSettings, table: str, topics: list[str] | tuple[str, ...],
-                   primary_key: tuple[str, ...]) -> PipelineSettings:
-    """One table of a database as the pipeline it stands for (its name: `<database>.<table>`)."""
-    override = database.override(table)
-    return PipelineSettings(
-        name=f"{database.name}.{table}", topics=tuple(topics), table=table,
-        primary_key=tuple(override.primary_key or primary_key),
-        format=database.format, schema_registry=database.schema_registry,
-        from_changelog=override.from_changelog or database.from_changelog, dead_letters=database.dead_letters,
-        starting_offsets=database.starting_offsets, max_offsets_per_trigger=database.max_offsets_per_trigger,
-        on_data_loss=database.on_data_loss, schema_changes=database.schema_changes, maintenance=override.maintenance,
-        upsert_key=override.upsert_key, upsert_materialize=override.upsert_materialize,
-        on_conflict=override.on_conflict, compaction=override.compaction, sequence_by=override.sequence_by,
-        watermark_delay_seconds=override.watermark_delay_seconds,
-        idle_timeout_seconds=override.idle_timeout_seconds, state_ttl_seconds=override.state_ttl_seconds,
-        materializer_state_ttl_seconds=override.materializer_state_ttl_seconds,
-        tombstone_retention_seconds=override.tombstone_retention_seconds,
-    )
-
-
 def own_query_pipelines(database: DatabaseSettings, topics: list[str]) -> list[PipelineSettings]:
-    """The pipelines of the database's tables that need state, for the topics that exist now."""
+    """The pipelines of the database's tables that need state or a shape, for the topics that exist now."""
     found = []
     for topic, table in sorted(database.routes(topics).items()):
         if database.override(table).own_query:
             try:
-                found.append(table_pipeline(database, table, [topic], ()))
-            except ValidationError as error:
-                reasons = "; ".join(item["msg"] for item in error.errors())
-                raise ConfigError(f"database {database.name}, table {table}: {reasons}") from None
+                found.append(built_table_pipeline(database, table, [topic]))
+            except ValueError as error:
+                raise ConfigError(str(error)) from None
     return found
+
+
+def declared(settings: Settings) -> Settings:
+    """`settings` with one pipeline per database table with its own query whether its topic exists or not
+    (a stand-in topic): what `validate` compiles and summarises without a cluster."""
+    present = {p.name for p in settings.pipelines}
+    extra = tuple(p for database in settings.databases for p in declared_table_pipelines(database)
+                  if p.name not in present)
+    return settings.model_copy(update={"pipelines": settings.pipelines + extra}) if extra else settings
 
 
 def needs_topics(settings: Settings) -> bool:
@@ -82,3 +73,21 @@ def expanded(settings: Settings) -> Settings:
     if not needs_topics(settings):
         return settings
     return with_table_pipelines(settings, cluster_topics(settings.kafka.client_config()))
+
+
+def table_pipelines_only(settings: Settings) -> Settings:
+    """`declared(settings)` keeping only the database tables' pipelines (what `validate` summarises)."""
+    names = {f"{d.name}.{table}" for d in settings.databases for table, o in d.tables.items() if o.own_query}
+    found = declared(settings)
+    return found.model_copy(update={"pipelines": tuple(p for p in found.pipelines if p.name in names)})
+
+
+def naming_tables(messages: list[str], settings: Settings) -> list[str]:
+    """Messages about a database table's pipeline (`pipeline <database>.<table>: ...`) naming the database
+    and the table instead."""
+    tables = [(d.name, table) for d in settings.databases for table, o in d.tables.items() if o.own_query]
+    named = []
+    for message in messages:
+        match = next(((db, t) for db, t in tables if message.startswith(f"pipeline {db}.{t}:")), None)
+        named.append(message if match is None else named_for_table(message, *match))
+    return named

@@ -123,6 +123,17 @@ def _changes(stored: dict[str, dict[str, Any]], current: dict[str, dict[str, Any
     return refused, allowed
 
 
+def started_plan_nodes(checkpoint_dir: str) -> list[dict[str, Any]]:
+    """The nodes of the plan stored in a started local checkpoint ([] for a new or remote one, or none stored)."""
+    checkpoint = local_path(checkpoint_dir)
+    if checkpoint is None or not (checkpoint / PLAN_FILE).exists() or not _started(checkpoint):
+        return []
+    try:
+        return list(json.loads((checkpoint / PLAN_FILE).read_text())["nodes"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ConfigError(f"the stored plan {checkpoint / PLAN_FILE} cannot be read ({error})") from None
+
+
 def _rebuildable(pipeline: str, operators: list[Operator], refused: list[str]) -> bool:
     """Whether `rebuild-state` answers the refusal: an ingest pipeline keeps a materializer and it changed."""
     materializer = f"{pipeline}/{Kind.MATERIALIZER}"
