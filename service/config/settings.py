@@ -272,9 +272,11 @@ class PipelineSettings(SettingsModel):
             return
         where = f"pipeline {self.name}: columns"
         self.columns.check(where, self.primary_key)
-        if self.history is not None:
-            raise ValueError(f"{where} cannot be combined with history (the history table is written from the "
-                             "changes as decoded)")
+        given = [name for name, on in (("computed", bool(self.columns.computed)),
+                                       ("filter", self.columns.filter is not None)) if on]
+        if self.history is not None and given:
+            raise ValueError(f"{where}: {' and '.join(given)} cannot be combined with history (the history is cut "
+                             "from every change as decoded; include, exclude and mask apply to it as to the table)")
 
     def _check_history(self) -> None:
         if self.history is None:
@@ -348,7 +350,9 @@ class Settings(SettingsModel):
             raise ValueError(f"pipeline, database, join and export names must be unique; repeated: {', '.join(dupes)}")
         for pipeline in self.pipelines:
             pipeline.table_shape.check(f"pipeline {pipeline.name}: table_shape", self.lakehouse.engine, False)
-        from service.config.database_tables import check_tables  # it builds PipelineSettings of this module
+        from service.config.database_tables import (
+            check_tables,  # it builds PipelineSettings of this module
+        )
 
         for database in self.databases:
             check_tables(database, self.lakehouse.engine)

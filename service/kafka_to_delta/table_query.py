@@ -16,8 +16,8 @@ from pyspark.sql.streaming import StreamingQuery
 from connectors.delta.engines import open_table
 from service.config.choices import SchemaChanges
 from service.config.settings import PipelineSettings, Settings
-from service.kafka_to_delta.sink.column_rules import ColumnRules, ColumnRulesSink
 from service.kafka_to_delta.rows.names import Column
+from service.kafka_to_delta.sink.column_rules import ColumnRules, ColumnRulesSink
 from service.kafka_to_delta.sink.history_sink import HistoryOutcome, HistorySink
 from service.kafka_to_delta.sink.merge_sink import MergeOutcome, MergeSink
 from service.kafka_to_delta.source.history_rows import changelog_history
@@ -57,6 +57,8 @@ class HistoryWriter:
         table = open_table(lakehouse.engine, uri, lakehouse.storage_options, spark)
         self.primary_key = pipeline.primary_key
         self.sink = HistorySink(table, pipeline.primary_key, pipeline.history, pipeline.schema_changes)
+        # A pipeline's kept and masked columns (`columns:` include / exclude / mask) hold for its history too.
+        self.rules = ColumnRules(spark, pipeline, pipeline.history.table_for(pipeline.table)) if pipeline.columns else None
         self.last_outcome: HistoryOutcome | None = None
 
     def changes(self, batch: DataFrame) -> pa.Table:
@@ -73,6 +75,8 @@ class HistoryWriter:
     def commit(self, rows: pa.Table | None, app_id: str, batch_id: int) -> None:
         """Bring the history table up to date with the batch's row changes, once per batch id."""
         started = time.monotonic()
+        if rows is not None and self.rules is not None and not self.sink.already_committed(app_id, batch_id):
+            rows = self.rules.apply_to_history(rows, self.sink.table.uri)
         outcome = self.last_outcome = self.sink.apply(rows, app_id, batch_id)
         if not outcome.skipped_replay:
             log.info("history %s: batch %d: %d key(s), %d row(s) written, %d removed (%.2fs)", self.sink.table.uri,

@@ -36,6 +36,7 @@ from pyspark.util import _create_local_socket
 from service.config.columns import ColumnSettings
 from service.config.settings import PipelineSettings
 from service.config.sources import mask_salt
+from service.kafka_to_delta.materialize.payload import HISTORY_META
 from service.kafka_to_delta.rows.names import Meta
 from service.kafka_to_delta.sink.merge_sink import MergeOutcome, MergeSink
 from vocabulary.changes import ChangeKind
@@ -80,14 +81,15 @@ class ColumnRules:
             return column
         return F.sha2(F.concat(F.lit(self.salt), column.cast("string")), 256).alias(name)
 
-    def projection(self, columns: list[str]) -> list[Column]:
-        """The select list for typed net changes with `columns`: kept source columns, computed ones, meta columns."""
+    def projection(self, columns: list[str], meta_columns: tuple[str, ...] = Meta.ALL) -> list[Column]:
+        """The select list for typed net changes with `columns`: kept source columns, computed ones, meta columns
+        (`meta_columns`: those of the net changes, or of a history part's row changes)."""
         deleted = F.col(Meta.KIND) == F.lit(ChangeKind.DELETE.value)
         kind = F.col(Meta.KIND)
         if self.settings.filter is not None:
             passes = F.coalesce(F.expr(self.settings.filter).cast("boolean"), F.lit(False))
             kind = F.when(~deleted & ~passes, F.lit(ChangeKind.DELETE.value)).otherwise(kind)
-        data = [c for c in columns if c not in Meta.ALL]
+        data = [c for c in columns if c not in meta_columns]
         kept = [c for c in data if self.settings.keeps(c, self.primary_key)]
         unchanged = F.col(Meta.UNCHANGED)
         if len(kept) < len(data):
@@ -96,22 +98,28 @@ class ColumnRules:
             cut = F.to_json(F.filter(listed, lambda c: F.array_contains(names, c)))
             unchanged = F.when(unchanged.isNull(), F.lit(None)).otherwise(cut)
         meta = [kind.alias(Meta.KIND) if c == Meta.KIND else unchanged.alias(c) if c == Meta.UNCHANGED else F.col(c)
-                for c in columns if c in Meta.ALL]
+                for c in columns if c in meta_columns]
         source = [self._mask(F.col(f"`{c}`"), c).alias(c) for c in kept]
         computed = [self._mask(F.when(deleted, F.lit(None)).otherwise(F.expr(text)), name).alias(name)
                     for name, text in self.settings.computed.items()]
         return source + computed + meta
 
-    def apply(self, changes: pa.Table, table_uri: str) -> pa.Table:
+    def apply(self, changes: pa.Table, table_uri: str, meta_columns: tuple[str, ...] = Meta.ALL) -> pa.Table:
         """`changes` (typed net changes) filtered, computed, masked and projected."""
         if changes.num_rows == 0:
             return changes
         frame = self.spark.createDataFrame(changes)
         try:
-            projected = frame.select(*self.projection(changes.column_names))
+            projected = frame.select(*self.projection(changes.column_names, meta_columns))
         except (AnalysisException, ParseException) as error:
             raise self._analysis_error(frame, table_uri, error) from None
         return collected(projected)
+
+    def apply_to_history(self, rows: pa.Table, table_uri: str) -> pa.Table:
+        """A history part's row changes (`BatchChanges.history`: each change's image, before images included)
+        with the kept source columns, masked: the history table holds what the current-row table holds. Only
+        `include` / `exclude` / `mask` come with a history (validation refuses `computed` and `filter`)."""
+        return self.apply(rows, table_uri, HISTORY_META)
 
     def _analysis_error(self, frame: DataFrame, table_uri: str, error: Exception) -> TerminalError:
         """The error naming the expression the batch's columns cannot resolve."""

@@ -46,9 +46,13 @@ def test_what_columns_cannot_be_is_refused(columns, reason):
         _pipeline(columns=columns)
 
 
-def test_columns_cannot_be_combined_with_a_history():
-    with pytest.raises(ConfigError, match="pipeline people: columns cannot be combined with history"):
-        _pipeline(columns={"exclude": ["name"]}, history="scd2")
+def test_computed_columns_and_a_filter_cannot_be_combined_with_a_history_selection_and_masking_can():
+    with pytest.raises(ConfigError, match="pipeline people: columns: computed cannot be combined with history"):
+        _pipeline(columns={"computed": {"d": "upper(email)"}}, history="scd2")
+    with pytest.raises(ConfigError, match="pipeline people: columns: computed and filter cannot be combined"):
+        _pipeline(columns={"computed": {"d": "upper(email)"}, "filter": "id > 0"}, history="scd2")
+    pipeline = _pipeline(columns={"exclude": ["name"], **MASKED}, history="scd2")
+    assert pipeline.history is not None and pipeline.columns.mask
 
 
 def test_plan_shows_the_columns_with_a_fingerprint_of_the_salt_never_the_salt(monkeypatch):
