@@ -58,7 +58,8 @@ class HistoryWriter:
         self.primary_key = pipeline.primary_key
         self.sink = HistorySink(table, pipeline.primary_key, pipeline.history, pipeline.schema_changes)
         # A pipeline's kept and masked columns (`columns:` include / exclude / mask) hold for its history too.
-        self.rules = ColumnRules(spark, pipeline, pipeline.history.table_for(pipeline.table)) if pipeline.columns else None
+        self.rules = (ColumnRules(spark, pipeline, pipeline.history.table_for(pipeline.table))
+                      if pipeline.columns is not None else None)
         self.last_outcome: HistoryOutcome | None = None
 
     def changes(self, batch: DataFrame) -> pa.Table:
