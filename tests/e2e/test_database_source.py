@@ -4,6 +4,7 @@ that table alone, and a restart after the fix resumes it exactly."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import time
@@ -23,6 +24,13 @@ from tests.support.pipeline_harness import (
 )
 
 pytestmark = pytest.mark.slow
+SALT_ENV, SALT = "CDC_E2E_DATABASE_SALT", "pepper-e2e"
+SOFT = ("__DELETED", "__DELETED_AT")
+VALIDITY = ("__START_AT", "__END_AT", "__UPDATED_AT", "__DELETED")
+
+
+def _hashed(value: str) -> str:
+    return hashlib.sha256((SALT + value).encode()).hexdigest()
 
 
 def _database(unique: str, **extra) -> dict:
@@ -137,21 +145,49 @@ def test_a_quarantined_table_does_not_hold_the_others_and_resumes_exactly(kafka_
     assert not json.loads((workdir / "checkpoints" / f"db_{unique}" / "quarantine.json").read_text())
 
 
-def test_a_table_with_state_runs_as_its_own_pipeline_beside_the_shared_query(kafka_bootstrap, unique, workdir):
+def test_a_table_with_state_or_a_shape_runs_as_its_own_pipeline_beside_the_shared_query(
+        kafka_bootstrap, unique, workdir, monkeypatch):
+    monkeypatch.setenv(SALT_ENV, SALT)  # the service's processes inherit it
     workloads = _workloads(unique, ["plain", "ordered"])
     workloads["ordered"] = DebeziumWorkload(f"dbs.{unique}.public.ordered", 2, "always", seed=5, with_timestamp=True)
     _load(kafka_bootstrap, workloads, 900, 200)
-    database = _database(unique, tables={"public_ordered": {
-        "primary_key": ["id"], "sequence_by": ["updated_at"], "on_conflict": "deduplicate",
-        "upsert_materialize": "force"}})
+    shaped = DebeziumWorkload(f"dbs.{unique}.public.shaped", 2, "never", seed=9)  # history, masked, soft deletes
+    create_topics(kafka_bootstrap, [shaped.topic], 2)
+    events = shaped.generate(600, 150)
+    produce(kafka_bootstrap, events)
+    database = _database(unique, tables={
+        "public_ordered": {"primary_key": ["id"], "sequence_by": ["updated_at"], "on_conflict": "deduplicate",
+                           "upsert_materialize": "force"},
+        "public_shaped": {"primary_key": ["id"], "history": {"sequence_by": "ts_ms"},
+                          "table_shape": {"deletes": "soft"},
+                          "columns": {"mask": {"email": "sha256"}, "salt_env": SALT_ENV}}})
     config = _config(workdir, kafka_bootstrap, [database])
     plan = subprocess.run([CLI, "plan", str(config)], capture_output=True, text=True, timeout=120)
     assert plan.returncode == 0 and f"db_{unique}.public_ordered/materializer" in plan.stdout, plan.stdout[-3000:]
     assert f"(own query: pipeline db_{unique}.public_ordered)" in plan.stdout, plan.stdout[-3000:]
+    for node in ("history", "table_shape", "columns"):
+        assert f"db_{unique}.public_shaped/{node}" in plan.stdout, plan.stdout[-3000:]
     result = run_cli(config, "--until-idle")
     assert result.returncode == 0, result.stderr[-3000:]
     for name, workload in workloads.items():
         assert table_rows(workdir / "tables" / f"public_{name}") == workload.expected_rows(), name
     output = result.stdout + result.stderr
     assert f"pipeline db_{unique}.public_ordered: batch 0 ->" in output, output[-3000:]
+    assert f"pipeline db_{unique}.public_shaped: batch 0 ->" in output, output[-3000:]
     assert f"db_{unique}: batch 0 -> 1 table(s)" in output, output[-3000:]
+
+    # The shaped table: live rows masked, deleted keys kept flagged; the history's open versions are the live rows.
+    live = [{**row, "email": _hashed(row["email"])} for row in shaped.expected_rows()]
+    deleted = {json.loads(event.key)["id"] for event in events} - {row["id"] for row in live}
+    current = table_rows(workdir / "tables" / "public_shaped")
+    assert [row["id"] for row in current if row["__DELETED"]] == sorted(deleted)
+    assert all(row["__DELETED_AT"] is not None for row in current if row["__DELETED"])
+    assert [{k: v for k, v in row.items() if k not in SOFT} for row in current if not row["__DELETED"]] == live
+    assert all(row["__DELETED_AT"] is None for row in current if not row["__DELETED"])
+    history = table_rows(workdir / "tables" / "public_shaped_history")
+    open_versions = [{k: v for k, v in row.items() if k not in VALIDITY} for row in history
+                     if row["__END_AT"] is None and not row["__DELETED"]]
+    assert open_versions == live
+    stored = b"".join(path.read_bytes() for name in ("public_shaped", "public_shaped_history")
+                      for path in (workdir / "tables" / name).rglob("*") if path.is_file())
+    assert b"@example.com" not in stored
