@@ -6,4 +6,6 @@ and `class_archive_workload` (the JVM's class archive), `spark_session` (the Spa
 `planner_workers` (Spark's idle planning daemons), `worker_warmup` (Python workers started early,
 their imports chosen from the plan), `allocators` (native allocator settings), `memory_release`
 (freed memory back to the system after each batch).
+
+`project_code` is not a knob: it ships the project's code to a cluster's executors with the session.
 """

@@ -25,6 +25,7 @@ from connectors.delta.engines import Engine
 from service.config.settings import SparkSettings
 from service.runtime.jvm_class_archive import dump_options, session_options
 from service.runtime.jvm_profiles import STATEFUL, JvmProfile
+from service.runtime.project_code import ship
 
 _ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 _QUIET_LOG_LEVEL = "ERROR"
@@ -99,6 +100,7 @@ def build_spark(settings: SparkSettings | None = None, jvm: JvmProfile = STATEFU
     JVM's flags (`jvm_profiles.jvm_profile` chooses them from the compiled plan). The driver's
     JVM maps the prepared class archive (`jvm_class_archive`); with `class_archive_out` it writes one
     there at exit instead. `engine`: the Delta engine of the tables (delta-spark adds its jars and conf).
+    On a cluster the project's code goes to the executors with the session (`project_code`).
     """
     settings = settings or SparkSettings()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -119,4 +121,5 @@ def build_spark(settings: SparkSettings | None = None, jvm: JvmProfile = STATEFU
     reason = missing_delta_reason(spark) if engine == "delta-spark" else None
     if reason is not None:
         raise DeltaSparkUnavailable(f"lakehouse.engine delta-spark: {reason}")
+    ship(spark)
     return spark

@@ -1,55 +1,94 @@
 """Ingest on a Spark standalone cluster: executors in their own JVMs read Kafka, decode, keep the
 materializer's state and run Delta's MERGE.
 
-The cluster (a master and two workers of one core each, `testbed.spark_cluster`) runs on
-loopback; the service is the real CLI in its own process with `spark.master: spark://...` and
-`engine: delta-spark`, the project shipped to the executors as a packed environment
-(`scripts/pack_executor_env.sh`, `spark.archives`), the way executors on machines without the
-project get it. One run serves every test of the module (a plain and a materializer pipeline);
-the application's event log says which executors ran which tasks.
+The cluster (a master and two workers of one core each, `testbed.spark_cluster`) runs on loopback;
+the service is the real CLI in its own process with `spark.master: spark://...` and `engine:
+delta-spark`, the project's dependencies shipped to the executors as a packed environment
+(`scripts/pack_executor_env.sh`, `spark.archives`; kept in a cache outside the clone, as it changes
+only with the dependencies) and its code by the service itself (`service.runtime.project_code`), the
+way executors on machines without the project get them. One run serves every test of the module (a
+plain and a materializer pipeline); the application's event log says which executors ran which
+tasks.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import tomllib
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from service.operations.workload import DebeziumWorkload, create_topics, produce
+from service.runtime.project_code import ZIP_NAME
 from testbed.spark_cluster import StandaloneCluster
 from tests.support.pipeline_harness import CLI, table_rows, write_config
 
+ENV_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cdc-lakehouse" / "executor-env"
+"""Packed dependencies kept between runs (outside the clone, as the jars are): the archive changes only
+with what `dependencies_key` covers, since the project's code goes to the executors with the session."""
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "pack_executor_env.sh"
+
+
+def dependencies_key() -> str:
+    """What the packed archive depends on: the script, the pinned dependencies, the packing Python."""
+    with open(SCRIPT.parents[1] / "pyproject.toml", "rb") as f:
+        dependencies = tomllib.load(f)["project"]["dependencies"]
+    digest = hashlib.sha256(SCRIPT.read_bytes())
+    for part in (*dependencies, sys._base_executable, sys.version):
+        digest.update(part.encode() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+@dataclass
+class Packing:
+    """The packed dependencies: an archive of the cache, or scripts/pack_executor_env.sh writing one."""
+
+    archive: Path
+    log: Path
+    process: subprocess.Popen | None = None
+
+    def wait(self) -> Path:
+        """The archive, once the script (if it had to run) has finished; kept in the cache."""
+        if self.process is not None:
+            returncode = self.process.wait(timeout=900)
+            assert returncode == 0 and self.archive.exists(), self.log.read_text()[-5000:]
+            for stale in ENV_CACHE.glob("deps-*.tar.gz"):
+                if stale != self.archive:
+                    stale.unlink()
+            self.process = None
+        return self.archive
+
 
 @pytest.fixture(scope="module")
-def packing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.Popen, Path, Path]]:
-    """scripts/pack_executor_env.sh packing the project and its dependencies (without pyspark), started
-    first: it packs while the cluster starts and the workload is produced (`packed`)."""
-    directory = tmp_path_factory.mktemp("packed")
-    archive, log = directory / "environment.tar.gz", directory / "pack.log"
-    script = Path(__file__).resolve().parents[2] / "scripts" / "pack_executor_env.sh"
-    with open(log, "w") as output:
-        process = subprocess.Popen(["bash", str(script), str(archive)], stdout=output, stderr=subprocess.STDOUT,
-                                   start_new_session=True, env={**os.environ, "PYTHON": sys._base_executable})
-    yield process, archive, log
+def packing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Packing]:
+    """The executors' dependencies: from the cache, or packed by scripts/pack_executor_env.sh (without
+    pyspark), started first so that it packs while the cluster starts and the workload is produced."""
+    archive = ENV_CACHE / f"deps-{dependencies_key()}.tar.gz"
+    log = tmp_path_factory.mktemp("packed") / "pack.log"
+    if archive.exists():
+        yield Packing(archive, log)
+        return
+    ENV_CACHE.mkdir(parents=True, exist_ok=True)
+    partial = archive.with_name(f"partial-{os.getpid()}-{archive.name}")  # venv-pack reads the format from the name
+    with open(log, "w") as output:  # packed under another name, renamed whole: a reader never sees a part
+        process = subprocess.Popen(["bash", "-c", 'bash "$0" "$1" && mv "$1" "$2"', str(SCRIPT), str(partial),
+                                    str(archive)], stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env={**os.environ, "PYTHON": sys._base_executable})
+    yield Packing(archive, log, process)
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=60)
-
-
-def packed(packing: tuple[subprocess.Popen, Path, Path]) -> Path:
-    """The archive, once the script has finished."""
-    process, archive, log = packing
-    returncode = process.wait(timeout=900)
-    assert returncode == 0 and archive.exists(), log.read_text()[-5000:]
-    return archive
+    partial.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +142,7 @@ def packed_run(packing, cluster, kafka_bootstrap, tmp_path_factory) -> dict:
     several micro-batches and a materializer pipeline over one Debezium topic of two partitions."""
     workdir = tmp_path_factory.mktemp("cluster_run")
     workload = _loaded(kafka_bootstrap, f"cluster-{uuid.uuid4().hex[:10]}", 11, 2000, 200)
-    packed_environment = packed(packing)
+    packed_environment = packing.wait()
     events = workdir / "events"
     events.mkdir()
     config = write_config(
@@ -149,16 +188,21 @@ def test_ingest_runs_on_standalone_executors(packed_run):
 
 
 @pytest.mark.slow
-def test_executors_run_the_project_from_a_packed_environment(cluster, packed_run):
+def test_executors_run_the_driver_s_code_in_a_packed_environment(cluster, packed_run):
     # The module's one application: the master lists it once its driver left.
     deadline = time.monotonic() + 120
     while not (apps := cluster.status()["completedapps"]):
         assert time.monotonic() < deadline, cluster.status()
         time.sleep(0.5)
     assert [app["name"] for app in apps] == ["cdc-lakehouse"], apps
-    # Both executors of the run unpacked the archive in their directories.
-    unpacked = sorted(cluster.workdir.glob(f"worker-*/{apps[0]['id']}/*/environment/bin/python"))
-    assert len(unpacked) == 2, unpacked
+    # Both executors of the run unpacked the archive in their directories: the dependencies, not the
+    # project, whose code each executor fetched from the driver (and ran: the tables above are whole).
+    executors = sorted(cluster.workdir.glob(f"worker-*/{apps[0]['id']}/*"))
+    assert len(executors) == 2 and all((e / "environment" / "bin" / "python").exists() for e in executors), executors
+    for executor in executors:
+        (site_packages,) = executor.glob("environment/lib/python*/site-packages")
+        assert (site_packages / "pyarrow").is_dir() and not (site_packages / "service").exists()
+        assert (executor / ZIP_NAME).is_file(), sorted(p.name for p in executor.iterdir())
 
 
 def executors_per_job(event_log_dir: Path) -> dict[str, set[str]]:
