@@ -43,5 +43,6 @@ if [ "${1:-}" = "test" ]; then
   .venv/bin/python -m connectors.maven_jars resolve kafka delta connect apicurio
 fi
 # The local Spark JVM's class archive (service/runtime/jvm_class_archive.py): about 3 s off every start.
-# Written once per Java runtime and Spark version (about 20 s); a failure only costs the gain.
+# Written once per Java runtime and Spark version (about 50 s; `prepare` pins the jars' times, so a
+# reinstall of the same Spark keeps it); a failure only costs the gain.
 .venv/bin/cdc-lakehouse prepare 2>&1 | tail -1 || true

@@ -10,7 +10,8 @@ starts a local session once in a process of its own with a small workload that l
 service's queries load (`class_archive_workload`: SQL and a shuffle, Arrow batches through Python, a
 streaming query over a Python data source with a state store), waits for its JVM to write the
 archive, and keeps it under a name keyed by the Java runtime and Spark's jars (each jar's size and
-modification time, as the JVM checks them). `session_options()` gives a local session the option
+modification time, as the JVM checks them; `prepare` first gives the jars one fixed time, so that a
+reinstall of the same Spark finds the archive again). `session_options()` gives a local session the option
 that maps it when it exists. The JVM checks an archive against its own runtime and class path and goes on
 without it when they differ (`-Xshare:auto`, the default): a stale archive costs nothing but the
 gain. Executors of a cluster are started by their workers and do not use it.
@@ -81,6 +82,30 @@ def archive_path() -> Path | None:
     return directory / f"spark-{pyspark.__version__}-{place}-{content.hexdigest()[:12]}.jsa"
 
 
+JAR_TIME_NS = 946_684_800 * 10**9
+"""The modification time `prepare` gives Spark's jars (2000-01-01): Spark never reads it, the JVM
+compares it with the archive's record, and an installer writes the time of the install."""
+
+
+def pin_jar_times(jars: Path) -> int:
+    """Set every jar's modification time under `jars` to JAR_TIME_NS (where allowed); how many changed.
+
+    A reinstall of the same pyspark (a new virtual environment in the same place) then finds the
+    archive written before it, instead of writing it again; a jar replaced later has the time of its
+    writing again, so the archive's name changes and the JVM is never shown an archive it refuses.
+    """
+    changed = 0
+    for jar in jars.glob("*.jar"):
+        stat = jar.stat()
+        if stat.st_mtime_ns != JAR_TIME_NS:
+            try:
+                os.utime(jar, ns=(stat.st_atime_ns, JAR_TIME_NS))
+                changed += 1
+            except PermissionError:
+                return changed
+    return changed
+
+
 def stale_archives(path: Path) -> list[Path]:
     """Archives written earlier for the same installation place as `path`, for jars no longer there."""
     place = path.name.rsplit("-", 1)[0]
@@ -104,8 +129,11 @@ def prepare() -> Path | None:
     """Write the archive unless it exists; its path (None when archives are off or it could not be written).
 
     The workload runs in a process of its own so that its JVM exits (and writes the archive) before
-    the archive is put in place: a reader never maps a file that is still being written.
+    the archive is put in place: a reader never maps a file that is still being written. Spark's jars
+    get one fixed modification time first (`pin_jar_times`).
     """
+    if archive_dir() is not None and _java() is not None:
+        pin_jar_times(_jars())
     path = archive_path()
     if path is None:
         log.info("no JVM class archive: turned off (%s) or no java found", ARCHIVE_DIR_ENV)

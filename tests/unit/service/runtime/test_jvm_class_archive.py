@@ -21,6 +21,11 @@ def test_the_directory_follows_the_environment(monkeypatch: pytest.MonkeyPatch, 
 
 def test_a_session_maps_the_archive_only_once_it_exists(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv(archive.ARCHIVE_DIR_ENV, str(tmp_path))
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    (jars / "spark-core.jar").write_bytes(b"jar")
+    archive.pin_jar_times(jars)  # as prepare leaves them
+    monkeypatch.setattr(archive, "_jars", lambda: jars)
     path = archive.archive_path()
     assert path is not None and path.parent == tmp_path and path.suffix == ".jsa"
     assert path == archive.archive_path(), "the name is stable for one runtime and one set of jars"
@@ -79,3 +84,23 @@ def test_jars_reinstalled_in_place_name_a_new_archive_and_retire_the_old(
     other_place = first.parent / "spark-0-otherplace-0123456789ab.jsa"
     other_place.write_bytes(b"archive of another installation")
     assert archive.stale_archives(second) == [first]
+
+
+def test_prepare_pins_the_jar_times_so_a_reinstall_finds_the_archive_again(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    if archive._java() is None:
+        pytest.skip("no java on this machine")
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    (jars / "spark-core.jar").write_bytes(b"jar")
+    monkeypatch.setattr(archive, "_jars", lambda: jars)
+    monkeypatch.setenv(archive.ARCHIVE_DIR_ENV, str(tmp_path / "archives"))
+    assert archive.pin_jar_times(jars) == 1 and archive.pin_jar_times(jars) == 0
+    pinned = archive.archive_path()
+    assert pinned is not None
+    pinned.parent.mkdir()
+    pinned.write_bytes(b"archive")
+    (jars / "spark-core.jar").write_bytes(b"jar")  # the same jar installed again: the time of the install
+    assert archive.archive_path() != pinned
+    assert archive.prepare() == pinned, "prepare pins the times again and finds the archive, writing nothing"
+    assert pinned.read_bytes() == b"archive"
