@@ -28,9 +28,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from connectors.delta.engines import DeltaEngineTable, open_table
-from service.config.database_tables import table_pipeline
 from service.config.databases import DatabaseSettings
-from service.config.settings import Settings
+from service.config.settings import Settings, table_pipeline
 from service.kafka_to_delta.plan.table_routes import check_routes, store_routes, stored_routes
 from service.kafka_to_delta.sink.bad_records import DeadLetterStore, handle_bad_records
 from service.kafka_to_delta.sink.dead_letters import DeadLetterSink

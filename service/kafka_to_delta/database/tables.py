@@ -1,7 +1,7 @@
 """The tables of a database source as pipelines: the settings each table runs with.
 
 A table in the database's shared query is written with `table_pipeline`'s settings
-(`service/config/database_tables.py`; its name `<database>.<table>` labels its metrics and
+(`service/config/settings.py`; its name `<database>.<table>` labels its metrics and
 maintenance). A table whose override needs state or a shape other than the default
 (`TableOverride.own_query`) becomes a pipeline of its own: `with_table_pipelines` adds one per such
 table whose topic exists on the cluster now, so the runner, the compiled plan, the upgrade check
@@ -12,13 +12,14 @@ next start (the shared query leaves it alone meanwhile).
 from __future__ import annotations
 
 from connectors.kafka.cluster import ClusterView
-from service.config.database_tables import (
+from service.config.databases import DatabaseSettings
+from service.config.settings import (
+    PipelineSettings,
+    Settings,
     built_table_pipeline,
     declared_table_pipelines,
     named_for_table,
 )
-from service.config.databases import DatabaseSettings
-from service.config.settings import PipelineSettings, Settings
 from vocabulary.errors import ConfigError
 
 
