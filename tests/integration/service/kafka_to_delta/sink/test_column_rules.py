@@ -18,6 +18,7 @@ from confluent_kafka import Producer
 from deltalake import DeltaTable
 
 from service.config.settings import PipelineSettings, settings_from_mapping
+from service.kafka_to_delta.materialize.payload import HISTORY_META, HISTORY_SEQUENCE
 from service.kafka_to_delta.rows.names import Meta
 from service.kafka_to_delta.sink import column_rules
 from service.kafka_to_delta.sink.column_rules import (
@@ -188,3 +189,19 @@ def test_the_projection_is_read_back_without_a_spark_job_and_equals_toarrow(spar
     assert fast.schema == reference.schema and fast.to_pylist() == reference.to_pylist()
     assert fast.column("at").to_pylist() == [date(2023, 11, 14), None, None]
     assert jobs_fast == jobs_before and jobs_reference > jobs_fast
+
+
+def test_a_history_part_keeps_its_change_columns_and_loses_the_excluded_and_raw_masked_values(spark, monkeypatch):
+    """`apply_to_history`: the history's row changes (before images included) pass through include / exclude
+    and mask as the table's net changes do; the change's kind, position and sequence value stay as they were."""
+    monkeypatch.setenv(SALT_ENV, SALT)
+    rows = _typed([(UPSERT, _person(1, "DE", "ann"), None), (ChangeKind.UPDATE_BEFORE, _person(1, "DE", "ann"), None),
+                   (UPSERT, {**_person(1, "FR", "ann"), "email": None}, ["email"]), (DELETE, {"id": 2}, None)], 0)
+    rows = rows.drop_columns([Meta.TIMESTAMP]).append_column(HISTORY_SEQUENCE, pa.array([10, 11, 11, 12], pa.int64()))
+    rules = ColumnRules(spark, _pipeline({"exclude": ["secret"], "mask": {"email": "sha256"}, "salt_env": SALT_ENV}),
+                        "people_history")
+    part = rules.apply_to_history(rows, "/tables/people_history")
+    assert part.column_names == ["id", "email", "country", "name", *HISTORY_META]
+    assert part.select(list(HISTORY_META)).to_pylist() == rows.select(list(HISTORY_META)).to_pylist()
+    assert part.column("email").to_pylist() == [_hashed("ann.1@example.org"), _hashed("ann.1@example.org"), None, None]
+    assert part.column("country").to_pylist() == ["DE", "DE", "FR", None]
