@@ -60,20 +60,26 @@ def test_the_workload_prepare_runs_exists_and_the_archive_module_imports_no_sess
     assert "spark_session" not in source.split('"""', 2)[2], "the session module imports this one: no cycle back"
 
 
+def _installed_jar(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """One jar in a Spark jars directory of its own, archives under tmp_path/archives (needs a java)."""
+    if archive._java() is None:
+        pytest.skip("no java on this machine")
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    jar = jars / "spark-core.jar"
+    jar.write_bytes(b"jar")
+    monkeypatch.setattr(archive, "_jars", lambda: jars)
+    monkeypatch.setenv(archive.ARCHIVE_DIR_ENV, str(tmp_path / "archives"))
+    return jar
+
+
 def test_jars_reinstalled_in_place_name_a_new_archive_and_retire_the_old(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # The JVM refuses an archive when a jar's modification time differs from when it was written (a
     # new virtual environment in the same clone): such an archive must not be found again.
     import os
 
-    if archive._java() is None:
-        pytest.skip("no java on this machine")
-    jars = tmp_path / "jars"
-    jars.mkdir()
-    jar = jars / "slf4j-api.jar"
-    jar.write_bytes(b"jar")
-    monkeypatch.setattr(archive, "_jars", lambda: jars)
-    monkeypatch.setenv(archive.ARCHIVE_DIR_ENV, str(tmp_path / "archives"))
+    jar = _installed_jar(monkeypatch, tmp_path)
     first = archive.archive_path()
     assert first is not None
     first.parent.mkdir()
@@ -88,19 +94,14 @@ def test_jars_reinstalled_in_place_name_a_new_archive_and_retire_the_old(
 
 def test_prepare_pins_the_jar_times_so_a_reinstall_finds_the_archive_again(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    if archive._java() is None:
-        pytest.skip("no java on this machine")
-    jars = tmp_path / "jars"
-    jars.mkdir()
-    (jars / "spark-core.jar").write_bytes(b"jar")
-    monkeypatch.setattr(archive, "_jars", lambda: jars)
-    monkeypatch.setenv(archive.ARCHIVE_DIR_ENV, str(tmp_path / "archives"))
+    jar = _installed_jar(monkeypatch, tmp_path)
+    jars = jar.parent
     assert archive.pin_jar_times(jars) == 1 and archive.pin_jar_times(jars) == 0
     pinned = archive.archive_path()
     assert pinned is not None
     pinned.parent.mkdir()
     pinned.write_bytes(b"archive")
-    (jars / "spark-core.jar").write_bytes(b"jar")  # the same jar installed again: the time of the install
+    jar.write_bytes(b"jar")  # the same jar installed again: the time of the install
     assert archive.archive_path() != pinned
     assert archive.prepare() == pinned, "prepare pins the times again and finds the archive, writing nothing"
     assert pinned.read_bytes() == b"archive"
