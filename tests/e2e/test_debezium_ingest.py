@@ -72,26 +72,31 @@ def test_until_idle_matches_replay_and_reruns_change_nothing(kafka_bootstrap, un
     assert {w.topic: table_version(workdir / "tables" / f"t_{w.schema_mode}") for w in workloads} == versions
 
 
-@pytest.mark.parametrize(("materialize", "engine"), [(False, "delta-rs"), (True, "delta-rs"), (False, "delta-spark")],
-                         ids=["plain", "materializer", "plain-delta-spark"])
-def test_sigkill_mid_run_then_restart_ends_exactly_equal(kafka_bootstrap, unique, workdir, materialize, engine):
-    # The materializer's state is recovered from RocksDB's changelog files of the checkpoint.
-    workloads = _workloads(unique, 0, 0)[:1]
+@pytest.mark.parametrize("engine", ["delta-rs", "delta-spark"])
+def test_sigkill_mid_run_then_restart_ends_exactly_equal(kafka_bootstrap, unique, workdir, engine):
+    # delta-rs: a plain pipeline and a materializer pipeline (its state recovered from RocksDB's
+    # changelog files of the checkpoint) in the one service the kill takes down; delta-spark: a plain one.
+    workloads = _workloads(unique, 0, 0)[:2 if engine == "delta-rs" else 1]
     _load(kafka_bootstrap, workloads, 8_000, 1_000)
     # delta-spark's MERGE and the materializer's state commit cost a fixed time per micro-batch: fewer,
-    # larger ones (six, not twelve). The kill still lands before RocksDB's first snapshot (every 10 batches).
-    pipelines = _pipelines(workloads, 1400 if engine == "delta-spark" or materialize else 700)
-    if materialize:
-        pipelines[0]["upsert_materialize"] = "force"
+    # larger ones (six). The kill still lands before RocksDB's first snapshot (every 10 batches). The
+    # plain delta-rs pipeline takes twenty, so that it is still running when the materializer's third
+    # batch is committed.
+    pipelines = _pipelines(workloads, 1400 if engine == "delta-spark" else 400)
+    if engine == "delta-rs":
+        pipelines[1].update(upsert_materialize="force", max_offsets_per_trigger=1400)
     config = write_config(workdir / "config.yaml", kafka_bootstrap, workdir, pipelines, engine)
-    uri = workdir / "tables" / f"t_{workloads[0].schema_mode}"
+    uris = [workdir / "tables" / f"t_{w.schema_mode}" for w in workloads]
     process = start_cli(config, log=workdir / "killed.log")
-    wait_for_table(uri, lambda: table_version(uri) >= 3, process, workdir / "killed.log")
+    for uri in uris:
+        wait_for_table(uri, lambda: table_version(uri) >= 3, process, workdir / "killed.log")
     kill_group(process)
-    assert table_rows(uri) != workloads[0].expected_rows(), "killed too late to test anything"
+    for uri, workload in zip(uris, workloads):
+        print(f"{uri.name}: killed at version {table_version(uri)}")
+        assert table_rows(uri) != workload.expected_rows(), f"{uri.name}: killed too late to test anything"
     # The restart replays the batch the kill interrupted at the offsets its offset log holds, then
     # takes the rest in one micro-batch (no admission limit): the recovery is the same, with fewer batches.
-    unlimited = [{k: v for k, v in pipelines[0].items() if k != "max_offsets_per_trigger"}]
+    unlimited = [{k: v for k, v in pipeline.items() if k != "max_offsets_per_trigger"} for pipeline in pipelines]
     config = write_config(workdir / "restart.yaml", kafka_bootstrap, workdir, unlimited, engine)
     restarted = run_cli(config, "--until-idle")
     assert restarted.returncode == 0, restarted.stderr[-3000:]
