@@ -1,0 +1,208 @@
+"""The small commit (fast path) equals delta-rs's MERGE (reference): same rows, same change feed, same
+application transactions, batch after batch over generated tables and batches; what does not fit goes
+to the MERGE; a lost race gives way; delta-spark reads a small commit's table and change feed."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import os
+import random
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from connectors.delta import small_commit as small
+from connectors.delta.delta_rs import CDF_ENABLED, DeltaRsTable
+from connectors.delta.merge_plan import DELETE_FLAG, keep_flag
+from tests.support.run_seed import run_seed
+
+SEEDS = [0, 1, 2, 3, 4, run_seed(1 << 30)]
+APP = "app-small"
+SMALL = "cdc-lakehouse small commit"
+SCHEMA = pa.schema([
+    ("id", pa.int64()), ("name", pa.string()), ("amount", pa.float64()), ("note", pa.string()),
+    ("day", pa.date32()), ("at", pa.timestamp("us", tz="UTC")), ("price", pa.decimal128(12, 2)),
+    ("tags", pa.list_(pa.string())),
+])
+
+
+def _values(rng: random.Random, ids: list[int]) -> dict[str, list]:
+    return {
+        "id": ids,
+        "name": [rng.choice(["a", "bb", None, "ccc" * 20, "Zürich"]) for _ in ids],
+        "amount": [rng.choice([None, rng.uniform(-1e6, 1e6)]) for _ in ids],
+        "note": [rng.choice([None, "x" * rng.randrange(1, 3000)]) for _ in ids],
+        "day": [dt.date(2020, 1, 1) + dt.timedelta(days=rng.randrange(3000)) for _ in ids],
+        "at": [dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=rng.randrange(10**12))
+               for _ in ids],
+        "price": [rng.choice([None, decimal.Decimal(rng.randrange(-10**8, 10**8)) / 100]) for _ in ids],
+        "tags": [rng.choice([None, [], ["a", "b"]]) for _ in ids],
+    }
+
+
+def _batch(rng: random.Random, universe: int) -> pa.Table:
+    ids = rng.sample(range(universe), rng.randrange(1, 40))
+    columns = _values(rng, ids)
+    schema = SCHEMA
+    if rng.random() < 0.3:  # a batch without some column: the stored value stays (update) / null (insert)
+        drop = rng.choice(["amount", "tags", "day"])
+        del columns[drop]
+        schema = pa.schema([f for f in SCHEMA if f.name != drop])
+    table = pa.table(columns, schema=schema)
+    if rng.random() < 0.2:  # keys sent as int32: converted to the table's type
+        table = table.set_column(0, pa.field("id", pa.int32()), table.column("id").cast(pa.int32()))
+    table = table.append_column(DELETE_FLAG, pa.array([rng.random() < 0.25 for _ in ids]))
+    if rng.random() < 0.5:  # unchanged TOAST values of `note`
+        table = table.append_column(keep_flag("note"), pa.array([rng.random() < 0.5 for _ in ids]))
+    return table
+
+
+def _start(path: Path, rng: random.Random) -> None:
+    for first in range(0, rng.choice([20, 60, 120]), 20):  # one to six files of keys in runs
+        ids = list(range(first, first + 20))
+        write_deltalake(str(path), pa.table(_values(rng, ids), schema=SCHEMA), mode="append",
+                        configuration=CDF_ENABLED)
+
+
+def _rows(path: Path) -> list[dict]:
+    return sorted(pa.table(DeltaTable(str(path)).to_pyarrow_table()).to_pylist(), key=lambda row: row["id"])
+
+
+def _feed(path: Path, first: int) -> list[tuple]:
+    feed = pa.table(DeltaTable(str(path)).load_cdf(starting_version=first)).drop_columns(["_commit_timestamp"])
+    return sorted((tuple(sorted(row.items(), key=lambda item: item[0])) for row in feed.to_pylist()), key=repr)
+
+
+def _engines(table: DeltaTable) -> list[str]:
+    return [entry.get("engineInfo", "") for entry in table.history()]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_small_commits_equal_the_merge(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    fast, reference = tmp_path / "fast", tmp_path / "reference"
+    _start(fast, random.Random(seed))
+    _start(reference, random.Random(seed))
+    start = DeltaTable(str(fast)).version()
+    fast_table, reference_table = DeltaRsTable(str(fast)), DeltaRsTable(str(reference), small_commits=False)
+    for batch_id in range(12):
+        batch = _batch(rng, 160)
+        for table in (fast_table, reference_table):
+            table.merge(batch, ("id",), APP, batch_id)
+        assert _rows(fast) == _rows(reference), f"seed {seed}, batch {batch_id}"
+    assert _feed(fast, start + 1) == _feed(reference, start + 1), f"seed {seed}"
+    assert DeltaTable(str(fast)).version() == DeltaTable(str(reference)).version()
+    assert DeltaTable(str(fast)).transaction_version(APP) == 11
+    engines = _engines(DeltaTable(str(fast)))
+    assert engines.count(SMALL) >= 9, engines  # only deletes of absent keys MERGE
+    assert SMALL not in _engines(DeltaTable(str(reference)))
+
+
+def test_compound_keys_and_a_column_added_later(tmp_path: Path) -> None:
+    """Two key columns; a batch with a new column goes to the MERGE (schema evolution), the next
+    small commit keeps the added column."""
+    schema = pa.schema([("tenant", pa.string()), ("id", pa.int32()), ("v", pa.string())])
+    key = ("tenant", "id")
+    for path in (tmp_path / "fast", tmp_path / "reference"):
+        write_deltalake(str(path), pa.table({"tenant": ["a", "a", "b"], "id": [1, 2, 1], "v": ["1", "2", "3"]},
+                                            schema=schema), configuration=CDF_ENABLED)
+    fast, reference = DeltaRsTable(str(tmp_path / "fast")), DeltaRsTable(str(tmp_path / "reference"), small_commits=False)
+    batches = [
+        pa.table({"tenant": ["a", "b", "b"], "id": [1, 1, 2], "v": ["x", "y", "z"], DELETE_FLAG: [False, True, False]}),
+        pa.table({"tenant": ["a"], "id": [2], "v": ["w"], "extra": [7], DELETE_FLAG: [False]}),
+        pa.table({"tenant": ["a", "c"], "id": [2, 9], "v": ["u", "n"], DELETE_FLAG: [False, False]}),
+    ]
+    for batch_id, batch in enumerate(batches):
+        for table in (fast, reference):
+            table.merge(batch, key, APP, batch_id)
+    rows = sorted(pa.table(DeltaTable(str(tmp_path / "fast")).to_pyarrow_table()).to_pylist(),
+                  key=lambda r: (r["tenant"], r["id"]))
+    assert rows == [{"tenant": "a", "id": 1, "v": "x", "extra": None}, {"tenant": "a", "id": 2, "v": "u", "extra": 7},
+                    {"tenant": "b", "id": 2, "v": "z", "extra": None}, {"tenant": "c", "id": 9, "v": "n", "extra": None}]
+    assert _feed(tmp_path / "fast", 1) == _feed(tmp_path / "reference", 1)
+    engines = _engines(DeltaTable(str(tmp_path / "fast")))  # newest first
+    assert engines[0] == SMALL and engines[1] != SMALL and engines[2] == SMALL, engines
+
+
+def test_what_does_not_fit_is_merged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A partitioned table, a value that does not convert, a key twice, too many bytes: MERGE (or its
+    error), never a small commit."""
+    partitioned = tmp_path / "partitioned"
+    write_deltalake(str(partitioned), pa.table({"p": ["x"], "id": [1], "v": ["a"]}), partition_by=["p"],
+                    configuration=CDF_ENABLED)
+    DeltaRsTable(str(partitioned)).merge(pa.table({"p": ["x"], "id": [1], "v": ["b"], DELETE_FLAG: [False]}),
+                                         ("id",), APP, 0)
+    assert SMALL not in _engines(DeltaTable(str(partitioned)))
+
+    plain = tmp_path / "plain"
+    write_deltalake(str(plain), pa.table({"id": [1, 2], "v": ["a", "b"]}), configuration=CDF_ENABLED)
+    handle = DeltaTable(str(plain))
+    assert not small.small_commit(handle, str(plain), pa.table({"id": ["not a number"], "v": ["b"],
+                                                                  DELETE_FLAG: [False]}), ("id",), APP, 0)
+    assert not small.small_commit(handle, str(plain), pa.table({"id": [1, 1], "v": ["b", "c"],
+                                                                  DELETE_FLAG: [False, False]}), ("id",), APP, 0)
+    monkeypatch.setattr(small, "MAX_REWRITE_BYTES", 10)
+    assert not small.small_commit(handle, str(plain), pa.table({"id": [1], "v": ["b"], DELETE_FLAG: [False]}),
+                                  ("id",), APP, 0)
+    monkeypatch.undo()
+    assert handle.version() == 0 and DeltaTable(str(plain)).version() == 0
+    assert small.small_commit(handle, str(plain), pa.table({"id": [1], "v": ["b"], DELETE_FLAG: [False]}),
+                              ("id",), APP, 0)
+
+
+def test_a_lost_race_gives_way_to_the_merge(tmp_path: Path) -> None:
+    """Another writer commits the next version between this writer's read and its commit: the small
+    commit writes nothing to the log and the MERGE (on the new version) applies the batch."""
+    path = tmp_path / "t"
+    write_deltalake(str(path), pa.table({"id": [1, 2], "v": ["a", "b"]}), configuration=CDF_ENABLED)
+    stale = DeltaTable(str(path))
+    write_deltalake(str(path), pa.table({"id": [3], "v": ["c"]}), mode="append")  # the other writer: version 1
+    batch = pa.table({"id": [1, 4], "v": ["A", "d"], DELETE_FLAG: [False, False]})
+    assert not small.small_commit(stale, str(path), batch, ("id",), APP, 0)
+    assert not [name for name in os.listdir(path / "_delta_log") if name.endswith(".tmp")]
+    assert DeltaTable(str(path)).version() == 1
+    DeltaRsTable(str(path)).merge(batch, ("id",), APP, 0)
+    assert sorted(pa.table(DeltaTable(str(path)).to_pyarrow_table()).to_pylist(), key=lambda r: r["id"]) == [
+        {"id": 1, "v": "A"}, {"id": 2, "v": "b"}, {"id": 3, "v": "c"}, {"id": 4, "v": "d"}]
+
+
+def test_checkpoints_at_the_tables_interval(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    write_deltalake(str(path), pa.table({"id": [1], "v": ["a"]}),
+                    configuration={**CDF_ENABLED, "delta.checkpointInterval": "5"})
+    table = DeltaRsTable(str(path))
+    for batch_id in range(6):
+        table.merge(pa.table({"id": [batch_id], "v": [str(batch_id)], DELETE_FLAG: [False]}), ("id",), APP, batch_id)
+    last = json.loads((path / "_delta_log" / "_last_checkpoint").read_text())
+    assert last["version"] == 5
+    assert DeltaTable(str(path)).transaction_version(APP) == 5
+    assert pc.sum(pa.table(DeltaTable(str(path)).to_pyarrow_table()).column("id")).as_py() == 0 + 1 + 2 + 3 + 4 + 5
+
+
+def _naive(row: dict) -> dict:
+    """A row with its timestamps as naive UTC (Spark's rows carry no zone; the session's is UTC)."""
+    return {k: v.astimezone(dt.timezone.utc).replace(tzinfo=None) if isinstance(v, dt.datetime) and v.tzinfo else v
+            for k, v in row.items()}
+
+
+def test_delta_spark_reads_a_small_commit(tmp_path: Path, spark) -> None:  # noqa: ANN001 - the run's session
+    rng = random.Random(7)
+    path = tmp_path / "t"
+    _start(path, rng)
+    table = DeltaRsTable(str(path))
+    for batch_id in range(4):
+        table.merge(_batch(rng, 80), ("id",), APP, batch_id)
+    assert SMALL in _engines(DeltaTable(str(path)))
+    rows = [row.asDict(recursive=True) for row in spark.read.format("delta").load(str(path)).collect()]
+    assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
+    assert sorted(rows, key=lambda row: row["id"]) == [_naive(row) for row in _rows(path)]
+    feed = spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 1).load(str(path))
+    spark_feed = sorted(
+        (tuple(sorted({k: v for k, v in row.asDict(recursive=True).items() if k != "_commit_timestamp"}.items(),
+                      key=lambda item: item[0])) for row in feed.collect()), key=repr)
+    assert spark_feed == sorted((tuple(_naive(dict(row)).items()) for row in _feed(path, 1)), key=repr)
