@@ -4,14 +4,15 @@ Creates `--tables` Delta tables of 250 rows (id, name, amount, updated_at) under
 commits `--rounds` rounds of `--rows` changed keys per table, timing per table and commit kind:
 
 - the bookkeeping `MergeSink` does before a MERGE: `last_batch` (the application transaction) and `schema`;
-- `merge`: `DeltaRsTable.merge`, the database source's commit (one MERGE, application transaction);
-- `merge, N threads`: the same with 2, 4 and 8 tables at a time (`parallel_merges`): does delta-rs let go of the GIL;
+- `merge`: `DeltaRsTable.merge`, the database source's commit (since 2026-11-29 a small commit,
+  `connectors/delta/small_commit.py`, where the batch fits, as here);
+- `merge, N threads`: the same with 2, 4 and 8 tables at a time (`parallel_merges`);
+- `delta-rs MERGE` (and `, 4 threads`): the same batches through delta-rs's MERGE (`small_commits=False`),
+  the reference;
 - `append` and `overwrite where id in (...)`: what a plain commit of the same rows costs, for scale
   (neither is the MERGE's equal: an append duplicates updated keys, the overwrite loses kept columns);
-- `rewrite in Arrow`: the floor of a home-made commit of a one-file table: its rows read, the changes
-  applied in Arrow, one new Parquet file written and committed in place of the old one
-  (`create_write_transaction`). Not the MERGE's equal either: it writes no change data feed, which that
-  API cannot commit, so the table's feed would read every row as deleted and inserted.
+
+`--profile FILE` writes a cProfile of one steady single-threaded `merge` round.
 
 Prints ms per table for each, wall and CPU (the process's user + system time, all threads: what
 the commit costs the machine whatever the load). Nothing is asserted; the figures go to bench/README.md.
@@ -22,21 +23,17 @@ the commit costs the machine whatever the load). Nothing is asserted; the figure
 from __future__ import annotations
 
 import argparse
-import json
+import cProfile
 import os
 import random
 import resource
 import shutil
 import tempfile
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from deltalake import CommitProperties, Transaction, write_deltalake
-from deltalake.transaction import AddAction
 
 from connectors.delta.delta_rs import _POST_COMMIT, DeltaRsTable
 from connectors.delta.merge_plan import DELETE_FLAG
@@ -53,6 +50,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=15, help="changed keys per table and round")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--root", help="where the tables go (default: a temp dir, removed)")
+    parser.add_argument("--profile", help="write a cProfile of one single-threaded merge round here")
     args = parser.parse_args()
     root = args.root or tempfile.mkdtemp(prefix="merge-probe-")
     rng = random.Random(24)
@@ -83,24 +81,16 @@ def main() -> None:
                             post_commithook_properties=_POST_COMMIT,
                             commit_properties=CommitProperties(app_transactions=[Transaction("probe", batch_id)]))
 
-        def rewrite(table: DeltaRsTable) -> None:
-            handle = table._open()
-            data = changes(rng.sample(range(300), args.rows)).drop_columns([DELETE_FLAG])
-            stored = handle.to_pyarrow_table()
-            kept = stored.filter(pc.invert(pc.is_in(stored.column("id"), value_set=data.column("id"))))
-            rows = pa.concat_tables([kept, data.cast(kept.schema)])
-            name = f"part-{uuid.uuid4()}.parquet"
-            pq.write_table(rows, f"{table.uri}/{name}", compression="snappy")
-            add = AddAction(name, os.path.getsize(f"{table.uri}/{name}"), {}, int(time.time() * 1000), True,
-                            json.dumps({"numRecords": rows.num_rows}))
-            handle.create_write_transaction([add], "overwrite", rows.schema, post_commithook_properties=_POST_COMMIT,
-                                            commit_properties=CommitProperties(
-                                                app_transactions=[Transaction("probe", batch_id)]))
+        references = {table.uri: DeltaRsTable(table.uri, small_commits=False) for table in tables}
+
+        def reference_merge(table: DeltaRsTable) -> None:
+            references[table.uri].merge(changes(rng.sample(range(300), args.rows)), ("id",), "probe", batch_id)
 
         kinds = [("last_batch", lambda t: t.last_batch("probe"), 1, False), ("schema", DeltaRsTable.schema, 1, False),
                  ("merge", merge, 1, True), ("merge, 2 threads", merge, 2, True), ("merge, 4 threads", merge, 4, True),
-                 ("merge, 8 threads", merge, 8, True), ("append", append, 1, True),
-                 ("overwrite where id in (...)", overwrite, 1, True), ("rewrite in Arrow", rewrite, 1, True)]
+                 ("merge, 8 threads", merge, 8, True), ("delta-rs MERGE", reference_merge, 1, True),
+                 ("delta-rs MERGE, 4 threads", reference_merge, 4, True), ("append", append, 1, True),
+                 ("overwrite where id in (...)", overwrite, 1, True)]
         print(f"{args.tables} tables of 250 rows, {args.rows} keys per commit; load {os.getloadavg()}")
         for name, action, threads, commits in kinds:
             for _ in range(args.rounds):
@@ -110,6 +100,12 @@ def main() -> None:
                     list(pool.map(action, tables))
                 print(f"{name:30s} {(time.perf_counter() - started) / len(tables) * 1000:7.1f} ms per table, "
                       f"CPU {(_cpu() - cpu) / len(tables) * 1000:6.1f} ms")
+        if args.profile:  # a steady round: after one that follows the other kinds' commits
+            batch_id += 1
+            for table in tables:
+                merge(table)
+            batch_id += 1
+            cProfile.runctx("for table in tables: merge(table)", globals(), locals(), args.profile)
     finally:
         if not args.root:
             shutil.rmtree(root, ignore_errors=True)

@@ -23,7 +23,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 
 from connectors.delta.arrow_types import plain_type, widens
 from connectors.delta.merge_plan import DELETE_FLAG, inserted_rows, plan_merge
-from connectors.delta.small_commit import small_commit
+from connectors.delta.small_commit import SmallCommits, Snapshot
 from vocabulary.errors import TerminalError, TransientError
 
 __all__ = ["DELETE_FLAG", "DeltaCommitConflict", "DeltaRsTable", "DeltaSchemaError", "DeltaWriteError"]
@@ -81,7 +81,7 @@ class DeltaRsTable:
         (False: always the MERGE, the reference the tests hold it equal to)."""
         self.uri = uri
         self.storage_options = storage_options or None
-        self.small_commits = small_commits
+        self._small = SmallCommits.of(uri) if small_commits else None
         self._table: DeltaTable | None = None
         self._checked = False
         """`last_batch` just refreshed the handle: the `schema` and `merge` of the same batch read it as is."""
@@ -101,8 +101,20 @@ class DeltaRsTable:
             return None
         return self._table
 
+    def _snapshot(self) -> Snapshot | None:
+        """The small commits' snapshot when nothing was committed after it (None: read the handle)."""
+        return None if self._small is None else self._small.current()
+
+    def _loaded(self, table: DeltaTable | None) -> None:
+        """The handle was just refreshed: the small commits take their snapshot from it."""
+        if self._small is not None and table is not None:
+            self._small.load(table)
+
     def schema(self) -> pa.Schema | None:
         """The table's Arrow schema, or None when the table does not exist yet."""
+        snapshot = self._snapshot()
+        if snapshot is not None:
+            return snapshot.schema
         table = self._open(checked=True)
         return None if table is None else pa.schema(table.schema().to_arrow())
 
@@ -124,9 +136,17 @@ class DeltaRsTable:
     def last_batch(self, app_id: str) -> int | None:
         """The highest batch id committed under `app_id`, if any (the log read again: a batch's commit
         begins here)."""
+        snapshot = self._snapshot()
+        if snapshot is not None and app_id in snapshot.transactions:
+            return snapshot.transactions[app_id]
         table = self._open()
         self._checked = table is not None
-        return None if table is None else table.transaction_version(app_id)
+        if table is None:
+            return None
+        version = table.transaction_version(app_id)
+        if self._small is not None:
+            self._small.load(table).transactions[app_id] = version
+        return version
 
     def version(self) -> int | None:
         """Current table version, or None when the table does not exist."""
@@ -185,13 +205,20 @@ class DeltaRsTable:
     ) -> None:
         """Apply net changes (see `merge_plan`): delete where flagged, update where matched (kept
         columns keep their stored value), insert where new."""
+        snapshot = self._snapshot()
+        if snapshot is not None and not truncate:
+            plan_merge(changes.schema, primary_key, snapshot.schema)  # the MERGE's errors for a bad batch
+            if self._small_commit(changes, primary_key, app_id, batch_id):
+                return
         table = self._open(checked=True)
         self._checked = False
         if table is None:
             raise DeltaSchemaError(f"table {self.uri} does not exist; create it first")
         plan = plan_merge(changes.schema, primary_key, pa.schema(table.schema().to_arrow()))
-        if self.small_commits and not truncate and small_commit(table, self.uri, changes, primary_key, app_id, batch_id):
-            return
+        if snapshot is None and not truncate and self._small is not None:
+            self._loaded(table)
+            if self._small_commit(changes, primary_key, app_id, batch_id):
+                return
         commit = CommitProperties(app_transactions=[Transaction(app_id, int(batch_id))])
         try:
             merger = (
@@ -208,6 +235,17 @@ class DeltaRsTable:
             merger.execute()
         except DeltaError as error:
             raise DeltaWriteError(f"MERGE into {self.uri} failed: {error}") from None
+
+    def _small_commit(self, changes: pa.Table, primary_key: tuple[str, ...], app_id: str, batch_id: int) -> bool:
+        """The batch committed by `SmallCommits` (and the checkpoint written when one is due)."""
+        if not self._small.commit(changes, primary_key, app_id, batch_id):
+            return False
+        self._checked = False
+        if self._small.checkpoint_due:
+            table = self._open()
+            table.create_checkpoint()
+            self._loaded(table)
+        return True
 
     def widen(self, columns: dict[str, pa.DataType], app_id: str, batch_id: int) -> None:
         """Give `columns` the wider types they map to, in one commit before the batch's MERGE (see

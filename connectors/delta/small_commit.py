@@ -12,6 +12,13 @@ writes the rewritten rows as one new data file and the changes as one change-dat
 exist (a hard link of a written file), so another writer's commit of that version makes this one
 give way (`False`) to the MERGE, which resolves the conflict as it always did.
 
+The table's state this needs (version, schema, files with their key statistics, the application
+transactions it was asked about) is kept between batches (`SmallCommits`), built from a delta-rs
+handle once and then advanced by its own commits: a steady batch reads no log. It is current while
+the log has no entry after its version (one `stat`); any other commit (another writer, OPTIMIZE,
+the MERGE) makes it load again. The rows of a small data file it wrote are kept too, so the next
+batch does not read them back.
+
 The MERGE stays the reference: `tests/unit/test_small_commit.py` holds the two equal (table,
 change feed, transactions) over generated batches, and reads a small commit back with delta-spark.
 
@@ -30,8 +37,10 @@ import json
 import os
 import time
 import uuid
+from dataclasses import dataclass, field
 from urllib.parse import unquote, urlparse
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -39,10 +48,12 @@ from deltalake import DeltaTable
 
 from connectors.delta.merge_plan import DELETE_FLAG, KEEP_FLAG_PREFIX
 
-__all__ = ["MAX_REWRITE_BYTES", "small_commit"]
+__all__ = ["MAX_REWRITE_BYTES", "SmallCommits", "Snapshot"]
 
 MAX_REWRITE_BYTES = 16 * 1024 * 1024
 """Above this many bytes of data files to rewrite, the commit's own cost no longer dominates: MERGE."""
+KEPT_ROWS_BYTES = 4 * 1024 * 1024
+"""A data file this module wrote whose rows take at most this much memory is kept for the next batch."""
 _CHANGE_TYPE = "_change_type"
 _ROW = "__small_commit_row"
 _CHANGE = "__small_commit_change"
@@ -113,30 +124,34 @@ def _unique_keys(changes: pa.Table, primary_key: tuple[str, ...]) -> bool:
     return changes.group_by(list(primary_key)).aggregate([]).num_rows == changes.num_rows
 
 
-def _candidates(handle: DeltaTable, changes: pa.Table, primary_key: tuple[str, ...]) -> pa.Table:
+def _candidates(files: list[DataFile], changes: pa.Table, primary_key: tuple[str, ...]) -> list[DataFile]:
     """The table's files whose key statistics do not rule out every key of the batch."""
-    files = pa.table(handle.get_add_actions(flatten=True))
-    if files.num_rows == 0:
-        return files
-    keep = pa.array([True] * files.num_rows)
-    for name in primary_key:
-        low, high = f"min.{name}", f"max.{name}"
-        if low not in files.column_names or high not in files.column_names:
-            continue
-        bounds = pc.min_max(changes.column(name))
-        below = pc.less(files.column(high), bounds["min"])
-        above = pc.greater(files.column(low), bounds["max"])
-        ruled_out = pc.fill_null(pc.or_(below, above), False)
-        keep = pc.and_(keep, pc.invert(ruled_out))
-    return files.filter(keep)
+    bounds = {name: pc.min_max(changes.column(name)).as_py() for name in primary_key}
+
+    def may_hold(file: DataFile) -> bool:
+        for name, (low, high) in file.bounds.items():
+            wanted = bounds.get(name)
+            if wanted is None or wanted["min"] is None:
+                continue
+            try:
+                if high < wanted["min"] or low > wanted["max"]:
+                    return False
+            except TypeError:  # statistics this module cannot compare (e.g. zoned and plain times)
+                continue
+        return True
+
+    return [file for file in files if may_hold(file)]
 
 
-def _read(root: str, files: pa.Table, schema: pa.Schema) -> pa.Table:
-    """The rows of `files` in the table's schema, each with its file's index (column `__file`)."""
+def _read(root: str, files: list[DataFile], schema: pa.Schema, kept: dict[str, pa.Table]) -> pa.Table:
+    """The rows of `files` in the table's schema (those of `kept` from memory), each with its file's
+    index (column `__file`)."""
     parts = []
-    for index, path in enumerate(files.column("path").to_pylist()):
-        rows = pq.read_table(os.path.join(root, unquote(path)), schema=schema)
-        parts.append(rows.append_column("__file", pa.array([index] * rows.num_rows, pa.int32())))
+    for index, file in enumerate(files):
+        rows = kept.get(file.path)
+        if rows is None:
+            rows = pq.read_table(os.path.join(root, unquote(file.path)), schema=schema)
+        parts.append(rows.append_column("__file", pa.array(np.full(rows.num_rows, index, np.int32))))
     if not parts:
         return schema.empty_table().append_column("__file", pa.array([], pa.int32()))
     return pa.concat_tables(parts)
@@ -184,21 +199,31 @@ def _write(root: str, folder: str, rows: pa.Table) -> tuple[str, int]:
     return relative, os.path.getsize(target)
 
 
+def _matches(stored: pa.Table, changes: pa.Table, primary_key: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(changes' row numbers, stored row numbers) of the pairs with equal keys."""
+    if len(primary_key) == 1:
+        key = primary_key[0]
+        if pc.count_distinct(stored.column(key), mode="all").as_py() == stored.num_rows:
+            positions = pc.index_in(changes.column(key), value_set=stored.column(key))
+            found = positions.is_valid()
+            return (np.flatnonzero(found.to_numpy(zero_copy_only=False)),
+                    positions.filter(found).to_numpy(zero_copy_only=False).astype(np.int64))
+    numbered = stored.select(list(primary_key)).append_column(_ROW, pa.array(np.arange(stored.num_rows)))
+    incoming = changes.select(list(primary_key)).append_column(_CHANGE, pa.array(np.arange(changes.num_rows)))
+    pairs = incoming.join(numbered, keys=list(primary_key), join_type="inner")
+    return pairs.column(_CHANGE).to_numpy(), pairs.column(_ROW).to_numpy()
+
+
 def _changed_rows(stored: pa.Table, changes: pa.Table, data: list[str], kept: dict[str, str],
                   schema: pa.Schema, primary_key: tuple[str, ...]) -> tuple[pa.Table, pa.Table, set[int]]:
     """(the new data file's rows: the touched files' other rows, the updated and the inserted rows;
     the change-data rows; the indexes of the touched files, those holding a key of the batch)."""
-    numbered = stored.append_column(_ROW, pa.array(range(stored.num_rows), pa.int64()))
-    incoming = changes.append_column(_CHANGE, pa.array(range(changes.num_rows), pa.int64()))
-    pairs = incoming.select(list(primary_key) + [_CHANGE]).join(
-        numbered.select(list(primary_key) + [_ROW]), keys=list(primary_key), join_type="inner")
-    change_index, row_index = pairs.column(_CHANGE).combine_chunks(), pairs.column(_ROW).combine_chunks()
-    deleted = pc.fill_null(changes.column(DELETE_FLAG), False).combine_chunks()
-    matched_deleted = pc.take(deleted, change_index)
-    upd_change = pc.filter(change_index, pc.invert(matched_deleted))
-    upd_row = pc.filter(row_index, pc.invert(matched_deleted))
-    del_row = pc.filter(row_index, matched_deleted)
-    files = pc.unique(pc.take(stored.column("__file"), row_index)).to_pylist()
+    change_index, row_index = _matches(stored, changes, primary_key)
+    deleted = pc.fill_null(changes.column(DELETE_FLAG), False).to_numpy(zero_copy_only=False).astype(bool)
+    matched_deleted = deleted[change_index]
+    upd_change, upd_row = change_index[~matched_deleted], row_index[~matched_deleted]
+    file_of = stored.column("__file").to_numpy()
+    touched = np.unique(file_of[row_index])
     plain = stored.drop_columns(["__file"])
 
     before = plain.take(upd_row)
@@ -214,10 +239,10 @@ def _changed_rows(stored: pa.Table, changes: pa.Table, data: list[str], kept: di
         after_columns.append(values)
     after = pa.Table.from_arrays(after_columns, schema=schema)
 
-    matched = pc.is_in(pa.array(range(changes.num_rows), pa.int64()), value_set=change_index)
-    new = pc.and_(pc.invert(matched), pc.invert(deleted))
+    new = ~deleted
+    new[change_index] = False
+    fresh = changes.take(np.flatnonzero(new))
     inserted_columns = []
-    fresh = changes.filter(new)
     for field in schema:
         if field.name in data:
             values = fresh.column(field.name)
@@ -229,16 +254,17 @@ def _changed_rows(stored: pa.Table, changes: pa.Table, data: list[str], kept: di
         inserted_columns.append(values)
     inserted = pa.Table.from_arrays(inserted_columns, schema=schema)
 
-    in_touched = pc.is_in(stored.column("__file"), value_set=pa.array(files, pa.int32()))
-    untouched = pc.and_(in_touched, pc.invert(pc.is_in(numbered.column(_ROW), value_set=row_index)))
-    rewritten = pa.concat_tables([plain.filter(untouched), after, inserted])
+    untouched = np.isin(file_of, touched)
+    untouched[row_index] = False
+    rewritten = pa.concat_tables([plain.filter(pa.array(untouched)), after, inserted])
 
     def typed(rows: pa.Table, kind: str) -> pa.Table:
         return rows.append_column(_CHANGE_TYPE, pa.array([kind] * rows.num_rows, pa.string()))
 
-    feed = pa.concat_tables([typed(plain.take(del_row), "delete"), typed(before, "update_preimage"),
-                             typed(after, "update_postimage"), typed(inserted, "insert")])
-    return rewritten, feed, set(files)
+    feed = pa.concat_tables([typed(plain.take(row_index[matched_deleted]), "delete"),
+                             typed(before, "update_preimage"), typed(after, "update_postimage"),
+                             typed(inserted, "insert")])
+    return rewritten, feed, set(touched.tolist())
 
 
 def _entry(actions: list[dict]) -> bytes:
@@ -260,58 +286,157 @@ def _create_if_absent(root: str, version: int, body: bytes) -> bool:
         os.unlink(temporary)
 
 
-def small_commit(handle: DeltaTable, uri: str, changes: pa.Table, primary_key: tuple[str, ...],
-                 app_id: str, batch_id: int) -> bool:
-    """Commit `changes` (`merge_plan`'s batch: data columns, `_cdc_delete`, keep flags) to the table
-    `handle` reads at its current version, as the MERGE would; False when the batch does not fit or
-    another writer took the next version first (nothing was committed: the caller MERGEs)."""
-    root = _local_root(uri)
-    if root is None or changes.num_rows == 0 or not _protocol_fits(handle):
-        return False
-    schema = pa.schema(handle.schema().to_arrow())
-    if not _metadata_fits(handle, schema):
-        return False
-    data = [n for n in changes.column_names if n != DELETE_FLAG and not n.startswith(KEEP_FLAG_PREFIX)]
-    if any(name not in schema.names for name in data):
-        return False
-    kept = {n[len(KEEP_FLAG_PREFIX):]: n for n in changes.column_names if n.startswith(KEEP_FLAG_PREFIX)}
-    typed = _typed_changes(changes, schema, data)
-    if typed is None or not _unique_keys(typed, primary_key):
-        return False
-    files = _candidates(handle, typed, primary_key)
-    if files.num_rows and pc.sum(files.column("size_bytes")).as_py() > MAX_REWRITE_BYTES:
-        return False
-    stored = _read(root, files, schema)
-    rewritten, feed, touched = _changed_rows(stored, typed, data, kept, schema, primary_key)
-    if any(not f.nullable and rewritten.column(f.name).null_count for f in schema):
-        return False
-    if feed.num_rows == 0:  # only deletes of absent keys: the MERGE commits an empty change
-        return False
-    now = int(time.time() * 1000)
-    version = handle.version()
-    actions: list[dict] = [
-        {"commitInfo": {"timestamp": now, "operation": "MERGE", "readVersion": version,
-                        "operationParameters": {"mergePredicate": " AND ".join(primary_key)},
-                        "engineInfo": _ENGINE, "clientVersion": _ENGINE,
-                        "operationMetrics": {"num_source_rows": changes.num_rows,
-                                             "num_target_files_removed": len(touched)}}},
-        {"txn": {"appId": app_id, "version": int(batch_id), "lastUpdated": now}},
-    ]
-    if rewritten.num_rows:
-        path, size = _write(root, "", rewritten)
-        actions.append({"add": {"path": path, "partitionValues": {}, "size": size, "modificationTime": now,
-                                "dataChange": True, "stats": _stats(rewritten)}})
-    if _cdf_enabled(handle):
-        path, size = _write(root, "_change_data", feed)
-        actions.append({"cdc": {"path": path, "partitionValues": {}, "size": size, "dataChange": False}})
-    paths, sizes = files.column("path").to_pylist(), files.column("size_bytes").to_pylist()
-    for index in sorted(touched):
-        actions.append({"remove": {"path": paths[index], "dataChange": True, "deletionTimestamp": now,
-                                   "extendedFileMetadata": True, "partitionValues": {}, "size": sizes[index]}})
-    if not _create_if_absent(root, version + 1, _entry(actions)):
-        return False
-    interval = int(handle.metadata().configuration.get("delta.checkpointInterval", "100"))
-    if (version + 1) % interval == 0:
-        handle.update_incremental()
-        handle.create_checkpoint()
-    return True
+@dataclass(frozen=True)
+class DataFile:
+    """One data file of the table: its log path, size, and (min, max) of the columns with statistics."""
+
+    path: str
+    size: int
+    bounds: dict[str, tuple[object, object]]
+
+
+def _data_files(actions: pa.Table) -> list[DataFile]:
+    """The data files of delta-rs's flattened add actions."""
+    columns = [n[4:] for n in actions.column_names if n.startswith("min.") and f"max.{n[4:]}" in actions.column_names]
+    files = []
+    for row in actions.select(["path", "size_bytes"] + [f"{e}.{n}" for n in columns for e in ("min", "max")]).to_pylist():
+        bounds = {n: (row[f"min.{n}"], row[f"max.{n}"]) for n in columns
+                  if row[f"min.{n}"] is not None and row[f"max.{n}"] is not None}
+        files.append(DataFile(row["path"], row["size_bytes"], bounds))
+    return files
+
+
+@dataclass
+class Snapshot:
+    """What a small commit needs to know of the table at `version`."""
+
+    version: int
+    schema: pa.Schema
+    fits: bool
+    """The protocol and metadata allow small commits."""
+    cdf: bool
+    checkpoint_interval: int
+    files: list[DataFile]
+    transactions: dict[str, int | None] = field(default_factory=dict)
+    kept: dict[str, pa.Table] = field(default_factory=dict)
+    """Rows of small data files this module wrote, by path."""
+
+    @classmethod
+    def of(cls, handle: DeltaTable) -> Snapshot:
+        """The snapshot of a delta-rs handle at its version."""
+        schema = pa.schema(handle.schema().to_arrow())
+        configuration = handle.metadata().configuration
+        return cls(handle.version(), schema, _protocol_fits(handle) and _metadata_fits(handle, schema),
+                   _cdf_enabled(handle), int(configuration.get("delta.checkpointInterval", "100")),
+                   _data_files(pa.table(handle.get_add_actions(flatten=True))))
+
+
+class SmallCommits:
+    """Small commits to the table at local path `root`, and the snapshot they keep between batches."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.snapshot: Snapshot | None = None
+        self.checkpoint_due = False
+        """The last commit reached the table's checkpoint interval: the caller writes the checkpoint."""
+
+    @classmethod
+    def of(cls, uri: str) -> SmallCommits | None:
+        """For a table on a local filesystem; None elsewhere (no create-if-absent for the log there)."""
+        root = _local_root(uri)
+        return None if root is None else cls(root)
+
+    def _log(self, version: int) -> str:
+        return os.path.join(self.root, "_delta_log", f"{version:020d}.json")
+
+    def current(self) -> Snapshot | None:
+        """The kept snapshot when the log has no entry after it; None when it must be loaded."""
+        snapshot = self.snapshot
+        if snapshot is None or os.path.exists(self._log(snapshot.version + 1)) or not os.path.exists(
+                self._log(snapshot.version)):
+            self.snapshot = None
+            return None
+        return snapshot
+
+    def load(self, handle: DeltaTable) -> Snapshot:
+        """Take the snapshot of `handle` (just refreshed), keeping what is still valid of the old one."""
+        old = self.snapshot
+        snapshot = Snapshot.of(handle)
+        if old is not None:
+            paths = {file.path for file in snapshot.files}
+            snapshot.kept = {path: rows for path, rows in old.kept.items() if path in paths}
+        self.snapshot = snapshot
+        return snapshot
+
+    def commit(self, changes: pa.Table, primary_key: tuple[str, ...], app_id: str, batch_id: int) -> bool:
+        """Commit `changes` (`merge_plan`'s batch: data columns, `_cdc_delete`, keep flags) as the MERGE
+        would, on the current snapshot; False when there is none, the batch does not fit, or another
+        writer took the next version first (nothing was committed: the caller MERGEs)."""
+        snapshot = self.current()
+        if snapshot is None or not snapshot.fits or changes.num_rows == 0:
+            return False
+        schema = snapshot.schema
+        data = [n for n in changes.column_names if n != DELETE_FLAG and not n.startswith(KEEP_FLAG_PREFIX)]
+        if any(name not in schema.names for name in data):
+            return False
+        kept = {n[len(KEEP_FLAG_PREFIX):]: n for n in changes.column_names if n.startswith(KEEP_FLAG_PREFIX)}
+        typed = _typed_changes(changes, schema, data)
+        if typed is None or not _unique_keys(typed, primary_key):
+            return False
+        files = _candidates(snapshot.files, typed, primary_key)
+        if sum(file.size for file in files) > MAX_REWRITE_BYTES:
+            return False
+        stored = _read(self.root, files, schema, snapshot.kept)
+        rewritten, feed, touched = _changed_rows(stored, typed, data, kept, schema, primary_key)
+        if any(not f.nullable and rewritten.column(f.name).null_count for f in schema):
+            return False
+        if feed.num_rows == 0:  # only deletes of absent keys: the MERGE commits an empty change
+            return False
+        now = int(time.time() * 1000)
+        actions: list[dict] = [
+            {"commitInfo": {"timestamp": now, "operation": "MERGE", "readVersion": snapshot.version,
+                            "operationParameters": {"mergePredicate": " AND ".join(primary_key)},
+                            "engineInfo": _ENGINE, "clientVersion": _ENGINE,
+                            "operationMetrics": {"num_source_rows": changes.num_rows,
+                                                 "num_target_files_removed": len(touched)}}},
+            {"txn": {"appId": app_id, "version": int(batch_id), "lastUpdated": now}},
+        ]
+        added = None
+        if rewritten.num_rows:
+            path, size = _write(self.root, "", rewritten)
+            added = (path, size)
+            actions.append({"add": {"path": path, "partitionValues": {}, "size": size, "modificationTime": now,
+                                    "dataChange": True, "stats": _stats(rewritten)}})
+        if snapshot.cdf:
+            path, size = _write(self.root, "_change_data", feed)
+            actions.append({"cdc": {"path": path, "partitionValues": {}, "size": size, "dataChange": False}})
+        removed = {files[index].path for index in touched}
+        for index in sorted(touched):
+            actions.append({"remove": {"path": files[index].path, "dataChange": True, "deletionTimestamp": now,
+                                       "extendedFileMetadata": True, "partitionValues": {},
+                                       "size": files[index].size}})
+        if not _create_if_absent(self.root, snapshot.version + 1, _entry(actions)):
+            self.snapshot = None
+            return False
+        self._advance(snapshot, removed, added, rewritten, primary_key, app_id, batch_id)
+        return True
+
+    def _advance(self, snapshot: Snapshot, removed: set[str], added: tuple[str, int] | None, rows: pa.Table,
+                 primary_key: tuple[str, ...], app_id: str, batch_id: int) -> None:
+        """The snapshot after this module's commit: files, kept rows, the transaction, the version."""
+        files = [file for file in snapshot.files if file.path not in removed]
+        for path in removed:
+            snapshot.kept.pop(path, None)
+        if added is not None:
+            bounds = {}
+            for name in primary_key:
+                if rows.column(name).null_count == 0:
+                    low_high = pc.min_max(rows.column(name)).as_py()
+                    bounds[name] = (low_high["min"], low_high["max"])
+            files.append(DataFile(added[0], added[1], bounds))
+            if rows.nbytes <= KEPT_ROWS_BYTES:
+                snapshot.kept[added[0]] = rows
+        snapshot.files = files
+        snapshot.transactions[app_id] = int(batch_id)
+        snapshot.version += 1
+        self.checkpoint_due = snapshot.version % snapshot.checkpoint_interval == 0

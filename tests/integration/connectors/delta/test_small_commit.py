@@ -141,34 +141,59 @@ def test_what_does_not_fit_is_merged(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
     plain = tmp_path / "plain"
     write_deltalake(str(plain), pa.table({"id": [1, 2], "v": ["a", "b"]}), configuration=CDF_ENABLED)
-    handle = DeltaTable(str(plain))
-    assert not small.small_commit(handle, str(plain), pa.table({"id": ["not a number"], "v": ["b"],
-                                                                  DELETE_FLAG: [False]}), ("id",), APP, 0)
-    assert not small.small_commit(handle, str(plain), pa.table({"id": [1, 1], "v": ["b", "c"],
-                                                                  DELETE_FLAG: [False, False]}), ("id",), APP, 0)
+    commits = small.SmallCommits(str(plain))
+    commits.load(DeltaTable(str(plain)))
+    assert not commits.commit(pa.table({"id": ["not a number"], "v": ["b"], DELETE_FLAG: [False]}), ("id",), APP, 0)
+    assert not commits.commit(pa.table({"id": [1, 1], "v": ["b", "c"], DELETE_FLAG: [False, False]}), ("id",), APP, 0)
+    assert not commits.commit(pa.table({"id": [1], "v": ["b"], "new": [1], DELETE_FLAG: [False]}), ("id",), APP, 0)
     monkeypatch.setattr(small, "MAX_REWRITE_BYTES", 10)
-    assert not small.small_commit(handle, str(plain), pa.table({"id": [1], "v": ["b"], DELETE_FLAG: [False]}),
-                                  ("id",), APP, 0)
+    assert not commits.commit(pa.table({"id": [1], "v": ["b"], DELETE_FLAG: [False]}), ("id",), APP, 0)
     monkeypatch.undo()
-    assert handle.version() == 0 and DeltaTable(str(plain)).version() == 0
-    assert small.small_commit(handle, str(plain), pa.table({"id": [1], "v": ["b"], DELETE_FLAG: [False]}),
-                              ("id",), APP, 0)
+    assert DeltaTable(str(plain)).version() == 0
+    assert commits.commit(pa.table({"id": [1], "v": ["b"], DELETE_FLAG: [False]}), ("id",), APP, 0)
+    assert DeltaTable(str(plain)).version() == 1
 
 
-def test_a_lost_race_gives_way_to_the_merge(tmp_path: Path) -> None:
-    """Another writer commits the next version between this writer's read and its commit: the small
+def test_a_lost_race_gives_way_to_the_merge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another writer commits the next version after the snapshot was taken: seen before the commit (the
+    snapshot is not current), or only when creating the log entry (the race); either way the small
     commit writes nothing to the log and the MERGE (on the new version) applies the batch."""
     path = tmp_path / "t"
     write_deltalake(str(path), pa.table({"id": [1, 2], "v": ["a", "b"]}), configuration=CDF_ENABLED)
-    stale = DeltaTable(str(path))
+    commits = small.SmallCommits(str(path))
+    snapshot = commits.load(DeltaTable(str(path)))
     write_deltalake(str(path), pa.table({"id": [3], "v": ["c"]}), mode="append")  # the other writer: version 1
     batch = pa.table({"id": [1, 4], "v": ["A", "d"], DELETE_FLAG: [False, False]})
-    assert not small.small_commit(stale, str(path), batch, ("id",), APP, 0)
+    assert commits.current() is None and not commits.commit(batch, ("id",), APP, 0)
+    commits.snapshot = snapshot
+    monkeypatch.setattr(commits, "current", lambda: snapshot)  # the other commit lands after the check
+    assert not commits.commit(batch, ("id",), APP, 0)
+    assert commits.snapshot is None
     assert not [name for name in os.listdir(path / "_delta_log") if name.endswith(".tmp")]
     assert DeltaTable(str(path)).version() == 1
     DeltaRsTable(str(path)).merge(batch, ("id",), APP, 0)
     assert sorted(pa.table(DeltaTable(str(path)).to_pyarrow_table()).to_pylist(), key=lambda r: r["id"]) == [
         {"id": 1, "v": "A"}, {"id": 2, "v": "b"}, {"id": 3, "v": "c"}, {"id": 4, "v": "d"}]
+
+
+def test_the_snapshot_follows_other_commits(tmp_path: Path) -> None:
+    """Between small commits: another writer's append and an OPTIMIZE through the same table object; the
+    snapshot loads again, and the kept rows of a file OPTIMIZE removed are not used."""
+    path = tmp_path / "t"
+    write_deltalake(str(path), pa.table({"id": [1, 2], "v": ["a", "b"]}), configuration=CDF_ENABLED)
+    table = DeltaRsTable(str(path))
+    assert table.last_batch(APP) is None
+    table.merge(pa.table({"id": [1], "v": ["A"], DELETE_FLAG: [False]}), ("id",), APP, 0)
+    write_deltalake(str(path), pa.table({"id": [3], "v": ["c"]}), mode="append")
+    assert table.last_batch(APP) == 0
+    assert table.compact() == (2, 1)  # removes the file whose rows the small commits kept
+    table.merge(pa.table({"id": [3, 2], "v": ["C", None], DELETE_FLAG: [False, True]}), ("id",), APP, 1)
+    assert table.last_batch(APP) == 1
+    table.merge(pa.table({"id": [1, 5], "v": ["AA", "e"], DELETE_FLAG: [False, False]}), ("id",), APP, 2)
+    assert sorted(pa.table(DeltaTable(str(path)).to_pyarrow_table()).to_pylist(), key=lambda r: r["id"]) == [
+        {"id": 1, "v": "AA"}, {"id": 3, "v": "C"}, {"id": 5, "v": "e"}]
+    engines = _engines(DeltaTable(str(path)))  # newest first: 2, 1, OPTIMIZE, append, 0, create
+    assert [e == SMALL for e in engines] == [True, True, False, False, True, False], engines
 
 
 def test_checkpoints_at_the_tables_interval(tmp_path: Path) -> None:
