@@ -16,10 +16,10 @@ The table's state this needs (version, schema, files with their key statistics, 
 transactions it was asked about) is kept between batches (`SmallCommits`), built from a delta-rs
 handle once and then advanced by its own commits: a steady batch reads no log. It is current while
 the log has no entry after its version (one `stat`); any other commit (another writer, OPTIMIZE,
-the MERGE) makes it load again. The rows of a small data file it wrote are kept too, so the next
-batch does not read them back.
+the MERGE) makes it load again. The rows of the data files it wrote are kept too (`KEPT_ROWS_BYTES`
+in all), so the next batch does not read them back.
 
-The MERGE stays the reference: `tests/unit/test_small_commit.py` holds the two equal (table,
+The MERGE stays the reference: `tests/integration/connectors/delta/test_small_commit.py` holds the two equal (table,
 change feed, transactions) over generated batches, and reads a small commit back with delta-spark.
 
 A batch fits when:
@@ -37,7 +37,9 @@ import json
 import os
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
+from threading import Lock
 from urllib.parse import unquote, urlparse
 
 import numpy as np
@@ -52,8 +54,9 @@ __all__ = ["MAX_REWRITE_BYTES", "SmallCommits", "Snapshot"]
 
 MAX_REWRITE_BYTES = 16 * 1024 * 1024
 """Above this many bytes of data files to rewrite, the commit's own cost no longer dominates: MERGE."""
-KEPT_ROWS_BYTES = 4 * 1024 * 1024
-"""A data file this module wrote whose rows take at most this much memory is kept for the next batch."""
+KEPT_ROWS_BYTES = 64 * 1024 * 1024
+"""The rows of data files this module wrote are kept for the next batch up to this much memory in all
+(the process's tables together), those written last first."""
 _CHANGE_TYPE = "_change_type"
 _ROW = "__small_commit_row"
 _CHANGE = "__small_commit_change"
@@ -143,12 +146,49 @@ def _candidates(files: list[DataFile], changes: pa.Table, primary_key: tuple[str
     return [file for file in files if may_hold(file)]
 
 
-def _read(root: str, files: list[DataFile], schema: pa.Schema, kept: dict[str, pa.Table]) -> pa.Table:
-    """The rows of `files` in the table's schema (those of `kept` from memory), each with its file's
-    index (column `__file`)."""
+class _KeptRows:
+    """Rows of written data files by (table root, path), at most `KEPT_ROWS_BYTES` in all, least
+    recently used out first. A data file never changes, so an entry is never stale; one no table
+    lists any more ages out."""
+
+    def __init__(self) -> None:
+        self._rows: OrderedDict[tuple[str, str], pa.Table] = OrderedDict()
+        self._bytes = 0
+        self._lock = Lock()
+
+    def get(self, root: str, path: str) -> pa.Table | None:
+        with self._lock:
+            rows = self._rows.get((root, path))
+            if rows is not None:
+                self._rows.move_to_end((root, path))
+            return rows
+
+    def put(self, root: str, path: str, rows: pa.Table) -> None:
+        if rows.nbytes > KEPT_ROWS_BYTES:
+            return
+        with self._lock:
+            self._rows[(root, path)] = rows
+            self._bytes += rows.nbytes
+            while self._bytes > KEPT_ROWS_BYTES:
+                _, dropped = self._rows.popitem(last=False)
+                self._bytes -= dropped.nbytes
+
+    def drop(self, root: str, path: str) -> None:
+        with self._lock:
+            rows = self._rows.pop((root, path), None)
+            if rows is not None:
+                self._bytes -= rows.nbytes
+
+
+_KEPT = _KeptRows()
+
+
+def _read(root: str, files: list[DataFile], schema: pa.Schema) -> pa.Table:
+    """The rows of `files` in the table's schema (kept ones from memory), each with its file's index
+    (column `__file`)."""
     parts = []
     for index, file in enumerate(files):
-        rows = kept.get(file.path)
+        rows = _KEPT.get(root, file.path)
         if rows is None:
             rows = pq.read_table(os.path.join(root, unquote(file.path)), schema=schema)
         parts.append(rows.append_column("__file", pa.array(np.full(rows.num_rows, index, np.int32))))
@@ -318,8 +358,6 @@ class Snapshot:
     checkpoint_interval: int
     files: list[DataFile]
     transactions: dict[str, int | None] = field(default_factory=dict)
-    kept: dict[str, pa.Table] = field(default_factory=dict)
-    """Rows of small data files this module wrote, by path."""
 
     @classmethod
     def of(cls, handle: DeltaTable) -> Snapshot:
@@ -360,13 +398,8 @@ class SmallCommits:
 
     def load(self, handle: DeltaTable) -> Snapshot:
         """Take the snapshot of `handle` (just refreshed), keeping what is still valid of the old one."""
-        old = self.snapshot
-        snapshot = Snapshot.of(handle)
-        if old is not None:
-            paths = {file.path for file in snapshot.files}
-            snapshot.kept = {path: rows for path, rows in old.kept.items() if path in paths}
-        self.snapshot = snapshot
-        return snapshot
+        self.snapshot = Snapshot.of(handle)
+        return self.snapshot
 
     def commit(self, changes: pa.Table, primary_key: tuple[str, ...], app_id: str, batch_id: int) -> bool:
         """Commit `changes` (`merge_plan`'s batch: data columns, `_cdc_delete`, keep flags) as the MERGE
@@ -386,7 +419,7 @@ class SmallCommits:
         files = _candidates(snapshot.files, typed, primary_key)
         if sum(file.size for file in files) > MAX_REWRITE_BYTES:
             return False
-        stored = _read(self.root, files, schema, snapshot.kept)
+        stored = _read(self.root, files, schema)
         rewritten, feed, touched = _changed_rows(stored, typed, data, kept, schema, primary_key)
         if any(not f.nullable and rewritten.column(f.name).null_count for f in schema):
             return False
@@ -426,7 +459,7 @@ class SmallCommits:
         """The snapshot after this module's commit: files, kept rows, the transaction, the version."""
         files = [file for file in snapshot.files if file.path not in removed]
         for path in removed:
-            snapshot.kept.pop(path, None)
+            _KEPT.drop(self.root, path)
         if added is not None:
             bounds = {}
             for name in primary_key:
@@ -434,8 +467,7 @@ class SmallCommits:
                     low_high = pc.min_max(rows.column(name)).as_py()
                     bounds[name] = (low_high["min"], low_high["max"])
             files.append(DataFile(added[0], added[1], bounds))
-            if rows.nbytes <= KEPT_ROWS_BYTES:
-                snapshot.kept[added[0]] = rows
+            _KEPT.put(self.root, added[0], rows)
         snapshot.files = files
         snapshot.transactions[app_id] = int(batch_id)
         snapshot.version += 1

@@ -83,7 +83,9 @@ def _engines(table: DeltaTable) -> list[str]:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_small_commits_equal_the_merge(tmp_path: Path, seed: int) -> None:
+def test_small_commits_equal_the_merge(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    if seed % 2:  # every file read back from storage, no rows kept in memory
+        monkeypatch.setattr(small, "KEPT_ROWS_BYTES", 0)
     rng = random.Random(seed)
     fast, reference = tmp_path / "fast", tmp_path / "reference"
     _start(fast, random.Random(seed))
