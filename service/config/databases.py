@@ -164,7 +164,8 @@ class DatabaseSettings(SettingsModel):
         return table
 
     def routes(self, topics: list[str]) -> dict[str, str]:
-        """`{topic: table}` for the topics that feed a table (two topics naming one table: an error)."""
+        """`{topic: table}` for the topics that feed a table (two topics naming one table, or a table named
+        as another table's history table: an error)."""
         routed = {topic: table for topic in sorted(topics) if (table := self.table_of(topic)) is not None}
         seen: dict[str, str] = {}
         for topic, table in routed.items():
@@ -172,6 +173,13 @@ class DatabaseSettings(SettingsModel):
                 raise ValueError(f"database {self.name}: topics {seen[table]!r} and {topic!r} both name table "
                                  f"{table!r}; make table_name tell them apart or exclude one")
             seen[table] = topic
+        for table, topic in seen.items():
+            history = self.override(table).history
+            written = None if history is None else history.table_for(table)
+            if written in seen:
+                raise ValueError(f"database {self.name}: table {table!r} (topic {topic!r}) keeps its history in "
+                                 f"table {written!r}, which topic {seen[written]!r} also names; give the history "
+                                 "another `table` or exclude that topic")
         return routed
 
     def shared_routes(self, topics: list[str]) -> dict[str, str]:

@@ -34,6 +34,19 @@ def test_two_topics_naming_one_table_are_refused():
         database.routes(["db1.public.orders", "db1.sales.orders"])
 
 
+def test_a_table_named_as_another_tables_history_is_refused():
+    history = {"mode": "scd2", "sequence_by": "ts"}
+    database = _database(tables={"public_orders": {"primary_key": ["id"], "history": history}})
+    topics = ["db1.public.orders", "db1.public.orders_history"]
+    with pytest.raises(ValueError, match="'public_orders' .* keeps its history in table 'public_orders_history', "
+                                         "which topic 'db1.public.orders_history' also names"):
+        database.routes(topics)
+    named = _database(tables={"public_orders": {"primary_key": ["id"],
+                                                "history": {**history, "table": "orders_versions"}}})
+    assert named.routes(topics) == {"db1.public.orders": "public_orders",
+                                    "db1.public.orders_history": "public_orders_history"}
+
+
 def test_table_name_may_only_use_captured_groups():
     with pytest.raises(ConfigError, match="uses db, which topic_pattern does not capture"):
         _database(table_name="{db}_{table}")
