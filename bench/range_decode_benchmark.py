@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from bench.avro_decode_benchmark import ENVELOPE
 from bench.avro_decode_benchmark import records as avro_records
-from connectors.kafka.range_reader import SOURCE_SCHEMA, ValueChunk
+from connectors.kafka.range_reader import BATCH_ROWS, SOURCE_SCHEMA, ValueChunk
 from connectors.schema_registry.avro_codec import ConfluentAvroDecoder
 from connectors.schema_registry.client import SchemaRegistryClient
 from connectors.schema_registry.wire_format import HEADER_SIZE
@@ -54,7 +54,6 @@ _FIELDS = [
     {"field": "body", "type": "string", "optional": True},
 ]
 _ADDED = {"field": "note", "type": "string", "optional": True}
-_CHUNK = 10_000
 
 
 def _schema(added: bool) -> dict:
@@ -104,7 +103,7 @@ def _batches(values: list[bytes]) -> list[pa.RecordBatch]:
         "timestamp": pa.array([1_700_000_000_000_000] * n, pa.timestamp("us", tz="UTC")),
         "headers": pa.nulls(n, SOURCE_SCHEMA.field("headers").type), "watermark_floor": pa.nulls(n, pa.int64()),
     }, schema=SOURCE_SCHEMA)
-    return [batch.slice(start, _CHUNK) for start in range(0, n, _CHUNK)]
+    return [batch.slice(start, BATCH_ROWS) for start in range(0, n, BATCH_ROWS)]  # chunks as the service reads
 
 
 def _avro_records(client: SchemaRegistryClient, count: int, union_index: int | None) -> list[bytes]:

@@ -32,7 +32,8 @@ RAW_SPARK_SCHEMA = (
     "key binary, value binary, topic string, partition int, offset bigint, "
     f"timestamp timestamp, headers array<struct<key:string,value:binary>>, {FLOOR_COLUMN} bigint"
 )
-_BATCH_ROWS = 5_000
+BATCH_ROWS = 5_000
+"""Records per chunk a range is read in (and decoded in)."""
 US_PER_MS = 1_000
 _MAX_RESPONSE_BYTES = 1 << 30
 _QUEUED_KIB = 8 * 1024
@@ -214,7 +215,7 @@ def _consume_many(consumer: Consumer, ranges: list[tuple[str, int, int, int]],
     last_progress = time.monotonic()
     while open_:
         # No more than the ranges still hold: consume() waits until it has that many (or times out).
-        wanted = max(1, min(_BATCH_ROWS, sum(by_partition[tp][3] - positions[tp] for tp in open_)))
+        wanted = max(1, min(BATCH_ROWS, sum(by_partition[tp][3] - positions[tp] for tp in open_)))
         messages = consumer.consume(num_messages=wanted, timeout=_POLL_TIMEOUT_S)
         for message in messages:
             tp = (message.topic(), message.partition())
@@ -237,7 +238,7 @@ def _consume_many(consumer: Consumer, ranges: list[tuple[str, int, int, int]],
             positions[tp] = offset + 1
             if positions[tp] >= end:
                 finish(tp)
-            elif len(buffers[tp]) >= _BATCH_ROWS:
+            elif len(buffers[tp]) >= BATCH_ROWS:
                 found[by_partition[tp]].append(buffers[tp].flush())
         if messages:
             last_progress = time.monotonic()
@@ -286,7 +287,7 @@ def _consume(consumer: Consumer, tp: TopicPartition, end: int, columns: _Columns
     last_progress = time.monotonic()
     while position < end:
         # Ask for no more than the range still holds: consume() waits until it has that many.
-        wanted = max(1, min(_BATCH_ROWS, end - position))
+        wanted = max(1, min(BATCH_ROWS, end - position))
         messages = consumer.consume(num_messages=wanted, timeout=_POLL_TIMEOUT_S)
         for message in messages:
             error = message.error()
@@ -308,7 +309,7 @@ def _consume(consumer: Consumer, tp: TopicPartition, end: int, columns: _Columns
                 f"no progress reading topic={tp.topic} partition={tp.partition} "
                 f"at offset {position} (range ends at {end})"
             )
-        if len(columns) >= _BATCH_ROWS:
+        if len(columns) >= BATCH_ROWS:
             yield columns.flush()
         position = max(position, _committed_position(consumer, tp))
     if len(columns):

@@ -40,14 +40,15 @@ Records not decoded in bulk come back in `fallback`, to decode one by one with t
 decoder (which then raises the precise error or decodes them): short frames and wrong magic
 bytes, unknown or unusable schema ids (and an unreachable registry), schemas the bulk path does
 not take (maps, unions of several non-null types, recursive records, a `before` record other
-than `after`'s, schemas arrow-avro refuses), bodies that do not decode (found by bisecting the
-block: invalid UTF-8, a union or enum index the reader refuses, a length past the end) or do not
+than `after`'s, schemas arrow-avro refuses), bodies that do not decode (found by splitting the
+failed read in `SPLIT` parts, then the failing part, and so on: invalid UTF-8, a union or enum index the reader refuses, a length past the end) or do not
 end where the next begins, records that took a union branch their schema does not have
 (`checked_unions`: arrow-avro reads any non-null index of a nullable union as the value, fastavro
 refuses an index outside the union), and a whole schema id's records when a value does not fit
 its column type (the reference's typing raises there too). Tombstones (None) come back in
 `tombstones`. One bad record costs a re-read of the rest of its block (a moved sentinel) or
-about two reads of it (bisection); the others stay in bulk.
+about 1.1 more reads of it (the split: the failed read, then its parts, the failing part's parts, ...;
+halving read it about twice more); the others stay in bulk.
 
 The envelope's `source` and `transaction` are decoded too (their union indices are checked), but
 not kept. A field the reader skips would not be checked: only a dropped field the bulk path does
@@ -454,6 +455,10 @@ def _plan(codec: AvroRecordCodec) -> _Plan:
 
 
 _SKIP_EXCEPTIONS = (KeyboardInterrupt, SystemExit, GeneratorExit)
+SPLIT = 8
+"""A read the reader fails is read again in this many parts (the parts that read stand). The reader
+cannot say which record it failed on, nor give the records before it (a read is one batch: see the
+module docstring), so a failed read is wasted; eight parts re-read it about 1.1 times, two about twice."""
 
 
 class BulkAvroDecoder:
@@ -521,7 +526,7 @@ class BulkAvroDecoder:
 
 def _read_all(plan: _Plan, framed: list[bytes]) -> tuple[list[tuple[np.ndarray, pa.RecordBatch]], list[int]]:
     """(indices, raw batch) of the records read in bulk, in order, and the indices that were not:
-    records the reader refuses (found by bisecting), records whose sentinel moved (their body ends
+    records the reader refuses (found by splitting), records whose sentinel moved (their body ends
     early or late) and records with a union index outside their union."""
     sentinel = _sentinel()
     good: list[tuple[np.ndarray, pa.RecordBatch]] = []
@@ -537,9 +542,9 @@ def _read_all(plan: _Plan, framed: list[bytes]) -> tuple[list[tuple[np.ndarray, 
                 raise
             if end - start == 1:
                 bad.append(start)
-            else:
-                middle = (start + end) // 2
-                ranges += [(middle, end), (start, middle)]
+            else:  # SPLIT parts, popped first to last: only the failing one is split again
+                bounds = np.linspace(start, end, min(SPLIT, end - start) + 1).round().astype(int).tolist()
+                ranges += list(zip(bounds[:-1], bounds[1:]))[::-1]
             continue
         read = end - start if shifted is None else shifted  # rows before the first moved sentinel
         if shifted is not None:

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from connectors.delta.arrow_types import rows_to_table, typed_column
+from connectors.schema_registry import avro_columns
 from connectors.schema_registry.avro_codec import ConfluentAvroDecoder, without_logical_types
 from connectors.schema_registry.avro_columns import (
     BulkAvroDecoder,
@@ -274,6 +275,27 @@ def test_trailing_bytes_fall_back_without_stalling_the_reader(client, where: int
     decoded = decode_avro_columns(values, decoder)
     assert decoded.fallback == [where]
     assert_like_the_reference(values, decoded, decoder, never_fallback=set(range(20)) - {where})
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("where", [0, 37, 63, 99])
+def test_a_record_the_reader_refuses_costs_about_one_more_read(client, where: int, monkeypatch) -> None:
+    """A union index the reader refuses (3 of 2 branches): the failed read is read again in parts, the
+    parts that read stand and only the failing one is split again. The records read in all stay under
+    2.3 times the range (halving read it about three times)."""
+    values = _orders(client, 100)
+    damaged = bytearray(values[where])
+    damaged[5] = 3 * 2  # zigzag: the `before` union's index 3
+    values[where] = bytes(damaged)
+    reads: list[int] = []
+    original = avro_columns._Plan.read
+    monkeypatch.setattr(avro_columns._Plan, "read",
+                        lambda plan, framed, sentinel: reads.append(len(framed)) or original(plan, framed, sentinel))
+    decoder = ConfluentAvroDecoder(client)
+    decoded = decode_avro_columns(values, decoder)
+    assert decoded.fallback == [where]
+    assert_like_the_reference(values, decoded, decoder, never_fallback=set(range(100)) - {where})
+    assert sum(reads) <= 230, reads
 
 
 @pytest.mark.timeout(120)
