@@ -238,11 +238,12 @@ class DeltaRsTable:
 
     def _small_commit(self, changes: pa.Table, primary_key: tuple[str, ...], app_id: str, batch_id: int) -> bool:
         """The batch committed by `SmallCommits` (and the checkpoint written when one is due)."""
-        if not self._small.commit(changes, primary_key, app_id, batch_id):
+        small = self._small
+        if small is None or not small.commit(changes, primary_key, app_id, batch_id):
             return False
         self._checked = False
-        if self._small.checkpoint_due:
-            table = self._open()
+        if small.checkpoint_due:
+            table = self._existing("checkpoint")
             table.create_checkpoint()
             self._loaded(table)
         return True
