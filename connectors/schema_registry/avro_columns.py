@@ -525,18 +525,18 @@ class BulkAvroDecoder:
 
 
 def _read_all(plan: _Plan, framed: list[bytes]) -> tuple[list[tuple[np.ndarray, pa.RecordBatch]], list[int]]:
-    """(indices, raw batch) of the records read in bulk, in order, and the indices that were not:
-    records the reader refuses (found by splitting), records whose sentinel moved (their body ends
-    early or late) and records with a union index outside their union."""
+    """(indices, batch) of the records read in bulk, in order, and the indices that were not: records
+    the reader refuses (found by splitting), records whose sentinel moved (their body ends early or
+    late) and records with a union index outside their union. The reads' raw batches are joined and
+    their unions checked once (`nullable` costs about as much for one record as for thousands)."""
     sentinel = _sentinel()
-    good: list[tuple[np.ndarray, pa.RecordBatch]] = []
+    raw: list[tuple[int, pa.RecordBatch]] = []
     bad: list[int] = []
     ranges = [(0, len(framed))]
     while ranges:
         start, end = ranges.pop()
         try:
             batch, shifted = plan.read(framed[start:end], sentinel)
-            batch, misread = plan.nullable(batch)
         except BaseException as exc:  # noqa: BLE001 - the Rust reader raises its own errors and panics
             if isinstance(exc, _SKIP_EXCEPTIONS):
                 raise
@@ -551,16 +551,25 @@ def _read_all(plan: _Plan, framed: list[bytes]) -> tuple[list[tuple[np.ndarray, 
             bad.append(start + shifted)
             if start + shifted + 1 < end:
                 ranges.append((start + shifted + 1, end))
-        misread = misread[:read]
-        bad.extend((start + np.flatnonzero(misread)).tolist())
         if read:
-            batch = batch.slice(0, read)
-            if misread.any():
-                batch = batch.filter(pa.array(~misread))
-            good.append((start + np.flatnonzero(~misread), batch))
-    good.sort(key=lambda item: int(item[0][0]) if len(item[0]) else -1)
+            raw.append((start, batch.slice(0, read)))
+    if not raw:
+        return [], sorted(bad)
+    raw.sort(key=lambda item: item[0])
+    indices = np.concatenate([np.arange(start, start + part.num_rows) for start, part in raw])
+    joined = raw[0][1] if len(raw) == 1 else pa.Table.from_batches([part for _, part in raw]).combine_chunks(
+        ).to_batches()[0]
+    try:
+        batch, misread = plan.nullable(joined)
+    except BaseException as exc:  # noqa: BLE001 - as the reader's own errors: every record the reference way
+        if isinstance(exc, _SKIP_EXCEPTIONS):
+            raise
+        return [], sorted(bad + indices.tolist())
+    if misread.any():
+        bad.extend(indices[misread].tolist())
+        batch, indices = batch.filter(pa.array(~misread)), indices[~misread]
     bad.sort()
-    return [(indices, batch) for indices, batch in good if len(indices)], bad
+    return ([(indices, batch)] if len(indices) else []), bad
 
 
 def decode_avro_columns(framed: Sequence[bytes | None], client: SchemaRegistryClient | ConfluentAvroDecoder
