@@ -397,7 +397,7 @@ class SmallCommits:
         return snapshot
 
     def load(self, handle: DeltaTable) -> Snapshot:
-        """Take the snapshot of `handle` (just refreshed), keeping what is still valid of the old one."""
+        """Take the snapshot of `handle` (just refreshed)."""
         self.snapshot = Snapshot.of(handle)
         return self.snapshot
 
@@ -419,7 +419,11 @@ class SmallCommits:
         files = _candidates(snapshot.files, typed, primary_key)
         if sum(file.size for file in files) > MAX_REWRITE_BYTES:
             return False
-        stored = _read(self.root, files, schema)
+        try:
+            stored = _read(self.root, files, schema)
+        except (OSError, pa.ArrowException):  # a file it cannot read here (a path outside the table...)
+            self.snapshot = None
+            return False
         rewritten, feed, touched = _changed_rows(stored, typed, data, kept, schema, primary_key)
         if any(not f.nullable and rewritten.column(f.name).null_count for f in schema):
             return False
@@ -435,13 +439,16 @@ class SmallCommits:
             {"txn": {"appId": app_id, "version": int(batch_id), "lastUpdated": now}},
         ]
         added = None
+        written = []
         if rewritten.num_rows:
             path, size = _write(self.root, "", rewritten)
             added = (path, size)
+            written.append(path)
             actions.append({"add": {"path": path, "partitionValues": {}, "size": size, "modificationTime": now,
                                     "dataChange": True, "stats": _stats(rewritten)}})
         if snapshot.cdf:
             path, size = _write(self.root, "_change_data", feed)
+            written.append(path)
             actions.append({"cdc": {"path": path, "partitionValues": {}, "size": size, "dataChange": False}})
         removed = {files[index].path for index in touched}
         for index in sorted(touched):
@@ -450,6 +457,8 @@ class SmallCommits:
                                        "size": files[index].size}})
         if not _create_if_absent(self.root, snapshot.version + 1, _entry(actions)):
             self.snapshot = None
+            for path in written:  # no log entry names them
+                os.remove(os.path.join(self.root, path))
             return False
         self._advance(snapshot, removed, added, rewritten, primary_key, app_id, batch_id)
         return True

@@ -172,6 +172,11 @@ def test_a_lost_race_gives_way_to_the_merge(tmp_path: Path, monkeypatch: pytest.
     assert not commits.commit(batch, ("id",), APP, 0)
     assert commits.snapshot is None
     assert not [name for name in os.listdir(path / "_delta_log") if name.endswith(".tmp")]
+    named = {json.loads(line)[kind]["path"] for name in os.listdir(path / "_delta_log") if name.endswith(".json")
+             for line in (path / "_delta_log" / name).read_text().splitlines()
+             for kind in ("add", "cdc") if kind in json.loads(line)}
+    on_disk = {str(p.relative_to(path)) for p in path.rglob("*.parquet")}
+    assert on_disk == named  # the files the lost commit wrote are gone
     assert DeltaTable(str(path)).version() == 1
     DeltaRsTable(str(path)).merge(batch, ("id",), APP, 0)
     assert sorted(pa.table(DeltaTable(str(path)).to_pyarrow_table()).to_pylist(), key=lambda r: r["id"]) == [
