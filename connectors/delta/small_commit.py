@@ -19,8 +19,9 @@ the log has no entry after its version (one `stat`); any other commit (another w
 the MERGE) makes it load again. The rows of the data files it wrote are kept too (`KEPT_ROWS_BYTES`
 in all), so the next batch does not read them back.
 
-The MERGE stays the reference: `tests/integration/connectors/delta/test_small_commit.py` holds the two equal (table,
-change feed, transactions) over generated batches, and reads a small commit back with delta-spark.
+The MERGE stays the reference: `tests/integration/connectors/delta/test_small_commit.py` holds the
+two equal (table, change feed, transactions) over generated batches, and reads a small commit back
+with delta-spark.
 
 A batch fits when:
 - the table lives on a local filesystem (an object store has no create-if-absent here);
@@ -337,9 +338,11 @@ class DataFile:
 
 def _data_files(actions: pa.Table) -> list[DataFile]:
     """The data files of delta-rs's flattened add actions."""
-    columns = [n[4:] for n in actions.column_names if n.startswith("min.") and f"max.{n[4:]}" in actions.column_names]
+    names = set(actions.column_names)
+    columns = [n[4:] for n in actions.column_names if n.startswith("min.") and f"max.{n[4:]}" in names]
+    wanted = ["path", "size_bytes"] + [f"{end}.{n}" for n in columns for end in ("min", "max")]
     files = []
-    for row in actions.select(["path", "size_bytes"] + [f"{e}.{n}" for n in columns for e in ("min", "max")]).to_pylist():
+    for row in actions.select(wanted).to_pylist():
         bounds = {n: (row[f"min.{n}"], row[f"max.{n}"]) for n in columns
                   if row[f"min.{n}"] is not None and row[f"max.{n}"] is not None}
         files.append(DataFile(row["path"], row["size_bytes"], bounds))

@@ -41,8 +41,8 @@ decoder (which then raises the precise error or decodes them): short frames and 
 bytes, unknown or unusable schema ids (and an unreachable registry), schemas the bulk path does
 not take (maps, unions of several non-null types, recursive records, a `before` record other
 than `after`'s, schemas arrow-avro refuses), bodies that do not decode (found by splitting the
-failed read in `SPLIT` parts, then the failing part, and so on: invalid UTF-8, a union or enum index the reader refuses, a length past the end) or do not
-end where the next begins, records that took a union branch their schema does not have
+failed read in `SPLIT` parts, then the failing part, and so on: invalid UTF-8, a union or enum
+index the reader refuses, a length past the end) or do not end where the next begins, records that took a union branch their schema does not have
 (`checked_unions`: arrow-avro reads any non-null index of a nullable union as the value, fastavro
 refuses an index outside the union), and a whole schema id's records when a value does not fit
 its column type (the reference's typing raises there too). Tombstones (None) come back in
