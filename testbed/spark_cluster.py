@@ -10,6 +10,7 @@ of their worker, so stopping a worker's group takes its executors with it.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -119,8 +120,9 @@ class StandaloneCluster:
                 seen = f"{len(alive)} of {self.workers} workers alive"
                 if len(alive) >= self.workers:
                     return
-            except OSError as error:  # the master's web UI is not up yet
-                seen = str(error)
+            except (OSError, http.client.HTTPException, ValueError, KeyError) as error:
+                # the master's web UI is not up yet, or answered while starting (cut short, not JSON)
+                seen = f"{type(error).__name__}: {error}"
             time.sleep(0.5)
         raise TimeoutError(f"cluster not up in {self.start_timeout_s:.0f}s ({seen}): {self.logs()}")
 
