@@ -234,7 +234,9 @@ def test_bulk_columns_equal_the_reference_record_by_record(client, data) -> None
         well_formed.discard(victim)
     values += [frame(99_999, b"\x02"), b"\x00\x01", b"\x01" + values[-1][1:] if values[-1] else b"\x01\x00\x00\x00\x01"]
     decoder = ConfluentAvroDecoder(client)
-    decoded = decode_avro_columns(values, decoder)
+    with pytest.MonkeyPatch.context() as patch:  # failed reads scanned by the reference, or halved to the record
+        patch.setattr(avro_columns, "LOCATE", data.draw(st.sampled_from([avro_columns.LOCATE, 3, 1]), label="locate"))
+        decoded = decode_avro_columns(values, decoder)
     assert_like_the_reference(values, decoded, decoder, never_fallback=well_formed)
     assert {len(values) - 3, len(values) - 2, len(values) - 1} <= set(decoded.fallback)
     if victim is not None and _reference(decoder, values[victim]) is None:
@@ -277,25 +279,53 @@ def test_trailing_bytes_fall_back_without_stalling_the_reader(client, where: int
     assert_like_the_reference(values, decoded, decoder, never_fallback=set(range(20)) - {where})
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("where", [0, 37, 63, 99])
-def test_a_record_the_reader_refuses_costs_about_one_more_read(client, where: int, monkeypatch) -> None:
-    """A union index the reader refuses (3 of 2 branches): the failed read is read again in parts, the
-    parts that read stand and only the failing one is split again. The records read in all stay under
-    2.3 times the range (halving read it about three times)."""
-    values = _orders(client, 100)
+def _with_refused_union_index(values: list[bytes], where: int) -> list[bytes]:
+    """`values` with record `where`'s `before` union index made 3 (of 2 branches): the reader refuses it."""
     damaged = bytearray(values[where])
-    damaged[5] = 3 * 2  # zigzag: the `before` union's index 3
-    values[where] = bytes(damaged)
+    damaged[5] = 3 * 2  # zigzag
+    return [*values[:where], bytes(damaged), *values[where + 1:]]
+
+
+def _counting_reads(monkeypatch) -> list[int]:
+    """The sizes of the Rust reader's reads from now on."""
     reads: list[int] = []
     original = avro_columns._Plan.read
     monkeypatch.setattr(avro_columns._Plan, "read",
                         lambda plan, framed, sentinel: reads.append(len(framed)) or original(plan, framed, sentinel))
+    return reads
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("where", "count"), [(0, 6), (37, 7), (1000, 5), (1999, 4)])
+def test_a_record_the_reader_refuses_costs_a_few_more_reads(client, where: int, count: int, monkeypatch) -> None:
+    """A union index the reader refuses (3 of 2 branches) in 2,000 records: the failed read is halved
+    twice (a second half is read only when its first half failed too), the 500-record part that fails
+    is scanned with the reference reader, and the records on either side of the one it refuses are
+    read: four to seven reads in all, about 2.5 times the records."""
+    values = _with_refused_union_index(_orders(client, 2000), where)
+    reads = _counting_reads(monkeypatch)
+    decoder = ConfluentAvroDecoder(client)
+    decoded = decode_avro_columns(values, decoder)
+    assert decoded.fallback == [where]
+    assert_like_the_reference(values, decoded, decoder, never_fallback=set(range(2000)) - {where})
+    assert len(reads) == count and sum(reads) <= 5500, reads
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("where", [0, 37, 63, 99])
+def test_a_record_the_reference_reads_but_the_reader_refuses_is_found_by_halving(client, where: int,
+                                                                                 monkeypatch) -> None:
+    """Where the reference scan finds nothing to refuse, the failed part is halved down to the record,
+    and no part of it is scanned again."""
+    values = _with_refused_union_index(_orders(client, 100), where)
+    scans: list[tuple[int, int]] = []
+    monkeypatch.setattr(avro_columns._Plan, "refused", lambda plan, framed, start, end: scans.append((start, end)))
+    reads = _counting_reads(monkeypatch)
     decoder = ConfluentAvroDecoder(client)
     decoded = decode_avro_columns(values, decoder)
     assert decoded.fallback == [where]
     assert_like_the_reference(values, decoded, decoder, never_fallback=set(range(100)) - {where})
-    assert sum(reads) <= 230, reads
+    assert scans == [(0, 100)] and len(reads) <= 1 + 2 * 7, (scans, reads)
 
 
 @pytest.mark.timeout(120)
