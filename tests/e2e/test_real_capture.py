@@ -7,6 +7,10 @@ engine stopped once it captured the marker, then one pipeline per table and one 
 run. The checks, the pipelines and the comparison with `SELECT *` are tests/support/capture/checks.py's
 (shared with the Kafka Connect capture, test_connect_capture.py).
 
+The same run also materializes `documents` (`upsert_materialize: force`) twice, in one micro-batch and
+in batches of 25 records: a TOASTed `body` left unchanged by an update takes the value the key's earlier
+change gave it, from the same micro-batch or from the table, as on the plain path.
+
 The same run also writes an SCD type 2 history (`history:`) of `customers` from a scrambled copy of its
 topic: two partitions, the first half of the records in partition 1 and the rest in partition 0, read in
 small batches, so that a key's later changes are applied before its earlier ones (cross-partition
@@ -28,6 +32,7 @@ from service.config.history import DELETED, END_AT, START_AT, UPDATED_AT
 from service.operations.workload import create_topics
 from tests.support.capture.checks import (  # noqa: F401 - the shared checks, collected here
     Capture,
+    compare,
     ingest,
     phase,
     records,
@@ -55,6 +60,15 @@ HISTORY_COLUMNS = ("id", *TRACKED, START_AT, END_AT, UPDATED_AT, DELETED)
 def _history_pipeline(name: str, topic: str, table: str, batch: int) -> dict:
     return {"name": name, "topics": [topic], "table": table, "primary_key": ["id"],
             "max_offsets_per_trigger": batch, "history": {"track_history_column_list": list(TRACKED)}}
+
+
+def _materialized_pipeline(topic: str, table: str, batch: int | None) -> dict:
+    return {"name": f"rc_{table}", "topics": [topic], "table": table, "primary_key": ["id"],
+            "upsert_materialize": "force", **({"max_offsets_per_trigger": batch} if batch else {})}
+
+
+MATERIALIZED = {"documents_materialized": None, "documents_materialized_small": 25}
+"""Materialized copies of `documents`: the table and its micro-batch size (None: one batch)."""
 
 
 def _scrambled_copy(bootstrap: str, topic: str) -> str:
@@ -109,7 +123,10 @@ def captured(postgres: PostgresCluster, kafka_bootstrap: str, tmp_path_factory) 
     workdir = tmp_path_factory.mktemp("real_capture")
     capture = _capture(postgres, kafka_bootstrap, workdir, {})
     scrambled = _scrambled_copy(kafka_bootstrap, capture.topics[HISTORY_TABLE])
-    ingest(capture, kafka_bootstrap, workdir, [_history_pipeline("rc_history", scrambled, "scrambled", 700)])
+    materialized = [_materialized_pipeline(capture.topics["documents"], table, batch)
+                    for table, batch in MATERIALIZED.items()]
+    ingest(capture, kafka_bootstrap, workdir,
+           [_history_pipeline("rc_history", scrambled, "scrambled", 700), *materialized])
     return capture
 
 
@@ -161,3 +178,9 @@ def test_history_under_cross_partition_disorder_equals_the_commit_order_walk_on_
     assert DeltaTable(str(root / "scrambled_history")).version() == version  # the replay added no version
     assert _history(root, "scrambled") == walked
     assert _history(root, "scrambled_spark") == walked
+
+
+@pytest.mark.parametrize("table", sorted(MATERIALIZED))
+def test_the_materializer_fills_toasted_values_as_the_plain_path_does(
+        captured: Capture, postgres: PostgresCluster, table: str):  # noqa: F811
+    compare(captured, postgres, "documents", None, delta_table=table)

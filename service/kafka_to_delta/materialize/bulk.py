@@ -21,6 +21,7 @@ import orjson
 
 from service.config.choices import Compaction
 from service.kafka_to_delta.materialize.bucket_document import StoredState
+from service.kafka_to_delta.materialize.fill_unchanged import chain_image, filled_text
 from service.kafka_to_delta.materialize.rules import (
     Change,
     Materializer,
@@ -82,8 +83,9 @@ def net_values(key: str, records: list[dict], outcome: Outcome) -> dict:
         kind = ChangeKind.DELETE.value if net.kind == "delete" else ChangeKind.UPDATE_AFTER.value
         row = net.row
         # A winner from an earlier barrier (a rollback) has no record here: its unchanged columns are unknown.
-        winner = next((r for r in reversed(records) if r["row"] == row), None) if row is not None else None
-        unchanged = winner.get("unchanged") if winner else None
+        at = next((i for i in reversed(range(len(records))) if records[i]["row"] == row), None) if row else None
+        if at is not None:
+            row, unchanged = filled_text(row, records[at].get("unchanged"), _earlier_images(records, at))
     last = records[-1]
     values = dict.fromkeys(NET_NAMES)
     values.update(
@@ -95,6 +97,20 @@ def net_values(key: str, records: list[dict], outcome: Outcome) -> dict:
         cleared_state_warnings=counters.cleared_state_warnings, state_bytes=counters.state_bytes,
     )
     return values
+
+
+def _earlier_images(records: list[dict], at: int) -> list[dict]:
+    """The images of the key before `records[at]` from its source (a placeholder stands for the value
+    that source's previous row held), from the last complete one or delete on (`chain_image`). The
+    table holds the value of a column no image here holds: the net row leaves it unchanged."""
+    chain: list[dict] = []
+    if not records[at].get("unchanged"):
+        return chain
+    topic = records[at]["topic"]
+    for record in records[:at]:
+        if record["topic"] == topic:
+            chain_image(chain, record["kind"], record["row"], record.get("unchanged"))
+    return chain
 
 
 def passthrough(records: Iterable[dict]) -> Iterator[dict]:

@@ -58,6 +58,26 @@ def filled_net(net: pa.Table) -> pa.Table:
     return net.set_column(net.schema.get_field_index("unchanged"), "unchanged", pa.array(lefts, pa.string()))
 
 
+def chain_image(chain: list[dict], kind: str, row: str | None, unchanged: str | None) -> None:
+    """Add one change (source order) to a key's chain of earlier images, which starts at the key's last
+    complete image or delete: the images `fill_unchanged` takes. Changes other than images and
+    deletes are left out."""
+    if kind not in _ENDING_KINDS:
+        return
+    deleted = kind == ChangeKind.DELETE.value
+    if unchanged is None or deleted:
+        chain.clear()
+    chain.append({"row": DELETED_ROW if deleted else row, "unchanged": None if deleted else unchanged})
+
+
+def filled_text(text: str | None, unchanged: str | None, chain: list[dict] | None) -> tuple[str | None, str | None]:
+    """(row text, unchanged columns as JSON text or None) of a change filled from its key's `chain`."""
+    if not chain or not unchanged or text is None:
+        return text, unchanged
+    row, still = fill_unchanged(json.loads(text), json.loads(unchanged), chain)
+    return compact_json(row), json.dumps(still) if still else None
+
+
 def filled_images(last: pa.Table, changes: pa.Table) -> pa.Table:
     """`last` with each row that left columns unchanged filled from its key's earlier images."""
     unchanged = last.column(Column.UNCHANGED)
@@ -68,18 +88,11 @@ def filled_images(last: pa.Table, changes: pa.Table) -> pa.Table:
                                     pc.is_in(changes.column(Column.KIND), pa.array(_ENDING_KINDS))))
     by_key: dict[str, list[dict]] = {}
     for image in images.select([Column.KEY, Column.KIND, Column.ROW, Column.UNCHANGED]).to_pylist():
-        chain = by_key.setdefault(image[Column.KEY], [])
-        deleted = image[Column.KIND] == ChangeKind.DELETE.value
-        if image[Column.UNCHANGED] is None or deleted:
-            chain.clear()  # images from the last complete one (or delete) on
-        chain.append({"row": DELETED_ROW if deleted else image[Column.ROW],
-                      "unchanged": None if deleted else image[Column.UNCHANGED]})
+        chain_image(by_key.setdefault(image[Column.KEY], []), image[Column.KIND], image[Column.ROW],
+                    image[Column.UNCHANGED])
     texts, lefts = [], []
     for key, text, left in zip(*(last.column(c).to_pylist() for c in (Column.KEY, Column.ROW, Column.UNCHANGED))):
-        found = by_key.get(key)
-        if found and left and text is not None:
-            row, still = fill_unchanged(json.loads(text), json.loads(left), found)
-            text, left = compact_json(row), json.dumps(still) if still else None
+        text, left = filled_text(text, left, by_key.get(key))
         texts.append(text)
         lefts.append(left)
     last = last.set_column(last.schema.get_field_index(Column.ROW), Column.ROW, pa.array(texts, pa.string()))

@@ -205,10 +205,12 @@ def _differences(expected: list[dict], actual: list[dict], key: tuple[str, ...],
     return {name: found for name, found in found.items() if found}
 
 
-def _compare(captured: Capture, cluster: PostgresCluster, table: str, columns: tuple[str, ...] | None) -> None:
+def compare(captured: Capture, cluster: PostgresCluster, table: str, columns: tuple[str, ...] | None,
+            delta_table: str | None = None) -> None:
+    """The Delta table (`delta_table`, else the source table's name) equals `SELECT *` of `table` in `columns`."""
     source_table = TABLES_BY_NAME[table]
     names, expected = _source(cluster, captured.dbname, table)
-    schema, actual = _delta(captured.tables_root, table)
+    schema, actual = _delta(captured.tables_root, delta_table or table)
     assert schema.names == names == list(source_table.columns)
     columns = columns or source_table.columns
     differences = _differences(expected, actual, source_table.sink_key, columns)
@@ -224,7 +226,7 @@ def _compare(captured: Capture, cluster: PostgresCluster, table: str, columns: t
 ])
 def test_delta_table_equals_select_star(captured: Capture, postgres: PostgresCluster, table: str,
                                         columns: tuple[str, ...] | None):
-    _compare(captured, postgres, table, columns)
+    compare(captured, postgres, table, columns)
 
 
 @pytest.mark.parametrize("table", [t.name for t in INGESTED])

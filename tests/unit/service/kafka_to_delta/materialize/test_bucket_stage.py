@@ -166,3 +166,31 @@ def test_a_document_of_an_earlier_layout_is_read_and_written_back_as_columns(lay
     [stored] = tester.peekValueState("keys", BUCKET)
     assert stored[:1] == b"\x02"
     assert json.loads(_keys(tester)["[1]"][0])["l"][0]["r"] == _text({**a, "v": "a2"})
+
+
+def test_a_column_left_unchanged_takes_the_value_an_earlier_change_of_its_source_gave_it():
+    """A TOAST placeholder (`unchanged`) stands for the value the key's previous row in its source held:
+    a change earlier in the same micro-batch fills it; a delete in between leaves it null; what no
+    change of the batch holds stays unchanged (the table keeps its stored value)."""
+    tester = _tester()
+    unchanged = json.dumps(["body"])
+    out = _call(tester, [
+        change("+I", {"id": 1, "title": "a", "body": "first"}, 0),
+        change("+U", {"id": 1, "title": "b", "body": "second"}, 1),
+        change("+U", {"id": 1, "title": "c"}, 2, unchanged=unchanged),
+        change("+U", {"id": 1, "title": "d"}, 3, unchanged=unchanged),
+        change("+U", {"id": 2, "title": "x"}, 4, unchanged=unchanged),
+        change("+I", {"id": 3, "title": "y", "body": "gone"}, 5), change("-D", {"id": 3}, 6),
+        change("+I", {"id": 3, "title": "z"}, 7, unchanged=unchanged),
+        change("+I", {"id": 4, "title": "t", "body": "other source"}, 8, topic="other"),
+        change("+U", {"id": 4, "title": "u"}, 9, unchanged=unchanged),
+    ])
+    assert {k: (json.loads(r["row"]), r["unchanged"]) for k, r in out.items()} == {
+        "[1]": ({"id": 1, "title": "d", "body": "second"}, None),
+        "[2]": ({"id": 2, "title": "x"}, unchanged),
+        "[3]": ({"id": 3, "title": "z", "body": None}, None),
+        "[4]": ({"id": 4, "title": "u"}, unchanged),
+    }
+    # The next micro-batch's placeholder: no earlier change of it, so the table keeps what it stored.
+    out = _call(tester, [change("+U", {"id": 1, "title": "e"}, 10, unchanged=unchanged)])
+    assert (json.loads(out["[1]"]["row"]), out["[1]"]["unchanged"]) == ({"id": 1, "title": "e"}, unchanged)
