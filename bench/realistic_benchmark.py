@@ -401,7 +401,7 @@ def table_lines(results: dict) -> list[str]:
     rows = results["rows"]
     best = max((r.get("service", {}).get("steady_rate", 0) for r in rows.values()), default=0)
     lines = ["| input | records | B/value | naive ev/s | service steady ev/s | service/naive | vs best row | "
-             "service table = source | naive table = source | materializer steady ev/s | freshness p95 (p50) | "
+             "service table = source | naive table = source | materializer steady ev/s (its table) | freshness p95 (p50) | "
              "service peak RSS | ranges vectorised / record by record |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
@@ -423,12 +423,16 @@ def table_lines(results: dict) -> list[str]:
         for part in ("naive", "service", "materializer", "freshness"):
             if "failed" in row.get(part, {}):
                 notes.append(f"- {name} {part}: FAILED {row[part]['failed']}")
+        materialized = " (table = source)" if mat.get("table_differs", 0) is None else ""
+        if mat.get("table_differs"):
+            materialized = " (**table differs**)"
+            notes.append(f"- {name} materializer: table differs from the source: {mat['table_differs'][:200]}")
         for reason, count in decode.get("fallback_reasons", {}).items():
             notes.append(f"- {name}: {count} range(s) record by record: {reason}")
         lines.append(f"| {name} | {row.get('records', 0):,} | {row.get('bytes_per_record', 0):,.0f} | "
                      f"{_rate(naive.get('rate'))} | {_rate(steady)} ({service.get('batches', '-')} batches) | "
                      f"{ratio} | {versus} | {_check(service)} | {_check(naive)} | "
-                     f"{_rate(mat.get('steady_rate'))} | {freshness} | "
+                     f"{_rate(mat.get('steady_rate'))}{materialized} | {freshness} | "
                      f"{_rate(service.get('rss_mib'))} MiB | {ranges} |")
     return lines + ([""] + notes if notes else [])
 
