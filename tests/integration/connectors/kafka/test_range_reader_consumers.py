@@ -1,0 +1,55 @@
+"""The consumers the range readers open, against Apache Kafka: the settings they read with.
+
+A reader decodes between its reads, so librdkafka's prefetch queue fills up and the partition's next
+fetch is put off by `fetch.queue.backoff.ms` (librdkafka's default: a second, which a steady batch spent
+waiting in `consume()`). Every consumer the readers open gets the short backoff unless the pipeline's
+Kafka options set one; the records read are the range's either way.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, Producer
+
+from connectors.kafka import range_reader
+from connectors.kafka.range_reader import FETCH_QUEUE_BACKOFF_MS, read_values, read_values_of_ranges
+from service.operations.workload import create_topics
+
+
+@pytest.fixture
+def topic(kafka_bootstrap: str) -> str:
+    name = f"range-consumers-{uuid.uuid4().hex[:10]}"
+    create_topics(kafka_bootstrap, [name], 2)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(400):
+        producer.produce(name, value=b"v%d" % i, partition=i % 2)
+    assert producer.flush(30) == 0
+    return name
+
+
+@pytest.fixture
+def opened(monkeypatch) -> list[dict]:
+    """The configuration of every consumer the readers open from now on."""
+    configs: list[dict] = []
+
+    def recording(config: dict) -> Consumer:
+        configs.append(dict(config))
+        return Consumer(config)
+
+    monkeypatch.setattr(range_reader, "Consumer", recording)
+    return configs
+
+
+@pytest.mark.parametrize("options", [{}, {"fetch.queue.backoff.ms": "250"}], ids=["default", "pipeline-option"])
+def test_every_reader_consumer_fetches_again_soon_once_its_queue_is_full(kafka_bootstrap: str, topic: str,
+                                                                         opened: list[dict], options: dict):
+    settings = {"bootstrap.servers": kafka_bootstrap, **options}
+    values = [v for chunk in read_values(settings, topic, 0, 10, 150) for v in chunk.values]
+    assert values == [b"v%d" % i for i in range(20, 300, 2)]
+    ranges = read_values_of_ranges(settings, [(topic, 0, 0, 200), (topic, 1, 0, 200)])
+    assert [len(v) for chunks in ranges.values() for chunk in chunks for v in [chunk.values]] == [200, 200]
+    want = options.get("fetch.queue.backoff.ms", str(FETCH_QUEUE_BACKOFF_MS))
+    assert len(opened) == 2 and [c["fetch.queue.backoff.ms"] for c in opened] == [want, want]
+    assert int(FETCH_QUEUE_BACKOFF_MS) < 100  # librdkafka's default is 1,000
