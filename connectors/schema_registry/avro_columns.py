@@ -42,7 +42,8 @@ bytes, unknown or unusable schema ids (and an unreachable registry), schemas the
 not take (maps, unions of several non-null types, recursive records, a `before` record other
 than `after`'s, schemas arrow-avro refuses), bodies that do not decode (found by halving the
 failed read, then the failing half, and so on, and in a failed part of at most `LOCATE` records by
-the reference reader: invalid UTF-8, a union or enum index the reader refuses, a length past the end) or do not end where the next begins, records that took a union branch their schema does not have
+the reference reader: invalid UTF-8, a union or enum index the reader refuses, a length past the
+end) or do not end where the next begins, records that took a union branch their schema does not have
 (`checked_unions`: arrow-avro reads any non-null index of a nullable union as the value, fastavro
 refuses an index outside the union), and a whole schema id's records when a value does not fit
 its column type (the reference's typing raises there too). Tombstones (None) come back in
@@ -534,14 +535,14 @@ class BulkAvroDecoder:
 
 @dataclass
 class _Part:
-    """Records [start, end) of a chunk to read. `fails` is known to fail (not read); `second` is the
-    `fails` of the other half of the same split, set once this first half reads whole (so the failure
-    of the two together lies in the second). `scan`: may be scanned with the reference reader."""
+    """Records [start, end) of a chunk to read. `fails`: known to fail (not read). `second`: the other
+    half of the same split, known to fail once this first half reads whole (the failure of the two
+    lies in it). `scan`: may be scanned with the reference reader."""
 
     start: int
     end: int
-    fails: list[bool] = field(default_factory=lambda: [False])
-    second: list[bool] | None = None
+    fails: bool = False
+    second: _Part | None = None
     scan: bool = True
 
 
@@ -559,7 +560,7 @@ def _split_failed(plan: _Plan, framed: list[bytes], part: _Part, ranges: list[_P
             return
     middle = (start + end) // 2
     second = _Part(middle, end, scan=part.scan and end - start > LOCATE)
-    ranges += [second, _Part(start, middle, second=second.fails, scan=second.scan)]
+    ranges += [second, _Part(start, middle, second=second, scan=second.scan)]
 
 
 def _read_all(plan: _Plan, framed: list[bytes]) -> tuple[list[tuple[np.ndarray, pa.RecordBatch]], list[int]]:
@@ -581,7 +582,7 @@ def _read_all(plan: _Plan, framed: list[bytes]) -> tuple[list[tuple[np.ndarray, 
     while ranges:
         part = ranges.pop()
         start, end = part.start, part.end
-        failed = part.fails[0]
+        failed = part.fails
         if not failed:
             try:
                 batch, shifted = plan.read(framed[start:end], sentinel)
@@ -593,7 +594,7 @@ def _read_all(plan: _Plan, framed: list[bytes]) -> tuple[list[tuple[np.ndarray, 
             _split_failed(plan, framed, part, ranges, bad)
             continue
         if shifted is None and part.second is not None:
-            part.second[0] = True  # the first half read whole: the failure of the split is in the second
+            part.second.fails = True  # the first half read whole: the failure of the split is in the second
         read = end - start if shifted is None else shifted  # rows before the first moved sentinel
         if shifted is not None:
             bad.append(start + shifted)
