@@ -194,6 +194,12 @@ class PipelineSettings(SettingsModel):
         return None
 
     @property
+    def one_live_row_per_key(self) -> bool:
+        """Whether a primary key holds one live row at most (one topic, whose upsert key is the primary key):
+        the materializer then keeps digests of rows, not their text (`materialize.row_digest`)."""
+        return self._materializer_reason() is None
+
+    @property
     def materialized(self) -> bool:
         """Whether the keyed-state materializer runs (`auto`: keys differ or several inputs)."""
         if self.upsert_materialize != "auto":

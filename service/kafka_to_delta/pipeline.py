@@ -81,6 +81,7 @@ def stage_config(pipeline: PipelineSettings, key_buckets: int = DEFAULT_KEY_BUCK
     return StageConfig(
         rules=rules, compaction=pipeline.effective_compaction, state_ttl_ms=ttl_ms,
         whole_row_key=not pipeline.effective_upsert_key, key_buckets=key_buckets,
+        row_digests=pipeline.one_live_row_per_key,
     )
 
 

@@ -140,7 +140,7 @@ class BucketProcessor(StatefulProcessor):
         touched = {r[GROUP] for r in due if not is_failed(r[GROUP])}
         states = document.take(touched)  # only the keys this call touches become Python objects
         out = compact_many(self.rules, sorted(due, key=arrival), states, self.config.whole_row_key,
-                           self.config.state_ttl_ms)
+                           self.config.state_ttl_ms, self.config.row_digests)
         document.replace(touched, states)
         dropped = document.expire(self.config.state_ttl_ms, watermark)
         if touched or dropped:

@@ -13,7 +13,7 @@ TTL): `StoredState`. A bucket's state maps primary keys to `StoredState`s (`buck
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import itemgetter
 from typing import Iterable, Iterator
 
@@ -22,16 +22,20 @@ import orjson
 from service.config.choices import Compaction
 from service.kafka_to_delta.materialize.bucket_document import StoredState
 from service.kafka_to_delta.materialize.fill_unchanged import chain_image, filled_text
+from service.kafka_to_delta.materialize.row_digest import digested, digested_state
 from service.kafka_to_delta.materialize.rules import (
     Change,
     Materializer,
     MaterializerConfig,
+    MaterializerError,
+    NetChange,
     Outcome,
 )
 from service.kafka_to_delta.materialize.rules_fast import simple_outcome
 from service.kafka_to_delta.rows.names import EVENT_TIME, GROUP, error_group_key
 from service.kafka_to_delta.rows.spark import NET_SCHEMA
 from vocabulary.changes import ChangeKind
+from vocabulary.redaction import shown
 
 ARRIVAL_ORDER = ("timestamp", "topic", "partition", "offset", "change_index")
 ERROR_PREFIX = error_group_key("")
@@ -56,6 +60,8 @@ class StageConfig:
     whole_row_key: bool = False  # retract mode: no upsert key, the whole row identifies a change
     # State per bucket of hash(key) % key_buckets (part of the checkpoint's layout); 0 = state per key.
     key_buckets: int = DEFAULT_KEY_BUCKETS
+    # One live row per key at most (one source, upsert key = primary key): keep rows' digests (`row_digest`).
+    row_digests: bool = False
 
 
 arrival = itemgetter(*ARRIVAL_ORDER)
@@ -125,15 +131,23 @@ def is_failed(group: str) -> bool:
 
 
 def compact_key(rules: Materializer, key: str, records: list[dict], stored: StoredState | None,
-                whole_row_key: bool, ttl_ms: int) -> tuple[dict, StoredState | None]:
-    """Apply one key's due records (arrival order) to its stored state: (net row, state to keep)."""
+                whole_row_key: bool, ttl_ms: int, row_digests: bool = False) -> tuple[dict, StoredState | None]:
+    """Apply one key's due records (arrival order) to its stored state: (net row, state to keep).
+
+    With `row_digests` the rules see and keep the rows' digests; the net row is the text of the change
+    whose digest won."""
     previous, touched = stored if stored is not None else (None, None)
-    outcome = None if whole_row_key else simple_outcome(rules, key, previous, records)
+    ruled = records
+    if row_digests:
+        ruled, previous = digested(records), digested_state(previous)
+    outcome = None if whole_row_key else simple_outcome(rules, key, previous, ruled)
     if outcome is None:
-        changes = [change_of(r, whole_row_key) for r in records]
+        changes = [change_of(r, whole_row_key) for r in ruled]
         # Data time, not the wall clock: a replayed batch decides the same.
         now_ms = max((int(r[EVENT_TIME]) for r in records if r[EVENT_TIME] is not None), default=0)
         outcome = rules.apply(key, previous, changes, now_ms)
+    if row_digests:
+        outcome = _with_row_text(rules, key, records, ruled, outcome)
     kept: StoredState | None = None
     if outcome.new_state is not None:
         if ttl_ms:
@@ -144,8 +158,23 @@ def compact_key(rules: Materializer, key: str, records: list[dict], stored: Stor
     return net_values(key, records, outcome), kept
 
 
+def _with_row_text(rules: Materializer, key: str, records: list[dict], ruled: list[dict], outcome: Outcome) -> Outcome:
+    """`outcome` (decided on digests) with its net row's text: that of the last change of the batch whose
+    digest won. A winner that is not among them would be a row of an earlier barrier, whose text the state
+    no longer holds: an error (`row_digests` is only set where one live row per key is all there can be)."""
+    net = outcome.net
+    if net is None or net.row is None:
+        return outcome
+    at = next((i for i in reversed(range(len(ruled))) if ruled[i]["row"] == net.row), None)
+    if at is None:
+        raise MaterializerError(
+            f"table {rules.config.table}, primary key {shown(key, rules.config.log_values)}: the row to restore is "
+            "from an earlier micro-batch and the state keeps only its digest (row digests need one live row per key)")
+    return replace(outcome, net=NetChange(net.kind, records[at]["row"]))
+
+
 def compact_many(rules: Materializer, records: Iterable[dict], states: dict[str, StoredState],
-                 whole_row_key: bool, ttl_ms: int = 0) -> list[dict]:
+                 whole_row_key: bool, ttl_ms: int = 0, row_digests: bool = False) -> list[dict]:
     """Net rows for every key among `records` (in arrival order, `arrival`; one barrier each); `states` is
     updated in place.
 
@@ -159,7 +188,7 @@ def compact_many(rules: Materializer, records: Iterable[dict], states: dict[str,
         if is_failed(key):
             out.extend(passthrough(group))
             continue
-        net, kept = compact_key(rules, key, group, states.get(key), whole_row_key, ttl_ms)
+        net, kept = compact_key(rules, key, group, states.get(key), whole_row_key, ttl_ms, row_digests)
         if kept is None:
             states.pop(key, None)
         else:

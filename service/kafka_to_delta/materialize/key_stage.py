@@ -149,7 +149,8 @@ class MaterializerProcessor(StatefulProcessor):
     def _compact(self, group: str, records: list[dict]) -> Row:
         stored = self.state.get()
         ttl_ms = self.config.state_ttl_ms
-        net, kept = compact_key(self.rules, group, records, stored, self.config.whole_row_key, ttl_ms)
+        net, kept = compact_key(self.rules, group, records, stored, self.config.whole_row_key, ttl_ms,
+                                self.config.row_digests)
         if kept is None:
             if stored is not None:
                 self.state.clear()

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -51,6 +51,7 @@ from service.config.settings import PipelineSettings, Settings
 from service.kafka_to_delta.formats.debezium_json import canonical_key
 from service.kafka_to_delta.materialize.bucket_stage import SEED_COLUMNS
 from service.kafka_to_delta.materialize.key_state import LiveRow, PkState, encode_state
+from service.kafka_to_delta.materialize.row_digest import is_digest
 from service.kafka_to_delta.plan.checkpoint_state import OldState, read_old_state
 from service.kafka_to_delta.plan.compiled_plan import Kind, pipeline_operators
 from service.kafka_to_delta.plan.rebuilt_seed import SEED_DIR, SEED_INFO, SEED_ROWS
@@ -222,6 +223,8 @@ def seed_states(rows: list[dict[str, Any]], pipeline: PipelineSettings, touched_
         tombstones = {} if old is None else old.tombstones.pop(pk, {})
         if live is not None:
             counts.with_origin += 1
+            if is_digest(live.row) and not pipeline.one_live_row_per_key:  # the state kept a digest: the table has the row
+                live = replace(live, row=_from_table(row, pk, pipeline).row)
         elif table_alone:
             live, tombstones = _from_table(row, pk, pipeline), {}
             counts.from_table += 1
