@@ -41,9 +41,12 @@ DocumentDecoder = Callable[[bytes], tuple[Any, dict[str, str] | None]]
 _CANONICAL_ENCODER = json.JSONEncoder(separators=COMPACT_SEPARATORS, sort_keys=True)
 _COMPACT_ENCODER = json.JSONEncoder(separators=COMPACT_SEPARATORS)
 _SCHEMA_CACHE_SIZE = 256
-# Every digit becomes "0"; a run of 19 of them may be an integer beyond 64 bits.
+# Every digit becomes "0". orjson reads integers from -2**63 to 2**64 - 1 exactly and others as floats: a
+# run of 20 digits may be beyond 2**64 - 1, and a minus sign before 19 digits below -2**63. A run of 19
+# digits without the sign (Debezium's nanosecond `ts_ns` on every record) is below 2**64 - 1.
 _DIGITS_TO_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
-_LONG_DIGIT_RUN = b"0" * 19
+_UNSIGNED_BEYOND = b"0" * 20
+_SIGNED_BEYOND = b"-" + b"0" * 19
 MAX_NESTING = 200
 """Deepest nesting of arrays and objects in a document: every later step (key and row encoding
 here, JSON parsing on the driver) stays far from Python's recursion limit (1000 frames)."""
@@ -101,7 +104,8 @@ def loads(data: bytes) -> Any:
 
 
 def _parse(data: bytes) -> Any:
-    if _LONG_DIGIT_RUN not in data.translate(_DIGITS_TO_ZERO):
+    shape = data.translate(_DIGITS_TO_ZERO)
+    if _UNSIGNED_BEYOND not in shape and _SIGNED_BEYOND not in shape:
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:

@@ -27,6 +27,7 @@ from service.kafka_to_delta.formats.debezium_json import (
     JsonDocuments,
     canonical_json,
     canonical_key,
+    loads,
 )
 from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
 from vocabulary.changes import ChangeKind
@@ -458,3 +459,31 @@ def test_flat_records_take_their_types_from_the_top_level_struct():
     settings_ = FromChangelogSettings(preset="deletion-flag")
     (row,) = ChangelogBatchDecoder(settings_, PK)(kafka_batch([(None, value)])).to_pylist()
     assert (row["kind"], row["row"], row["types"]) == ("+U", '{"id":4,"name":"n"}', '{"id":"int64","name":"string"}')
+
+
+_EDGE_INTEGERS = [2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**63), -(2**63) - 1, 10**18, 10**19 - 1, -(10**18),
+                  -(10**19) + 1, 10**19, 1_795_973_736_106_000_000]
+_NUMBERS = st.one_of(st.integers(min_value=-(10**21), max_value=10**21), st.sampled_from(_EDGE_INTEGERS),
+                     st.floats(allow_nan=False, allow_infinity=False),
+                     st.decimals(allow_nan=False, allow_infinity=False, places=19).map(str))
+_VALUES = st.recursive(st.one_of(_NUMBERS, st.text(alphabet="-0123456789e.x", max_size=25), st.none()),
+                       lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+                       max_leaves=8)
+
+
+def _typed(value):
+    """A parsed document with every number's type kept (1 and 1.0 compare equal)."""
+    if isinstance(value, dict):
+        return {k: _typed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_typed(v) for v in value]
+    return (type(value).__name__, value)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_VALUES, st.sampled_from([(",", ":"), (", ", ": ")]))
+def test_documents_parse_as_the_standard_parser_parses_them(value, separators):
+    # Integers from -2**63 to 2**64 - 1 (19-digit nanosecond timestamps included) take the fast parser; beyond
+    # them the exact one. Either way the numbers and their types are the standard parser's.
+    data = json.dumps(value, separators=separators).encode()
+    assert _typed(loads(data)) == _typed(json.loads(data))
