@@ -137,17 +137,17 @@ def compact_key(rules: Materializer, key: str, records: list[dict], stored: Stor
     With `row_digests` the rules see and keep the rows' digests; the net row is the text of the change
     whose digest won."""
     previous, touched = stored if stored is not None else (None, None)
-    ruled = records
     if row_digests:
-        ruled, previous = digested(records), digested_state(previous)
-    outcome = None if whole_row_key else simple_outcome(rules, key, previous, ruled)
+        previous = digested_state(previous)
+    outcome = None if whole_row_key else simple_outcome(rules, key, previous, records, row_digests)
     if outcome is None:
+        ruled = digested(records) if row_digests else records
         changes = [change_of(r, whole_row_key) for r in ruled]
         # Data time, not the wall clock: a replayed batch decides the same.
         now_ms = max((int(r[EVENT_TIME]) for r in records if r[EVENT_TIME] is not None), default=0)
         outcome = rules.apply(key, previous, changes, now_ms)
-    if row_digests:
-        outcome = _with_row_text(rules, key, records, ruled, outcome)
+        if row_digests:
+            outcome = _with_row_text(rules, key, records, ruled, outcome)
     kept: StoredState | None = None
     if outcome.new_state is not None:
         if ttl_ms:

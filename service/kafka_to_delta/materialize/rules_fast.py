@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from service.kafka_to_delta.materialize.key_state import STATE_VERSION, is_position, one_row_state
+from service.kafka_to_delta.materialize.row_digest import row_digest
 from service.kafka_to_delta.materialize.rules import (
     STATE_CLEARED_WARNING,
     Counters,
@@ -38,9 +39,13 @@ _STATE_FIELDS = frozenset(("v", "l"))
 _ROW_FIELDS = frozenset(("r", "p", "k"))
 
 
-def simple_outcome(rules: Materializer, pk: str, state: str | None, records: list[dict]) -> Outcome | None:
+def simple_outcome(rules: Materializer, pk: str, state: str | None, records: list[dict],
+                   digests: bool = False) -> Outcome | None:
     """The rules' outcome for `records` (one key's changelog records in arrival order, upsert-key mode) on
-    the stored `state`, or None when they or the state are not of the common shape."""
+    the stored `state`, or None when they or the state are not of the common shape.
+
+    `digests`: the state keeps the live row's digest (`row_digest`), `state` holds digests only
+    (`digested_state`); the net row is still the winning change's text."""
     upsert_key = records[0]["upsert_key"]
     if not isinstance(upsert_key, str):
         return None
@@ -57,23 +62,25 @@ def simple_outcome(rules: Materializer, pk: str, state: str | None, records: lis
         return None
     emitted = None if live is None else live[0]
     counters = Counters()
+    arrived = False  # whether the live row is one of `records` (else the stored one, as stored)
     for record in records:
         position = (record["topic"], int(record["partition"]), int(record["offset"]))
         if record["kind"] in _ADDS:
-            live = (record["row"], position)
+            live, arrived = (record["row"], position), True
         elif live is not None:
             live = None
         else:
             rules_log.warning(STATE_CLEARED_WARNING, rules.config.table, shown(pk, rules.config.log_values),
                               record["kind"], str(SourceCoordinates(*position)))
             counters.cleared_state_warnings += 1
-    text = None
+    text = kept = None
     if live is not None:
-        text = one_row_state(upsert_key, *live)
+        kept = row_digest(live[0]) if digests and arrived else live[0]
+        text = one_row_state(upsert_key, kept, live[1])
         counters.live_rows = 1
         counters.state_bytes = len(text.encode())
     net = None
-    if live is not None and live[0] != emitted:
+    if live is not None and kept != emitted:
         net = NetChange("upsert", live[0])
     elif live is None and emitted is not None:
         net = NetChange("delete", None)
