@@ -97,6 +97,8 @@ _LONG_DIGIT_RUN = b"0" * 19
 _DIGITS_TO_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
 _NINETEEN_DIGITS = 1e18
 _UNAVAILABLE = UNAVAILABLE_VALUE.encode()
+_REDUCE_ROWS = 20_000
+"""Changelog rows of a range's chunks reduced together at least (`RangeColumns.reduced`)."""
 _US_PER_MS = 1_000  # timestamp_ms columns are stored in microseconds
 _RETRACTING = (Grouping.UPDATE_BEFORE, Grouping.DELETE)
 _STATELESS = (Grouping.INSERT, Grouping.UPDATE_AFTER, Grouping.UPSERT, Grouping.UPDATE, *_RETRACTING)
@@ -180,6 +182,7 @@ class RangeColumns:
     order: dict[str, None] = field(default_factory=dict)
     """Every row column, in order of first appearance (null-typed ones included)."""
     net: pa.Table | None = None
+    """The last change per key of the chunks reduced so far (`reduced` folds in those added since)."""
     odd: list[int] = field(default_factory=list)
     """Offsets of the records left to the record-by-record way."""
     avro: Any = None
@@ -191,7 +194,10 @@ class RangeColumns:
     """Per group: nested columns parsed with the type Arrow inferred for them (`_valid_lists`)."""
     held: dict[str, pa.Table] = field(default_factory=dict)
     """Per column a placeholder stood for: the key's latest image value of the range holding it,
-    null where a delete came after it (`_track_placeholders`)."""
+    null where a delete came after it (`_track_placeholders`), once `_held_pending` is folded in."""
+    _pending: list[pa.Table] = field(default_factory=list)
+    """Changelog rows of chunks added since the last `reduced`."""
+    _held_pending: dict[str, list[pa.Table]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.documents, JsonDocuments):
@@ -227,12 +233,21 @@ class RangeColumns:
         rows = self._conformed(rows)
         self.changes += rows.num_rows
         self._track_placeholders(rows)
-        if self.net is not None:
-            try:
-                rows = pa.concat_tables([self.net, rows], promote_options="permissive")
-            except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-                raise NotVectorisable(f"batches of the range typed a column differently ({_shown(exc)})") from None
-        self.net = last_rows(rows, _KEY)
+        self._pending.append(rows)
+        if _due(self._pending, self.net):
+            self.reduced()
+
+    def reduced(self) -> pa.Table | None:
+        """The last change per key of every chunk added so far (`net`): the chunks waiting are folded in.
+
+        Chunks wait until they hold as many rows as the net rows (and at least `_REDUCE_ROWS`), so that
+        each reduction's copy of the wide net rows is paid for by as many new rows: folding in every
+        chunk copied the whole net rows again per chunk (quadratic in a range of many keys)."""
+        if self._pending:
+            self.net = _last_of([self.net, *self._pending] if self.net is not None else self._pending,
+                                "batches of the range typed a column differently")
+            self._pending = []
+        return self.net
 
     def _json_parts(self, chunk: ValueChunk) -> tuple[list[pa.Table], np.ndarray]:
         """(changelog rows of the chunk's JSON values per schema version, `__record` their position
@@ -593,16 +608,23 @@ class RangeColumns:
             if name in self.held:
                 continue
             self.held[name] = pa.table({_KEY: pa.array([], pa.string()), name: pa.array([], pa.null())})
-            if self.net is not None and self.net.num_rows:
-                self.held[name] = self._holders(self.net, name)
-        for name, held in self.held.items():
+            net = self.reduced()
+            if net is not None and net.num_rows:
+                self.held[name] = self._holders(net, name)
+        for name in self.held:
             candidates = self._holders(rows, name)
             if candidates.num_rows:
-                try:
-                    joined = pa.concat_tables([held, candidates], promote_options="permissive")
-                except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-                    raise NotVectorisable(f"schema versions typed a column differently ({_shown(exc)})") from None
-                self.held[name] = last_rows(joined, _KEY)
+                waiting = self._held_pending.setdefault(name, [])
+                waiting.append(candidates)
+                if _due(waiting, self.held[name]):
+                    self._held_reduced(name)
+
+    def _held_reduced(self, name: str) -> pa.Table:
+        """`held[name]` with the candidates waiting folded in (as `reduced` does for the net rows)."""
+        waiting = self._held_pending.pop(name, [])
+        if waiting:
+            self.held[name] = _last_of([self.held[name], *waiting], "schema versions typed a column differently")
+        return self.held[name]
 
     def _filled(self, net: pa.Table) -> pa.Table:
         """Net upserts with placeholder columns filled from the key's latest earlier image holding
@@ -610,7 +632,7 @@ class RangeColumns:
         pieces = []
         upserts = ~_mask(net.column(_RETRACT))
         for name in [n for n in self.order if n in self.held]:
-            held, flag = self.held[name], _FLAG + name
+            held, flag = self._held_reduced(name), _FLAG + name
             if flag not in net.column_names:
                 continue
             kept = _mask(net.column(flag)) & upserts
@@ -639,7 +661,7 @@ class RangeColumns:
 
     def result(self, primary_key: tuple[str, ...]) -> tuple[pa.Table | None, dict[str, str], dict[str, set[str]]]:
         """(net rows, declared types, seen kinds) as `typed_changes` gives them, before typing."""
-        net = self.net
+        net = self.reduced()
         if net is None or net.num_rows == 0:
             return None, {}, {}
         net = self._filled(net)
@@ -669,6 +691,21 @@ class RangeColumns:
                 else:
                     raise NotVectorisable(f"column {name!r} of schema-less records is {data_type}")
         return net, declared, seen
+
+
+def _due(waiting: list[pa.Table], reduced: pa.Table | None) -> bool:
+    """Whether tables waiting to be reduced hold as many rows as the reduced table, and `_REDUCE_ROWS`."""
+    rows = sum(t.num_rows for t in waiting)
+    return rows >= max(_REDUCE_ROWS, 0 if reduced is None else reduced.num_rows)
+
+
+def _last_of(tables: list[pa.Table], conflict: str) -> pa.Table:
+    """The last row per key (`_KEY`) of `tables` taken in order (`last_change.last_rows`)."""
+    try:
+        joined = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise NotVectorisable(f"{conflict} ({_shown(exc)})") from None
+    return last_rows(joined, _KEY)
 
 
 def _valid_lists(table: pa.Table) -> bool:

@@ -198,7 +198,7 @@ def decode_together(reducer: PartitionReducer, tables: list[TableValues]
     if columns.held or (columns.layouts is not None and columns.layouts.known):
         return [], tables
     alone = set(np.asarray(owners, np.int64)[np.asarray(columns.odd, np.int64)].tolist())
-    net = columns.net
+    net = columns.reduced()
     real_partitions = pa.array(partitions, pa.int32())
     real_offsets = pa.array(offsets, pa.int64())
     done, left = [], []

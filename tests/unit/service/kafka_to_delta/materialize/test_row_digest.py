@@ -16,9 +16,19 @@ import pytest
 
 from service.config.settings import settings_from_mapping
 from service.kafka_to_delta.materialize.bulk import compact_many
-from service.kafka_to_delta.materialize.key_state import LiveRow, PkState, Tombstone, decode_state, encode_state
+from service.kafka_to_delta.materialize.key_state import (
+    LiveRow,
+    PkState,
+    Tombstone,
+    decode_state,
+    encode_state,
+)
 from service.kafka_to_delta.materialize.row_digest import digested_state, is_digest, row_digest
-from service.kafka_to_delta.materialize.rules import Materializer, MaterializerConfig, MaterializerError
+from service.kafka_to_delta.materialize.rules import (
+    Materializer,
+    MaterializerConfig,
+    MaterializerError,
+)
 from service.kafka_to_delta.pipeline import stage_config
 from service.kafka_to_delta.plan.checkpoint_state import OldState
 from service.kafka_to_delta.plan.state_rebuild import seed_states

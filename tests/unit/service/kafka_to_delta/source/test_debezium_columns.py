@@ -25,6 +25,7 @@ from service.kafka_to_delta.changelog.changelog_batch import ChangelogBatchDecod
 from service.kafka_to_delta.materialize.payload import payload_table
 from service.kafka_to_delta.rows.arrow import PAYLOAD_SCHEMA
 from service.kafka_to_delta.rows.names import Column, Meta
+from service.kafka_to_delta.source import debezium_columns
 from service.kafka_to_delta.source.batch_changes import batch_changes
 from service.kafka_to_delta.source.debezium_columns import _shown
 from service.kafka_to_delta.source.decode_stage import batch_decoder
@@ -270,6 +271,34 @@ def test_vectorised_ranges_equal_the_record_by_record_decode(seed: int) -> None:
         _compare(seed)
     except AssertionError as exc:
         raise AssertionError(f"seed {seed}: {exc}") from exc
+
+
+@pytest.mark.parametrize("reduce_rows", [1, 7])
+@pytest.mark.parametrize("seed", [*FIXED_SEEDS[:6], RANDOM_SEED])
+def test_reducing_the_chunks_in_steps_gives_the_same_ranges(seed: int, reduce_rows: int, monkeypatch) -> None:
+    # A range's chunks wait to be reduced together (`RangeColumns.reduced`); with a small threshold they
+    # are reduced in many steps, net rows and placeholder holders alike, and must give the same result.
+    monkeypatch.setattr(debezium_columns, "_REDUCE_ROWS", reduce_rows)
+    try:
+        _compare(seed)
+    except AssertionError as exc:
+        raise AssertionError(f"seed {seed}, reduced every {reduce_rows} rows: {exc}") from exc
+
+
+def test_a_placeholder_first_met_after_a_reduction_is_filled_from_the_rows_reduced_before(monkeypatch) -> None:
+    # Chunks reduced as soon as they can be: key 1's value is among the reduced rows when its placeholder
+    # (the first of the range) arrives, and still fills it, as the record-by-record way does, once key 3's
+    # later value has joined the holders.
+    monkeypatch.setattr(debezium_columns, "_REDUCE_ROWS", 1)
+
+    def record(op: str, key: int, notes: str) -> tuple[bytes, bytes]:
+        after = {"id": key, "notes": notes}
+        return json.dumps({"id": key}).encode(), json.dumps({"before": None, "after": after, "op": op}).encode()
+
+    pairs = [record("c", 1, "A"), record("c", 2, "B"), record("u", 2, "C"),
+             record("u", 1, "__debezium_unavailable_value"), record("c", 3, "D")]
+    info = both_ways(pairs, random.Random(0))  # cut into 4 chunks, the first record alone in its chunk
+    assert info is not None and info["vectorised"]
 
 
 def test_the_fixed_seeds_exercise_both_ways() -> None:

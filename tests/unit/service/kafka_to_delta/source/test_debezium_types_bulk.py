@@ -20,6 +20,7 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from service.kafka_to_delta.source import debezium_columns
 from tests.unit.service.kafka_to_delta.source.test_debezium_columns import both_ways
 
 PLACEHOLDER = "__debezium_unavailable_value"
@@ -175,3 +176,14 @@ def test_the_catalogue_covers_every_logical_type_the_issue_names() -> None:
                     "io.debezium.data.EnumSet", "io.debezium.data.geometry.Geometry"):
         assert logical in names
     assert any(spec["type"] == "array" for spec, _ in CATALOGUE.values())
+
+
+@settings(max_examples=40, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
+@given(ranges(), st.integers(0, 2**32))
+def test_chunks_reduced_in_steps_decode_as_record_by_record(monkeypatch, generated, cut_seed) -> None:
+    # The chunks of a range wait to be reduced together (`RangeColumns.reduced`, the placeholders' holders
+    # too); reduced after every chunk, the result is the same.
+    monkeypatch.setattr(debezium_columns, "_REDUCE_ROWS", 1)
+    pairs, _, _ = generated
+    both_ways(pairs, random.Random(cut_seed))
