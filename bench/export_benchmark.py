@@ -354,8 +354,9 @@ def report(plan: dict[str, int], build_s: float, run: dict[str, float], records:
                                                       if seconds >= 0.1)),
         ("peak RSS", f"{sampler.peak:,.0f} MiB", "driver + JVM + Python workers: " + ", ".join(
             f"{name} {mib:,.0f}" for name, mib in sorted(sampler.peaks.items(), key=lambda item: -item[1]) if mib >= 1)),
-        ("broker peak RSS", f"{sampler.broker_peak:,.0f} MiB", "embedded noida-db"),
     ]
+    if sampler.broker_pid:  # a broker given with --bootstrap is not this run's to measure
+        figures.append(("broker peak RSS", f"{sampler.broker_peak:,.0f} MiB", "embedded noida-db"))
     for name, figure, note in figures:
         print(f"{name:<20}{figure:>20}   {note}")
 
