@@ -49,7 +49,10 @@ from connectors.kafka.local_broker import LocalBroker
 from service.config.exports import DEFAULT_MAX_ROWS_PER_TRIGGER
 from service.config.settings import SparkSettings, settings_from_mapping
 from service.delta_to_kafka.exports import export_pipeline
+from service.kafka_to_delta.plan.compiled_plan import compile_plan
 from service.operations.workload import create_topics
+from service.runtime.jvm_profiles import jvm_profile
+from service.runtime.planner_workers import stop_idle_planner_workers
 from service.runtime.spark_session import build_spark
 
 TABLE = "bench_export"
@@ -58,6 +61,7 @@ UPDATE_COMMITS = 3
 INSERT_SHARE = 0.4
 _RSS_SAMPLE_S = 0.5
 _CONSUME_BATCH = 10_000
+_CONSUME_POLL_S = 1.0
 _CONSUME_WAIT_S = 300  # the first fetch of a large topic from the embedded broker, on a loaded machine
 _MAX_RESPONSE_BYTES = 2**31 - 1  # librdkafka's limit: noida-db answers one fetch with a whole 1.2 GB topic
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -273,10 +277,15 @@ def count_committed(bootstrap: str, topic: str) -> int:
                          "receive.message.max.bytes": _MAX_RESPONSE_BYTES})
     consumer.assign([TopicPartition(topic, 0, 0)])
     count = 0
+    deadline = time.monotonic() + _CONSUME_WAIT_S
     try:
         while True:
-            messages = consumer.consume(_CONSUME_BATCH, timeout=_CONSUME_WAIT_S)
-            if not messages:
+            # A short wait per call: consume() waits for a whole batch, and the end of the
+            # partition comes with fewer records than that.
+            messages = consumer.consume(_CONSUME_BATCH, timeout=_CONSUME_POLL_S)
+            if messages:
+                deadline = time.monotonic() + _CONSUME_WAIT_S
+            elif time.monotonic() > deadline:
                 raise SystemExit(f"FAILED: no end of {topic} within {_CONSUME_WAIT_S} s ({count:,} records read)")
             for message in messages:
                 if message.error() is None:
@@ -302,11 +311,14 @@ def run_export(bootstrap: str, workdir: Path, topic: str, args: argparse.Namespa
         "kafka": {"bootstrap_servers": bootstrap}, "lakehouse": {"root": str(workdir / "tables")},
         "checkpoint_root": str(workdir / "checkpoints"), "exports": [export],
     })
-    spark = build_spark(SparkSettings(master="local[*]"))
+    # As the service runs an export: the JVM profile its compiled plan picks, and Spark's idle
+    # data-source planning processes stopped once the query enters its first micro-batch.
+    spark = build_spark(SparkSettings(master="local[*]"), jvm=jvm_profile(compile_plan(settings)))
     batches = BatchTimes()
     logging.getLogger("service.delta_to_kafka.pipeline").addHandler(batches)
     sampler.start()
     pipeline = export_pipeline(spark, settings, settings.exports[0])
+    pipeline.on_first_batch = lambda: stop_idle_planner_workers(spark)
     started = time.time()
     query = pipeline.start(until_idle=True)
     try:

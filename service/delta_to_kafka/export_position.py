@@ -39,7 +39,7 @@ import base64
 import binascii
 import json
 from dataclasses import dataclass, replace
-from typing import Mapping, Protocol
+from typing import Iterable, Mapping, Protocol
 
 from pyspark.sql import SparkSession
 
@@ -159,7 +159,7 @@ class PositionStore:
             )
         return records
 
-    def publish(self, records: list[KafkaRecord], version: int, state: list[StateRecord] | None = None,
+    def publish(self, records: Iterable[KafkaRecord], version: int, state: list[StateRecord] | None = None,
                 state_entries: int = 0, row: int = 0) -> ExportPosition:
         """Commit `records`, the `state` records and the new position in one transaction; returns the position.
 

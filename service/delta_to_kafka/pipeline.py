@@ -36,8 +36,9 @@ from __future__ import annotations
 import json
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
-from typing import Callable, Literal
+from typing import Callable, Iterator, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
@@ -75,6 +76,37 @@ log = logging.getLogger(__name__)
 Encoder = Callable[[pa.Table], list[KafkaRecord]]
 STATE_TOPIC_PREFIX = "cdc-lakehouse.export-state."
 DEFAULT_MAX_VERSIONS_PER_TRIGGER = 100
+
+
+@runtime_checkable
+class SlicedEncoder(Protocol):
+    """An encoder that can give a flush's records a run at a time (`ExportEncoder`)."""
+
+    def slices(self, feed: pa.Table) -> Iterator[list[KafkaRecord]]: ...
+
+
+class EncodedRecords:
+    """A flush's records, encoded as the producer takes them: an encoder with `slices` encodes a
+    run of changes while librdkafka sends the runs before it, and the batch's records are never
+    all held at once. Counts the records and the seconds spent encoding them."""
+
+    def __init__(self, encode: Encoder, feed: pa.Table) -> None:
+        self.count = 0
+        self.encode_seconds = 0.0
+        started = time.monotonic()
+        # Encoders without runs, and flushes that keep encoder state, are encoded here, whole.
+        self._runs = encode.slices(feed) if isinstance(encode, SlicedEncoder) else iter([encode(feed)])
+        self.encode_seconds += time.monotonic() - started
+
+    def __iter__(self) -> Iterator[KafkaRecord]:
+        while True:
+            started = time.monotonic()
+            run = next(self._runs, None)
+            self.encode_seconds += time.monotonic() - started
+            if run is None:
+                return
+            self.count += len(run)
+            yield from run
 
 
 def _in_order(feed: pa.Table, keys: list[str]) -> bool:
@@ -173,6 +205,7 @@ class ExportPipeline(BatchPipeline):
         self.position: ExportPosition | None = None
         self.failure: BaseException | None = None
         self._store: PositionStore | None = None
+        self._opening: Future[PositionStore] | None = None
         self._initial: Offset | None = None
 
     @property
@@ -181,7 +214,17 @@ class ExportPipeline(BatchPipeline):
         return f"{TRANSACTIONAL_ID_PREFIX}{self.name}"
 
     def _open_store(self) -> PositionStore:
-        """The position store with a freshly opened producer; state restored from Kafka."""
+        """The position store with a freshly opened producer; state restored from Kafka.
+
+        `start` opens it in the background while Spark starts the query (opening a transactional
+        producer and reading the committed position and state take seconds): the first batch
+        waits for that opening and raises what it raised."""
+        opening, self._opening = self._opening, None
+        if opening is not None:
+            opening.result()
+        return self._open_store_now()
+
+    def _open_store_now(self) -> PositionStore:
         if self._store is None:
             producer = TransactionalProducer(
                 self.kafka_config, self.transactional_id, self.output_topic, self.positions_topic,
@@ -226,17 +269,15 @@ class ExportPipeline(BatchPipeline):
         fresh = after_position(rows, committed)
         del rows
         feed_count = fresh.num_rows
-        records = self.encode(feed_rows(fresh))
+        records = EncodedRecords(self.encode, feed_rows(fresh))
         del fresh
-        pa.default_memory_pool().release_unused()  # the batch's Arrow buffers go back before publishing
         state, entries = None, 0
         if self.encoder_state is not None:
             state, entries = self.encoder_state.state_changes(), self.encoder_state.state_entries()
-        encoded = time.monotonic()
         self.position = store.publish(records, end[0] - 1, state, entries, row=end[1])
         self.committed_batches += 1
-        self._record(batch_id, feed_count, len(records), (read - started, encoded - read),
-                     time.monotonic() - encoded)
+        self._record(batch_id, feed_count, records.count, read - started, records.encode_seconds,
+                     time.monotonic() - read)
 
     def _start_offset(self, spark: SparkSession, batch_id: int) -> Offset:
         """Where the batch starts: the previous batch's end in Spark's offset log, else the query's first offset."""
@@ -262,23 +303,32 @@ class ExportPipeline(BatchPipeline):
                            self.max_rows_per_trigger, self._version_rest)
         return sort_feed(pa.concat_tables([schema.empty_table(), *parts]))
 
-    def _record(self, batch_id: int, rows: int, records: int, read_encode_s: tuple[float, float],
+    def _record(self, batch_id: int, rows: int, records: int, read_s: float, encode_s: float,
                 publish_s: float) -> None:
-        read_s, encode_s = read_encode_s
+        """`publish_s`: from the end of the read to the commit, encoding (`encode_s` of it, partly at
+        the same time) included."""
         metrics.BATCHES.labels(self.name, "committed" if records else "empty").inc()
-        metrics.STAGE_SECONDS.labels(self.name, "read_encode").observe(read_s + encode_s)
-        metrics.STAGE_SECONDS.labels(self.name, "publish").observe(publish_s)
+        metrics.STAGE_SECONDS.labels(self.name, "read").observe(read_s)
+        metrics.STAGE_SECONDS.labels(self.name, "encode").observe(encode_s)
+        metrics.STAGE_SECONDS.labels(self.name, "encode_publish").observe(publish_s)
         inside = f" and {self.position.row} rows of the next" if self.position.row else ""
         log.info(
-            "export %s: batch %d -> %s: versions to %d%s, %d feed rows, %d records (read+encode %.2fs: read %.2fs, "
-            "encode %.2fs; publish %.2fs)",
-            self.name, batch_id, self.output_topic, self.position.version, inside, rows, records, read_s + encode_s,
-            read_s, encode_s, publish_s,
+            "export %s: batch %d -> %s: versions to %d%s, %d feed rows, %d records (read %.2fs; encode and publish "
+            "%.2fs, encoding %.2fs of it)",
+            self.name, batch_id, self.output_topic, self.position.version, inside, rows, records, read_s,
+            publish_s, encode_s,
         )
 
     def close(self) -> None:
         """Release the Kafka producer (call once the query has stopped); a later batch opens a new one."""
         self._version_rest.drop()
+        opening, self._opening = self._opening, None
+        if opening is not None:
+            try:
+                opening.result()  # its producer is closed below; a failed opening left none
+            except Exception:  # noqa: BLE001 - the batch that would have raised it never ran
+                log.debug("export %s: the background opening of the position store failed", self.name,
+                          exc_info=True)
         store, self._store = self._store, None
         if store is not None:
             store.producer.close()
@@ -304,11 +354,18 @@ class ExportPipeline(BatchPipeline):
         # reads (`_read`) start where Spark's first batch starts, even for `latest` or a timestamp.
         options = {k: v for k, v in self._source_options().items() if k != "startingtimestamp"}
         options["startingversion"] = str(self.initial_offset()[0])
-        return self.spark.readStream.format(FORMAT_NAME).options(**options).load()
+        # The feed's schema is given, found here in this process: otherwise Spark starts Python
+        # workers only to ask the source for it (about a second and a few hundred MB that stay).
+        schema = DeltaChangeFeedSource(options).schema()
+        return self.spark.readStream.format(FORMAT_NAME).schema(schema).options(**options).load()
 
     def start(self, until_idle: bool) -> StreamingQuery:
         """Start the streaming query; `until_idle` exports what is there now, then ends."""
         remove_abandoned_writes(self.checkpoint_dir)
+        if self._store is None and self._opening is None:
+            opener = ThreadPoolExecutor(1, thread_name_prefix=f"open-{self.name}")
+            self._opening = opener.submit(self._open_store_now)
+            opener.shutdown(wait=False)
         self.spark.dataSource.register(DeltaChangeFeedSource)
         writer = (
             self._source()

@@ -46,6 +46,33 @@ class FeedChanges:
     def __len__(self) -> int:
         return len(self.last)
 
+    def __getitem__(self, rows: slice) -> "FeedChanges":
+        """The changes in `rows` (a run of the record order)."""
+        return FeedChanges(self.before[rows], self.after[rows], self.last_before[rows], self.last[rows])
+
+
+_DENSE = 2  # a run of changes reads a slice of the feed when its rows span at most this many times their number
+
+
+def changes_feed(feed: pa.Table, changes: FeedChanges) -> tuple[pa.Table, FeedChanges]:
+    """The feed rows `changes` refer to and the changes renumbered to them: a zero-copy slice
+    where the rows lie close together (a run of a flush's record order usually does), else the
+    rows taken. Records depend only on the rows a change refers to, so a run of changes encodes
+    on its own feed to the records it has in the whole flush."""
+    numbers = (changes.before, changes.after, changes.last_before, changes.last)
+    present = np.concatenate([rows[rows != NO_ROW] for rows in numbers])
+    if present.size == 0:
+        return feed.slice(0, 0), changes
+    low, high = int(present.min()), int(present.max())
+    if high - low + 1 <= _DENSE * len(changes.last) or high - low + 1 <= _DENSE * present.size:
+        if low == 0 and high + 1 == feed.num_rows:
+            return feed, changes
+        renumbered = [np.where(rows == NO_ROW, NO_ROW, rows - low) for rows in numbers]
+        return feed.slice(low, high - low + 1), FeedChanges(*renumbered)
+    used = np.unique(present)
+    renumbered = [np.where(rows == NO_ROW, NO_ROW, np.searchsorted(used, rows)) for rows in numbers]
+    return feed.take(pa.array(used)), FeedChanges(*renumbered)
+
 
 def plain_strings(feed: pa.Table) -> pa.Table:
     """The feed with string and binary views (as delta-rs reads them) as plain strings and binaries: sortable."""

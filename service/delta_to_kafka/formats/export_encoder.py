@@ -8,13 +8,19 @@ them per flush, so all build on names below it.
 from __future__ import annotations
 
 import time as walltime
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import pyarrow as pa
 
 from service.config.exports import ChangeFeedColumn, ExportSettings
 from service.delta_to_kafka.changelog.changelog_state import StateRecord
-from service.delta_to_kafka.changelog.feed_changes import NO_ROW, pair_changes, plain_strings
+from service.delta_to_kafka.changelog.feed_changes import (
+    NO_ROW,
+    FeedChanges,
+    changes_feed,
+    pair_changes,
+    plain_strings,
+)
 from service.delta_to_kafka.changelog.to_changelog import ToChangelog
 from service.delta_to_kafka.formats.columnar_records import ColumnarRecords
 from service.delta_to_kafka.formats.output_formats import (
@@ -35,6 +41,11 @@ def _columnar(settings: ExportSettings, key: ValueSerializer | None,
     from service.delta_to_kafka.formats.columnar_avro_records import ColumnarAvroRecords
 
     return ColumnarAvroRecords(settings, key, value)  # type: ignore[arg-type]
+
+
+SLICE_CHANGES = 10_000
+"""Changes encoded together in a lazily encoded flush (`ExportEncoder.slices`): long enough that
+the column operations' fixed costs vanish, short enough that a run's texts are a few MB."""
 
 
 def _python_columns(table: pa.Table) -> list[list]:
@@ -68,28 +79,65 @@ class ExportEncoder:
 
     def __call__(self, feed: pa.Table) -> list[KafkaRecord]:
         """The Kafka records of one flush, in order."""
+        return [record for part in self.slices(feed) for record in part]
+
+    def slices(self, feed: pa.Table) -> Iterator[list[KafkaRecord]]:
+        """The Kafka records of one flush, in order, a run of `SLICE_CHANGES` changes at a time.
+
+        A flush that needs no encoder state at all is encoded lazily, run after run, as the
+        caller takes them: a batch's records are published while the next run is encoded, and
+        only one run's texts are held at a time. Any other flush is encoded whole, now (its
+        state is up to date when this returns)."""
         now = self._clock()
         processed_at_ms = int(now * 1000)
-        records = self._by_column(feed, processed_at_ms)
+        paired = self._paired(feed)
+        if paired is not None and self.changelog.stateless:
+            return self._runs(feed, *paired, now, processed_at_ms)
+        records = None if paired is None else self._encoded(*paired, processed_at_ms)
         if records is not None:
             self._remember_images(feed, now)
-            return records
-        return self.records.encode(self.changelog.encode_flush(feed, now), processed_at_ms=processed_at_ms)
+            return iter([records])
+        return iter([self._row_path(feed, now, processed_at_ms)])
 
     def _by_column(self, feed: pa.Table, processed_at_ms: int) -> list[KafkaRecord] | None:
-        """The flush encoded column by column; None when it needs the row path (state, errors, Avro)."""
+        """The whole flush encoded column by column; None when it needs the row path."""
+        paired = self._paired(feed)
+        return None if paired is None else self._encoded(*paired, processed_at_ms)
+
+    def _row_path(self, feed: pa.Table, now: float, processed_at_ms: int) -> list[KafkaRecord]:
+        return self.records.encode(self.changelog.encode_flush(feed, now), processed_at_ms=processed_at_ms)
+
+    def _paired(self, feed: pa.Table) -> tuple[pa.Table, FeedChanges] | None:
+        """The flush's plain-string feed and its changes where it is encoded column by column; None
+        when it needs the row path (state, errors, Avro through other serializers)."""
         if self.columnar is None or not self.changelog.pairs_alone:
             return None
         settings = self.changelog.settings
         self.changelog.check_columns(feed)
-        feed = plain_strings(feed)
-        changes = pair_changes(feed, settings.primary_key, settings.compaction == "per-flush")
-        if changes is None:
-            return None
+        plain = plain_strings(feed)
+        changes = pair_changes(plain, settings.primary_key, settings.compaction == "per-flush")
+        return None if changes is None else (plain, changes)
+
+    def _encoded(self, plain: pa.Table, changes: FeedChanges, processed_at_ms: int) -> list[KafkaRecord] | None:
+        """Changes encoded column by column; None for a value without a JSON or Avro form (the row path names it)."""
         try:
-            return self.columnar.encode(feed, changes, processed_at_ms)
+            return self.columnar.encode(*changes_feed(plain, changes), processed_at_ms)  # type: ignore[union-attr]
         except TypeError:
-            return None  # a value without a JSON or Avro form: the row path names it
+            return None
+
+    def _runs(self, feed: pa.Table, plain: pa.Table, changes: FeedChanges, now: float,
+              processed_at_ms: int) -> Iterator[list[KafkaRecord]]:
+        """The records of a stateless flush, `SLICE_CHANGES` changes at a time. A run the columns
+        cannot write sends the flush to the row path, which writes the same bytes: its records
+        after those already given follow."""
+        given = 0
+        for start in range(0, len(changes), SLICE_CHANGES):
+            records = self._encoded(plain, changes[start:start + SLICE_CHANGES], processed_at_ms)
+            if records is None:
+                yield self._row_path(feed, now, processed_at_ms)[given:]
+                return
+            given += len(records)
+            yield records
 
     def _remember_images(self, feed: pa.Table, now: float) -> None:
         """Upsert input: each commit change's after image into state, as TO_CHANGELOG row by row keeps it."""

@@ -34,6 +34,7 @@ _PLAIN_FLOAT_MIN = 1e-5  # orjson writes smaller magnitudes in exponent notation
 _PLAIN_FLOAT_LIMIT = 1e15  # ... and these and larger ones
 _FIRST_PRINTABLE = 0x20  # orjson escapes the bytes below; Arrow replacements below do not
 _QUOTE, _BACKSLASH = ord('"'), ord("\\")
+_SCAN_BLOCK = 1 << 20  # bytes of string data scanned for bytes to escape at a time
 _FIRST_PADDED_YEAR = 1000  # Python's strftime writes earlier years without leading zeros
 _DATE_END = 10  # Arrow's text of a timestamp: `YYYY-MM-DD HH:MM:SS.ffffff` (microseconds), for years >= 1000
 
@@ -69,7 +70,10 @@ def _escape_rows(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     offsets = np.frombuffer(column.buffers()[1], dtype=np.int32)[column.offset:column.offset + len(column) + 1]
     data = np.frombuffer(column.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[-1]]
-    hits = np.flatnonzero((data < _FIRST_PRINTABLE) | (data == _QUOTE) | (data == _BACKSLASH))
+    # A block at a time: the masks stay a few MB, not several times the column's text.
+    found = [start + np.flatnonzero((block < _FIRST_PRINTABLE) | (block == _QUOTE) | (block == _BACKSLASH))
+             for start in range(0, data.size, _SCAN_BLOCK) for block in (data[start:start + _SCAN_BLOCK],)]
+    hits = np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
     rows = np.searchsorted(offsets, hits + offsets[0], side="right") - 1
     return _distinct(rows), _distinct(rows[data[hits] < _FIRST_PRINTABLE])
 

@@ -99,7 +99,8 @@ def test_small_commits_equal_the_merge(tmp_path: Path, seed: int, monkeypatch: p
         assert _rows(fast) == _rows(reference), f"seed {seed}, batch {batch_id}"
     assert _feed(fast, start + 1) == _feed(reference, start + 1), f"seed {seed}"
     assert DeltaTable(str(fast)).version() == DeltaTable(str(reference)).version()
-    assert DeltaTable(str(fast)).transaction_version(APP) == 11
+    # The last batch's id, unless it changed nothing (deletes of absent keys): neither engine commits then.
+    assert DeltaTable(str(fast)).transaction_version(APP) == DeltaTable(str(reference)).transaction_version(APP)
     engines = _engines(DeltaTable(str(fast)))
     assert engines.count(SMALL) >= 9, engines  # only deletes of absent keys MERGE
     assert SMALL not in _engines(DeltaTable(str(reference)))

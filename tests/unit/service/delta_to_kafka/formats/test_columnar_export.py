@@ -17,6 +17,7 @@ import pytest
 from service.config.exports import ExportSettings
 from service.delta_to_kafka.changelog.feed_changes import pair_changes
 from service.delta_to_kafka.changelog.to_changelog import ToChangelog
+from service.delta_to_kafka.formats import export_encoder, json_columns
 from service.delta_to_kafka.formats.export_encoder import ExportEncoder
 from service.delta_to_kafka.formats.json_columns import dump, json_fragments
 from service.delta_to_kafka.formats.output_formats import KafkaRecordEncoder
@@ -94,6 +95,43 @@ def test_column_by_column_equals_row_by_row(layout, seed):
     assert encoder(feed) == rows
 
 
+@pytest.mark.parametrize("layout", LAYOUTS, ids=[str(i) for i in range(len(LAYOUTS))])
+@pytest.mark.parametrize("run", [1, 3, 17])
+def test_runs_of_changes_give_the_whole_flush(layout, run, monkeypatch):
+    """A stateless flush encoded run after run (`slices`) writes the whole flush's records in order,
+    whether a run's rows are a slice of the feed or taken from it (a shuffled feed)."""
+    monkeypatch.setattr(export_encoder, "SLICE_CHANGES", run)
+    settings = export(layout)
+    shuffled = random_feed(6)
+    shuffled = shuffled.take(pa.array(random.Random(6).sample(range(shuffled.num_rows), shuffled.num_rows)))
+    for feed in (random_feed(5), shuffled):
+        rows = KafkaRecordEncoder(settings).encode(ToChangelog(settings).encode_flush(feed, NOW), int(NOW * 1000))
+        parts = list(ExportEncoder(settings, clock=lambda: NOW).slices(feed))
+        assert len(parts) > 1
+        assert [record for part in parts for record in part] == rows
+
+
+def test_a_run_the_columns_cannot_write_hands_the_rest_to_the_row_path(monkeypatch):
+    """The row path writes the same bytes: after the runs already given, its records follow."""
+    monkeypatch.setattr(export_encoder, "SLICE_CHANGES", 4)
+    settings = export({"preset": "debezium"})
+    feed = random_feed(8)
+    encoder = ExportEncoder(settings, clock=lambda: NOW)
+    columnar, calls = encoder.columnar, []
+
+    def refuses_the_third_run(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise TypeError("no JSON form")
+        return type(columnar).encode(columnar, *args)
+
+    monkeypatch.setattr(columnar, "encode", refuses_the_third_run)
+    parts = list(encoder.slices(feed))
+    rows = KafkaRecordEncoder(settings).encode(ToChangelog(settings).encode_flush(feed, NOW), int(NOW * 1000))
+    assert len(calls) == 3 and len(parts) == 3
+    assert [record for part in parts for record in part] == rows
+
+
 def test_flushes_that_need_state_take_the_row_path():
     settings = export({"preset": "debezium", "state_ttl_seconds": 60})
     lone_before = random_feed(1, commits=1).slice(0, 0)
@@ -111,6 +149,17 @@ def test_fragments_are_the_exact_json_of_each_value():
     assert json_fragments(pa.array(values)).to_pylist() == ["null" if v is None else dump(v) for v in values]
     big = pa.array([2**64 - 1, None], pa.uint64())
     assert json_fragments(big).to_pylist() == [str(2**64 - 1), "null"]
+
+
+@pytest.mark.parametrize("block", [1, 7, 1 << 20])
+def test_strings_to_escape_are_found_across_scan_blocks(block, monkeypatch):
+    """Quotes, backslashes and control characters anywhere, a block boundary inside a value or not."""
+    monkeypatch.setattr(json_columns, "_SCAN_BLOCK", block)
+    rng = random.Random(block)
+    alphabet = ['a', 'ß', '"', '\\', '\n', '\x01', ' ', '🏷', 'z']
+    values = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 12))) for _ in range(300)] + [None]
+    column = pa.array(values).slice(5)  # an offset into the buffers, as a sliced feed gives
+    assert json_fragments(column).to_pylist() == ["null" if v is None else dump(v) for v in values[5:]]
 
 
 def test_string_views_as_delta_rs_reads_them():
