@@ -24,6 +24,11 @@ URL`, else an Apicurio started for the run (the registry the tests use).
 
 from __future__ import annotations
 
+# First, as the service's own entry point does: importing the package sets the native allocators'
+# defaults (service/runtime/allocators.py), which count only if set before pyarrow and deltalake load.
+import service  # noqa: F401
+
+# isort: split
 import argparse
 import logging
 import multiprocessing

@@ -46,12 +46,14 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.types import StructType
 
 from connectors.delta.change_feed import (
     COMMIT_VERSION,
     FORMAT_NAME,
     ChangeFeedStreamReader,
     DeltaChangeFeedSource,
+    offset_document,
     offset_of,
     read_batch,
 )
@@ -67,8 +69,9 @@ from service.delta_to_kafka.export_position import (
     batch_end_offset,
     restore_encoder_state,
 )
+from service.delta_to_kafka.read_ahead import ReadAhead
 from service.observability import metrics
-from service.runtime.checkpoints import remove_abandoned_writes
+from service.runtime.checkpoints import local_path, remove_abandoned_writes
 from service.supervisor.batch_pipeline import BatchPipeline, with_trigger
 
 log = logging.getLogger(__name__)
@@ -195,6 +198,10 @@ class ExportPipeline(BatchPipeline):
         self.max_versions_per_trigger = max_versions_per_trigger
         self.max_rows_per_trigger = max_rows_per_trigger
         self._version_rest = VersionRest()  # a split version's rows read ahead for the next batch
+        self._read_ahead = ReadAhead(self._plan_end, self._read_rows_ahead, name)
+        self._feed_schema: pa.Schema | None = None
+        self._planner: ChangeFeedStreamReader | None = None
+        self._until_idle = False
         self.key_columns = tuple(key_columns)
         self.positions_topic = positions_topic
         self.trigger_interval_seconds = trigger_interval_seconds
@@ -207,6 +214,11 @@ class ExportPipeline(BatchPipeline):
         self._store: PositionStore | None = None
         self._opening: Future[PositionStore] | None = None
         self._initial: Offset | None = None
+
+    @property
+    def batches_read_ahead(self) -> int:
+        """Batches whose feed rows were read while the batch before them was published."""
+        return self._read_ahead.used
 
     @property
     def transactional_id(self) -> str:
@@ -264,7 +276,9 @@ class ExportPipeline(BatchPipeline):
             metrics.BATCHES.labels(self.name, "replay_skipped").inc()
             return
         start = self._start_offset(spark, batch_id)
-        rows = self._read(to_arrow_schema(feed.schema, timezone="UTC"), max(start, committed or start), end)
+        self._feed_schema = to_arrow_schema(feed.schema, timezone="UTC")
+        rows = self._read(self._feed_schema, max(start, committed or start), end)
+        self._read_ahead.start(end)  # the next batch starts where this one ends
         read = time.monotonic()
         fresh = after_position(rows, committed)
         del rows
@@ -296,7 +310,31 @@ class ExportPipeline(BatchPipeline):
         return self._initial
 
     def _read(self, schema: pa.Schema, start: Offset, end: Offset) -> pa.Table:
-        """The batch's feed rows [start, end) read with delta-rs in this process, sorted (see the module docstring)."""
+        """The batch's feed rows [start, end): read ahead while the batch before was published, else now."""
+        held = self._read_ahead.take(start, end)
+        return held if held is not None else self._read_rows(schema, start, end)
+
+    def _read_rows_ahead(self, start: Offset, end: Offset) -> pa.Table:
+        if self._feed_schema is None:
+            raise PositionError(f"export {self.name}: no batch read yet, nothing to read ahead of")
+        return self._read_rows(self._feed_schema, start, end)
+
+    def _plan_end(self, begin: Offset) -> Offset | None:
+        """Where Spark will end the batch starting at `begin`, by the source's own planning; None when
+        that end is the table's last version, which a new commit would move (unless exporting until idle)."""
+        if self._planner is None:
+            self._planner = ChangeFeedStreamReader(self._source_options(), self._feed_schema or pa.schema([]))
+            if self._until_idle:
+                self._planner.prepareForTriggerAvailableNow()
+        planner = self._planner
+        end = offset_of(planner.latestOffset(offset_document(begin), planner.getDefaultReadLimit()))
+        latest = planner.table.version()
+        if planner.target is None and (latest is None or end >= (latest + 1, 0)):
+            return None
+        return end
+
+    def _read_rows(self, schema: pa.Schema, start: Offset, end: Offset) -> pa.Table:
+        """The feed rows [start, end) read with delta-rs in this process, sorted (see the module docstring)."""
         if start >= end:
             return schema.empty_table()
         parts = read_batch(self.table_uri, self.storage_options, schema, start, end, self.key_columns,
@@ -321,6 +359,8 @@ class ExportPipeline(BatchPipeline):
 
     def close(self) -> None:
         """Release the Kafka producer (call once the query has stopped); a later batch opens a new one."""
+        self._read_ahead.close()
+        self._planner = None
         self._version_rest.drop()
         opening, self._opening = self._opening, None
         if opening is not None:
@@ -356,12 +396,25 @@ class ExportPipeline(BatchPipeline):
         options["startingversion"] = str(self.initial_offset()[0])
         # The feed's schema is given, found here in this process: otherwise Spark starts Python
         # workers only to ask the source for it (about a second and a few hundred MB that stay).
-        schema = DeltaChangeFeedSource(options).schema()
-        return self.spark.readStream.format(FORMAT_NAME).schema(schema).options(**options).load()
+        return self.spark.readStream.format(FORMAT_NAME).schema(self._feed_struct()).options(**options).load()
+
+    def _feed_struct(self) -> StructType:
+        """The feed's schema as the change-feed source gives it."""
+        return DeltaChangeFeedSource(self._source_options()).schema()
+
+    def _fresh_query(self) -> bool:
+        """True when the checkpoint (a local one) has planned no batch yet."""
+        folder = local_path(self.checkpoint_dir)
+        offsets = None if folder is None else folder / "offsets"
+        return folder is not None and not (offsets is not None and offsets.is_dir() and any(offsets.iterdir()))
 
     def start(self, until_idle: bool) -> StreamingQuery:
         """Start the streaming query; `until_idle` exports what is there now, then ends."""
         remove_abandoned_writes(self.checkpoint_dir)
+        self._until_idle, self._planner = until_idle, None
+        if self._fresh_query():  # the first batch starts at the first offset: read it while Spark starts
+            self._feed_schema = to_arrow_schema(self._feed_struct(), timezone="UTC")
+            self._read_ahead.start(self.initial_offset())
         if self._store is None and self._opening is None:
             opener = ThreadPoolExecutor(1, thread_name_prefix=f"open-{self.name}")
             self._opening = opener.submit(self._open_store_now)

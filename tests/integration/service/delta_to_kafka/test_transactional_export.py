@@ -269,6 +269,7 @@ def test_export_pipeline_publishes_once_across_replays_and_a_lost_checkpoint(
     assert sorted(published) == _expected_keys(path) and len(published) == 1 + 4 * 3
     assert [v for v, _, _ in published] == sorted(v for v, _, _ in published)
     assert first.committed_batches == batches and first.position.version == 5
+    assert first.batches_read_ahead == batches  # each batch's rows read while Spark started or the batch before published
 
     # A crash after the Kafka commit, before Spark's: the batch is replayed, found in Kafka, skipped.
     commits = workdir / "ck" / "commits"
