@@ -13,6 +13,7 @@ import gc
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import repeat
 from typing import Iterator, cast
 
 import numpy as np
@@ -201,11 +202,10 @@ class ColumnarRecords:
     def _records(self, feed: pa.Table, rows: _Rows, values: list[bytes | None], last: np.ndarray) -> list[KafkaRecord]:
         keys = pc.cast(self._keys(feed, rows, last), pa.binary()).to_pylist()
         versions = feed.column(ChangeFeedColumn.COMMIT_VERSION).take(pa.array(last)).to_pylist()
-        version_headers = {v: (Header.COMMIT_VERSION, str(v).encode("ascii")) for v in set(versions)}
-        table = self._table_header
-        with _collector_paused():
-            return [KafkaRecord(key, value, [table, version_headers[version]])
-                    for key, value, version in zip(keys, values, versions)]
+        # One headers list per commit version, shared by its records (the producer copies what it sends).
+        headers = {v: [self._table_header, (Header.COMMIT_VERSION, str(v).encode("ascii"))] for v in set(versions)}
+        with _collector_paused():  # records built in C: no Python frame per record
+            return list(map(tuple.__new__, repeat(KafkaRecord), zip(keys, values, map(headers.__getitem__, versions))))
 
     def _image(self, rows: _Rows, part: _Part, which: str | None, images: dict[str, np.ndarray],
                payload: bool) -> Text | list[Text]:
