@@ -389,31 +389,30 @@ class ExportPipeline(BatchPipeline):
             options["keycolumns"] = ",".join(self.key_columns)
         return options
 
-    def _source(self) -> DataFrame:
+    def _source(self, struct: StructType) -> DataFrame:
         # The first offset is resolved here, once, and handed to Spark as a version: the batches'
         # reads (`_read`) start where Spark's first batch starts, even for `latest` or a timestamp.
         options = {k: v for k, v in self._source_options().items() if k != "startingtimestamp"}
         options["startingversion"] = str(self.initial_offset()[0])
-        # The feed's schema is given, found here in this process: otherwise Spark starts Python
-        # workers only to ask the source for it (about a second and a few hundred MB that stay).
-        return self.spark.readStream.format(FORMAT_NAME).schema(self._feed_struct()).options(**options).load()
-
-    def _feed_struct(self) -> StructType:
-        """The feed's schema as the change-feed source gives it."""
-        return DeltaChangeFeedSource(self._source_options()).schema()
+        return self.spark.readStream.format(FORMAT_NAME).schema(struct).options(**options).load()
 
     def _fresh_query(self) -> bool:
         """True when the checkpoint (a local one) has planned no batch yet."""
         folder = local_path(self.checkpoint_dir)
-        offsets = None if folder is None else folder / "offsets"
-        return folder is not None and not (offsets is not None and offsets.is_dir() and any(offsets.iterdir()))
+        if folder is None:
+            return False
+        offsets = folder / "offsets"
+        return not (offsets.is_dir() and any(offsets.iterdir()))
 
     def start(self, until_idle: bool) -> StreamingQuery:
         """Start the streaming query; `until_idle` exports what is there now, then ends."""
         remove_abandoned_writes(self.checkpoint_dir)
         self._until_idle, self._planner = until_idle, None
+        # The feed's schema, found here in this process and given to Spark: otherwise Spark starts
+        # Python workers only to ask the source for it (about a second and a few hundred MB that stay).
+        struct = DeltaChangeFeedSource(self._source_options()).schema()
+        self._feed_schema = to_arrow_schema(struct, timezone="UTC")
         if self._fresh_query():  # the first batch starts at the first offset: read it while Spark starts
-            self._feed_schema = to_arrow_schema(self._feed_struct(), timezone="UTC")
             self._read_ahead.start(self.initial_offset())
         if self._store is None and self._opening is None:
             opener = ThreadPoolExecutor(1, thread_name_prefix=f"open-{self.name}")
@@ -421,7 +420,7 @@ class ExportPipeline(BatchPipeline):
             opener.shutdown(wait=False)
         self.spark.dataSource.register(DeltaChangeFeedSource)
         writer = (
-            self._source()
+            self._source(struct)
             .writeStream.queryName(self.name)
             .foreachBatch(self.process_batch)
             .option("checkpointLocation", self.checkpoint_dir)

@@ -51,7 +51,7 @@ class FeedChanges:
         return FeedChanges(self.before[rows], self.after[rows], self.last_before[rows], self.last[rows])
 
 
-_DENSE = 2  # a run of changes reads a slice of the feed when its rows span at most this many times their number
+_DENSE = 2  # a run of changes reads a slice of the feed when its rows span at most this many times their references
 
 
 def changes_feed(feed: pa.Table, changes: FeedChanges) -> tuple[pa.Table, FeedChanges]:
@@ -64,7 +64,7 @@ def changes_feed(feed: pa.Table, changes: FeedChanges) -> tuple[pa.Table, FeedCh
     if present.size == 0:
         return feed.slice(0, 0), changes
     low, high = int(present.min()), int(present.max())
-    if high - low + 1 <= _DENSE * len(changes.last) or high - low + 1 <= _DENSE * present.size:
+    if high - low + 1 <= _DENSE * present.size:
         if low == 0 and high + 1 == feed.num_rows:
             return feed, changes
         renumbered = [np.where(rows == NO_ROW, NO_ROW, rows - low) for rows in numbers]
