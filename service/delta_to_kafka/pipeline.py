@@ -69,7 +69,7 @@ from service.delta_to_kafka.export_position import (
     batch_end_offset,
     restore_encoder_state,
 )
-from service.delta_to_kafka.read_ahead import ReadAhead
+from service.delta_to_kafka.read_ahead import EncodedAhead, ReadAhead
 from service.observability import metrics
 from service.runtime.checkpoints import local_path, remove_abandoned_writes
 from service.supervisor.batch_pipeline import BatchPipeline, with_trigger
@@ -83,7 +83,11 @@ DEFAULT_MAX_VERSIONS_PER_TRIGGER = 100
 
 @runtime_checkable
 class SlicedEncoder(Protocol):
-    """An encoder that can give a flush's records a run at a time (`ExportEncoder`)."""
+    """An encoder that can give a flush's records a run at a time (`ExportEncoder`); `stateless`: it
+    keeps no state from flush to flush, so a flush may be encoded before the one before it is published."""
+
+    @property
+    def stateless(self) -> bool: ...
 
     def slices(self, feed: pa.Table) -> Iterator[list[KafkaRecord]]: ...
 
@@ -91,25 +95,42 @@ class SlicedEncoder(Protocol):
 class EncodedRecords:
     """A flush's records, encoded as the producer takes them: an encoder with `slices` encodes a
     run of changes while librdkafka sends the runs before it, and the batch's records are never
-    all held at once. Counts the records and the seconds spent encoding them."""
+    all held at once. Counts the records and the seconds spent encoding them; `ahead`: the first
+    runs, encoded before the batch began (`read_ahead`), and the rest to encode. `then` is called
+    once the last record was taken."""
 
-    def __init__(self, encode: Encoder, feed: pa.Table) -> None:
+    def __init__(self, encode: Encoder, feed: pa.Table, ahead: EncodedAhead | None = None,
+                 then: Callable[[], None] | None = None) -> None:
         self.count = 0
         self.encode_seconds = 0.0
+        self.ahead_records = 0
+        self._then = then
+        self._ahead: list[list[KafkaRecord]]
+        self._runs: Iterator[list[KafkaRecord]]
         started = time.monotonic()
-        # Encoders without runs, and flushes that keep encoder state, are encoded here, whole.
-        self._runs = encode.slices(feed) if isinstance(encode, SlicedEncoder) else iter([encode(feed)])
+        if ahead is not None:
+            self._ahead, self._runs = ahead.runs, ahead.rest
+            self.ahead_records = sum(len(run) for run in ahead.runs)
+        else:  # encoders without runs, and flushes that keep encoder state, are encoded here, whole
+            self._ahead = []
+            self._runs = encode.slices(feed) if isinstance(encode, SlicedEncoder) else iter([encode(feed)])
         self.encode_seconds += time.monotonic() - started
 
     def __iter__(self) -> Iterator[KafkaRecord]:
+        while self._ahead:
+            ahead = self._ahead.pop(0)
+            self.count += len(ahead)
+            yield from ahead
         while True:
             started = time.monotonic()
             run = next(self._runs, None)
             self.encode_seconds += time.monotonic() - started
             if run is None:
-                return
+                break
             self.count += len(run)
             yield from run
+        if self._then is not None:
+            self._then()
 
 
 def _in_order(feed: pa.Table, keys: list[str]) -> bool:
@@ -198,7 +219,8 @@ class ExportPipeline(BatchPipeline):
         self.max_versions_per_trigger = max_versions_per_trigger
         self.max_rows_per_trigger = max_rows_per_trigger
         self._version_rest = VersionRest()  # a split version's rows read ahead for the next batch
-        self._read_ahead = ReadAhead(self._plan_end, self._read_rows_ahead, name)
+        self._read_ahead = ReadAhead(self._plan_end, self._read_rows_ahead, name, self._encode_ahead())
+        self.batches_encoded_ahead = 0
         self._feed_schema: pa.Schema | None = None
         self._planner: ChangeFeedStreamReader | None = None
         self._until_idle = False
@@ -214,6 +236,14 @@ class ExportPipeline(BatchPipeline):
         self._store: PositionStore | None = None
         self._opening: Future[PositionStore] | None = None
         self._initial: Offset | None = None
+
+    def _encode_ahead(self) -> Callable[[pa.Table], Iterator[list[KafkaRecord]]] | None:
+        """How the read-ahead encodes a batch's first runs; None when the encoder keeps state (each flush
+        must then be encoded after the one before it was published)."""
+        encode = self.encode
+        if not isinstance(encode, SlicedEncoder) or not encode.stateless:
+            return None
+        return lambda rows: encode.slices(feed_rows(rows))
 
     @property
     def batches_read_ahead(self) -> int:
@@ -277,21 +307,25 @@ class ExportPipeline(BatchPipeline):
             return
         start = self._start_offset(spark, batch_id)
         self._feed_schema = to_arrow_schema(feed.schema, timezone="UTC")
-        rows = self._read(self._feed_schema, max(start, committed or start), end)
+        ahead = self._read_ahead.take(start, end) if committed is None or committed <= start else None
+        if ahead is None:  # not read ahead, or the committed position lies inside the range
+            rows, encoded = self._read(self._feed_schema, max(start, committed or start), end), None
+        else:  # the position is at or before `start`: every row read ahead (and encoded ahead) is fresh
+            rows, encoded = ahead.rows, ahead.encoded
         self._read_ahead.start(end)  # the next batch starts where this one ends
         read = time.monotonic()
         fresh = after_position(rows, committed)
-        del rows
+        del rows, ahead
         feed_count = fresh.num_rows
-        records = EncodedRecords(self.encode, feed_rows(fresh))
-        del fresh
+        records = EncodedRecords(self.encode, feed_rows(fresh), encoded, then=self._read_ahead.go)
+        self.batches_encoded_ahead += encoded is not None
+        del fresh, encoded
         state, entries = None, 0
         if self.encoder_state is not None:
             state, entries = self.encoder_state.state_changes(), self.encoder_state.state_entries()
         self.position = store.publish(records, end[0] - 1, state, entries, row=end[1])
         self.committed_batches += 1
-        self._record(batch_id, feed_count, records.count, read - started, records.encode_seconds,
-                     time.monotonic() - read)
+        self._record(batch_id, feed_count, records, read - started, time.monotonic() - read)
 
     def _start_offset(self, spark: SparkSession, batch_id: int) -> Offset:
         """Where the batch starts: the previous batch's end in Spark's offset log, else the query's first offset."""
@@ -310,9 +344,9 @@ class ExportPipeline(BatchPipeline):
         return self._initial
 
     def _read(self, schema: pa.Schema, start: Offset, end: Offset) -> pa.Table:
-        """The batch's feed rows [start, end): read ahead while the batch before was published, else now."""
-        held = self._read_ahead.take(start, end)
-        return held if held is not None else self._read_rows(schema, start, end)
+        """The batch's feed rows [start, end), read now (after any read ahead under way ended)."""
+        self._read_ahead.drop()
+        return self._read_rows(schema, start, end)
 
     def _read_rows_ahead(self, start: Offset, end: Offset) -> pa.Table:
         if self._feed_schema is None:
@@ -341,20 +375,19 @@ class ExportPipeline(BatchPipeline):
                            self.max_rows_per_trigger, self._version_rest)
         return sort_feed(pa.concat_tables([schema.empty_table(), *parts]))
 
-    def _record(self, batch_id: int, rows: int, records: int, read_s: float, encode_s: float,
-                publish_s: float) -> None:
-        """`publish_s`: from the end of the read to the commit, encoding (`encode_s` of it, partly at
-        the same time) included."""
-        metrics.BATCHES.labels(self.name, "committed" if records else "empty").inc()
+    def _record(self, batch_id: int, rows: int, records: EncodedRecords, read_s: float, publish_s: float) -> None:
+        """`publish_s`: from the end of the read to the commit, encoding (`records.encode_seconds` of it,
+        partly at the same time) included; the runs encoded ahead were encoded before the batch began."""
+        metrics.BATCHES.labels(self.name, "committed" if records.count else "empty").inc()
         metrics.STAGE_SECONDS.labels(self.name, "read").observe(read_s)
-        metrics.STAGE_SECONDS.labels(self.name, "encode").observe(encode_s)
+        metrics.STAGE_SECONDS.labels(self.name, "encode").observe(records.encode_seconds)
         metrics.STAGE_SECONDS.labels(self.name, "encode_publish").observe(publish_s)
         inside = f" and {self.position.row} rows of the next" if self.position.row else ""
         log.info(
-            "export %s: batch %d -> %s: versions to %d%s, %d feed rows, %d records (read %.2fs; encode and publish "
-            "%.2fs, encoding %.2fs of it)",
-            self.name, batch_id, self.output_topic, self.position.version, inside, rows, records, read_s,
-            publish_s, encode_s,
+            "export %s: batch %d -> %s: versions to %d%s, %d feed rows, %d records, %d of them encoded ahead "
+            "(read %.2fs; encode and publish %.2fs, encoding %.2fs of it)",
+            self.name, batch_id, self.output_topic, self.position.version, inside, rows, records.count,
+            records.ahead_records, read_s, publish_s, records.encode_seconds,
         )
 
     def close(self) -> None:
@@ -412,8 +445,9 @@ class ExportPipeline(BatchPipeline):
         # Python workers only to ask the source for it (about a second and a few hundred MB that stay).
         struct = DeltaChangeFeedSource(self._source_options()).schema()
         self._feed_schema = to_arrow_schema(struct, timezone="UTC")
-        if self._fresh_query():  # the first batch starts at the first offset: read it while Spark starts
+        if self._fresh_query():  # the first batch starts at the first offset: read and encode it while Spark starts
             self._read_ahead.start(self.initial_offset())
+            self._read_ahead.go()
         if self._store is None and self._opening is None:
             opener = ThreadPoolExecutor(1, thread_name_prefix=f"open-{self.name}")
             self._opening = opener.submit(self._open_store_now)

@@ -77,6 +77,11 @@ class ExportEncoder:
         self.columnar = _columnar(settings, key_serializer, value_serializer)
         self._clock = clock
 
+    @property
+    def stateless(self) -> bool:
+        """True when no flush leaves state for the next (retract input): flushes may be encoded in any order."""
+        return self.changelog.stateless
+
     def __call__(self, feed: pa.Table) -> list[KafkaRecord]:
         """The Kafka records of one flush, in order."""
         return [record for part in self.slices(feed) for record in part]

@@ -17,7 +17,8 @@ def test_the_rows_of_the_planned_range_are_handed_over_once():
     reads = []
     ahead = ReadAhead(lambda begin: (begin[0] + 1, 0), lambda b, e: reads.append((b, e)) or _rows(b, e), "t")
     ahead.start((3, 0))
-    assert ahead.take((3, 0), (4, 0)).column("range").to_pylist() == ["(3, 0)-(4, 0)"]
+    taken = ahead.take((3, 0), (4, 0))
+    assert taken.rows.column("range").to_pylist() == ["(3, 0)-(4, 0)"] and taken.encoded is None
     assert ahead.take((3, 0), (4, 0)) is None  # handed over once
     assert reads == [((3, 0), (4, 0))] and ahead.used == 1
     ahead.close()
