@@ -19,12 +19,15 @@ from connectors.kafka.transactional_producer import (
     TransactionalProducer,
     TransactionFatal,
 )
+from service.config.settings import settings_from_mapping
 from service.delta_to_kafka.export_position import (
     ExportPosition,
     PositionError,
     PositionStore,
     restore_encoder_state,
 )
+from service.delta_to_kafka.formats import export_encoder
+from service.delta_to_kafka.formats.export_encoder import ExportEncoder
 from service.delta_to_kafka.pipeline import ExportPipeline
 from service.operations.workload import create_topics
 from tests.support.export_driver import consume, json_records
@@ -288,6 +291,55 @@ def test_export_pipeline_publishes_once_across_replays_and_a_lost_checkpoint(
     final = _feed_keys(kafka_bootstrap, unique)
     assert sorted(final) == _expected_keys(path) and len(final) == len(set(final)) == 13 + 3 * 3
     assert final[: len(published)] == published
+
+
+def test_records_encoded_ahead_equal_those_encoded_in_the_batch(spark, kafka_bootstrap, unique, workdir, monkeypatch):
+    """The same table exported twice by the same batches: with the stateless `ExportEncoder` (each batch's
+    first runs encoded while the batch before committed) and through a plain function (never ahead)."""
+    monkeypatch.setattr(export_encoder, "SLICE_CHANGES", 2)  # several runs a batch, more than are encoded ahead
+    path = str(workdir / "t")
+    DeltaTable.create(path, SCHEMA, configuration={"delta.enableChangeDataFeed": "true"})
+    write_deltalake(path, pa.table({"id": list(range(12)), "name": [f"n{i}" for i in range(12)]}, schema=SCHEMA),
+                    mode="append")
+    _write_versions(path, 12, 4)
+    DeltaTable(path).delete("id < 3")
+    settings = settings_from_mapping({"exports": [{"name": "e", "table": "t", "topic": "t", "primary_key": "id",
+                                                   "preset": "debezium"}]}).exports[0]
+    published = {}
+    for how in ("ahead", "in-batch"):
+        topic = f"out-{how}-{unique}"
+        create_topics(kafka_bootstrap, [topic], 1)
+        encoder = ExportEncoder(settings)
+        pipeline = ExportPipeline(
+            spark, f"exp-{how}-{unique}", path, topic, {"bootstrap.servers": kafka_bootstrap},
+            str(workdir / f"ck-{how}"), encoder if how == "ahead" else (lambda feed, e=encoder: e(feed)),
+            positions_topic=f"positions-{unique}", max_versions_per_trigger=1, max_rows_per_trigger=10,
+            key_columns=("id",),
+        )
+        query = pipeline.start(until_idle=True)
+        try:
+            query.awaitTermination(600)
+        finally:
+            pipeline.close()
+        assert not query.isActive and query.exception() is None
+        published[how] = ([_without_processing_time(record) for record in consume(kafka_bootstrap, topic)],
+                          pipeline.committed_batches, pipeline.batches_encoded_ahead)
+    records, batches, ahead = published["ahead"]
+    # 12 inserts; 4 versions of an insert and an update; 3 deletes, each with its tombstone
+    assert (records, batches) == published["in-batch"][:2] and len(records) == 12 + 4 * 2 + 3 * 2 and batches >= 5
+    assert published["in-batch"][2] == 0
+    # The first batch is encoded while Spark starts the query (seconds); the others when the
+    # commit before left time, which a loaded machine may not.
+    assert ahead >= 1
+
+
+def _without_processing_time(record: tuple) -> tuple:
+    key, value, headers = record
+    if value is None:
+        return key, value, headers
+    envelope = json.loads(value)
+    envelope.pop("ts_ms")  # when the record was encoded
+    return key, envelope, headers
 
 
 class CountingEncoder:

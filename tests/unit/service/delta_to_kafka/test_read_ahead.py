@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pyarrow as pa
 
@@ -50,4 +51,65 @@ def test_take_waits_for_a_read_under_way():
     threading.Timer(0.2, release.set).start()
     assert ahead.take((3, 0), (4, 1)) is None  # waited, then found another range
     assert release.is_set()
+    ahead.close()
+
+
+def _runs_of(rows: pa.Table, seen: list, gate: threading.Event | None = None):
+    """Runs of one record per row; `seen` records each run as it is encoded; `gate` holds back each run after the first."""
+    for index, value in enumerate(rows.column("range").to_pylist() * 6):
+        if gate is not None and index:
+            assert gate.wait(60)
+        seen.append(index)
+        yield [f"{value}#{index}"]
+
+
+def test_the_first_runs_are_encoded_only_after_go_and_handed_over_with_the_rest():
+    seen: list = []
+    read = threading.Event()
+    ahead = ReadAhead(lambda begin: (4, 0), lambda b, e: read.set() or _rows(b, e), "t",
+                      encode=lambda rows: _runs_of(rows, seen), runs=4)
+    ahead.start((3, 0))
+    assert read.wait(60)
+    assert seen == []  # this batch's records are not all encoded yet: nothing of the next is
+    ahead.go()
+    deadline = time.monotonic() + 60
+    while len(seen) < 4 and time.monotonic() < deadline:  # the thread encodes at most `runs` runs ahead
+        time.sleep(0.01)
+    taken = ahead.take((3, 0), (4, 0))
+    assert [run[0] for run in taken.encoded.runs] == [f"(3, 0)-(4, 0)#{i}" for i in range(4)]
+    assert [run[0] for run in taken.encoded.rest] == [f"(3, 0)-(4, 0)#{i}" for i in (4, 5)]
+    assert seen == list(range(6))  # no run encoded twice, none skipped
+    ahead.close()
+
+
+def test_take_stops_the_encoding_after_the_run_under_way():
+    seen: list = []
+    gate = threading.Event()
+    ahead = ReadAhead(lambda begin: (4, 0), _rows, "t", encode=lambda rows: _runs_of(rows, seen, gate), runs=4)
+    ahead.start((3, 0))
+    ahead.go()
+    threading.Timer(0.5, gate.set).start()  # the second run waits until after take began
+    taken = ahead.take((3, 0), (4, 0))
+    assert len(taken.encoded.runs) in (1, 2)  # the first run, and the one under way when take began
+    rest = [run[0] for run in taken.encoded.rest]
+    assert [run[0] for run in taken.encoded.runs] + rest == [f"(3, 0)-(4, 0)#{i}" for i in range(6)]
+    ahead.close()
+
+
+def test_nothing_is_encoded_when_take_comes_first_or_the_encoding_fails():
+    seen: list = []
+    ahead = ReadAhead(lambda begin: (4, 0), _rows, "t", encode=lambda rows: _runs_of(rows, seen), runs=4)
+    ahead.start((3, 0))
+    taken = ahead.take((3, 0), (4, 0))  # no go: this batch's records were never all encoded
+    assert taken.rows.num_rows == 1 and taken.encoded is None and seen == []
+
+    def failing(rows):
+        yield ["first"]
+        raise ValueError("no JSON form")
+
+    ahead = ReadAhead(lambda begin: (4, 0), _rows, "t", encode=failing, runs=4)
+    ahead.start((3, 0))
+    ahead.go()
+    taken = ahead.take((3, 0), (4, 0))
+    assert taken.rows.num_rows == 1 and taken.encoded is None  # the batch encodes its rows itself
     ahead.close()
