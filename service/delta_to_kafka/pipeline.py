@@ -84,12 +84,15 @@ DEFAULT_MAX_VERSIONS_PER_TRIGGER = 100
 @runtime_checkable
 class SlicedEncoder(Protocol):
     """An encoder that can give a flush's records a run at a time (`ExportEncoder`); `stateless`: it
-    keeps no state from flush to flush, so a flush may be encoded before the one before it is published."""
+    holds no state now, so the next flush may be encoded before the one before it is published;
+    `restore(None)`: back to empty state."""
 
     @property
     def stateless(self) -> bool: ...
 
     def slices(self, feed: pa.Table) -> Iterator[list[KafkaRecord]]: ...
+
+    def restore(self, snapshot: bytes | None) -> None: ...
 
 
 class EncodedRecords:
@@ -219,7 +222,8 @@ class ExportPipeline(BatchPipeline):
         self.max_versions_per_trigger = max_versions_per_trigger
         self.max_rows_per_trigger = max_rows_per_trigger
         self._version_rest = VersionRest()  # a split version's rows read ahead for the next batch
-        self._read_ahead = ReadAhead(self._plan_end, self._read_rows_ahead, name, self._encode_ahead())
+        self._read_ahead = ReadAhead(self._plan_end, self._read_rows_ahead, name, self._encode_ahead(),
+                                     self._forget_encoding_ahead)
         self.batches_encoded_ahead = 0
         self._feed_schema: pa.Schema | None = None
         self._planner: ChangeFeedStreamReader | None = None
@@ -237,13 +241,19 @@ class ExportPipeline(BatchPipeline):
         self._opening: Future[PositionStore] | None = None
         self._initial: Offset | None = None
 
-    def _encode_ahead(self) -> Callable[[pa.Table], Iterator[list[KafkaRecord]]] | None:
-        """How the read-ahead encodes a batch's first runs; None when the encoder keeps state (each flush
-        must then be encoded after the one before it was published)."""
+    def _encode_ahead(self) -> Callable[[pa.Table], Iterator[list[KafkaRecord]] | None] | None:
+        """How the read-ahead encodes a batch's first runs: only while the encoder holds no state (a
+        stateful flush must be encoded after the one before it was published)."""
         encode = self.encode
-        if not isinstance(encode, SlicedEncoder) or not encode.stateless:
+        if not isinstance(encode, SlicedEncoder):
             return None
-        return lambda rows: encode.slices(feed_rows(rows))
+        return lambda rows: encode.slices(feed_rows(rows)) if encode.stateless else None
+
+    def _forget_encoding_ahead(self) -> None:
+        """Runs encoded ahead were not used: the encoder goes back to the empty state it had before them
+        (a flush the row path encodes may leave an update's half waiting in the state)."""
+        if isinstance(self.encode, SlicedEncoder):
+            self.encode.restore(None)
 
     @property
     def batches_read_ahead(self) -> int:

@@ -14,7 +14,10 @@ this batch's records are all handed to the producer (`go`) and encodes the next 
 runs, at most `runs` of them, while the producer waits for the Kafka commit and Spark plans the
 next batch: the driver's Python is idle then. It stops at the next `take` (after the run under
 way), which hands the runs over with the rows; the batch encodes the rest. The encoder is used by
-one thread at a time: the batch's own encoding is over before `go`, and `take` waits.
+one thread at a time: the batch's own encoding is over before `go`, and `take` waits. `encode`
+returns None when the encoder holds state at that moment; runs encoded ahead and then not used
+(another range, a failure, `drop`) are followed by `undo`, which gives the encoder back the empty
+state it had before them.
 
 One read at a time, and never at the same time as the pipeline's own read: a read ahead shares
 the pipeline's `VersionRest`, so `take` waits for one under way before the batch reads.
@@ -24,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -46,7 +48,6 @@ class EncodedAhead:
 
     runs: list[list[Any]] = field(default_factory=list)
     rest: Iterator[list[Any]] = field(default_factory=lambda: iter(()))
-    seconds: float = 0.0
 
 
 @dataclass
@@ -65,16 +66,19 @@ class ReadAhead:
 
     `plan_end(begin)`: where the batch starting at `begin` will end (None or `begin`: nothing to read);
     `read(begin, end)`: the feed rows of [begin, end) as the pipeline reads them; `encode(rows)`:
-    the records of those rows, a run at a time (None: nothing is encoded ahead).
+    the records of those rows, a run at a time, or None when they cannot be encoded ahead now
+    (`encode` None: nothing is ever encoded ahead); `undo()`: forget what encoding ahead did to the
+    encoder, when its runs are not used.
     """
 
     def __init__(self, plan_end: Callable[[Offset], Offset | None], read: Callable[[Offset, Offset], pa.Table],
-                 name: str, encode: Callable[[pa.Table], Iterator[list[Any]]] | None = None,
-                 runs: int = AHEAD_RUNS) -> None:
+                 name: str, encode: Callable[[pa.Table], Iterator[list[Any]] | None] | None = None,
+                 undo: Callable[[], None] = lambda: None, runs: int = AHEAD_RUNS) -> None:
         self._plan_end = plan_end
         self._read = read
         self._name = name
         self._encode = encode
+        self._undo = undo
         self._runs = runs
         self._pending: Future[Planned] | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -107,9 +111,11 @@ class ReadAhead:
         return begin, end, ahead
 
     def _encoded(self, rows: pa.Table) -> EncodedAhead | None:
-        started = time.monotonic()
         try:
-            encoded = EncodedAhead(rest=self._encode(rows))  # type: ignore[misc]
+            rest = self._encode(rows)  # type: ignore[misc]
+            if rest is None:
+                return None
+            encoded = EncodedAhead(rest=rest)
             while len(encoded.runs) < self._runs and not self._stop.is_set():
                 run = next(encoded.rest, None)
                 if run is None:
@@ -118,8 +124,8 @@ class ReadAhead:
         except Exception:  # noqa: BLE001 - the batch encodes its rows itself and raises what is wrong
             log.debug("export %s: encoding ahead failed; the batch encodes its rows itself", self._name,
                       exc_info=True)
+            self._undo()
             return None
-        encoded.seconds = time.monotonic() - started
         return encoded
 
     def take(self, start: Offset, end: Offset) -> Ahead | None:
@@ -138,9 +144,14 @@ class ReadAhead:
         if planned is None or planned[:2] != (start, end):
             log.debug("export %s: read ahead %s, the batch is [%s, %s)", self._name,
                       None if planned is None else planned[:2], start, end)
+            self._discard(planned)
             return None
         self.used += 1
         return planned[2]
+
+    def _discard(self, planned: Planned) -> None:
+        if planned is not None and planned[2].encoded is not None:
+            self._undo()
 
     def drop(self) -> None:
         """Discard a read under way or done (waits for it: it may be using the pipeline's reader state)."""
@@ -149,7 +160,7 @@ class ReadAhead:
             self._stop.set()
             self._go.set()
             try:
-                pending.result()
+                self._discard(pending.result())
             except Exception:  # noqa: BLE001 - nothing was going to use it
                 pass
 

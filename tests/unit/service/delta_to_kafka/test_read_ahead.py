@@ -72,9 +72,7 @@ def test_the_first_runs_are_encoded_only_after_go_and_handed_over_with_the_rest(
     assert read.wait(60)
     assert seen == []  # this batch's records are not all encoded yet: nothing of the next is
     ahead.go()
-    deadline = time.monotonic() + 60
-    while len(seen) < 4 and time.monotonic() < deadline:  # the thread encodes at most `runs` runs ahead
-        time.sleep(0.01)
+    _until(lambda: len(seen) >= 4)  # the thread encodes at most `runs` runs ahead
     taken = ahead.take((3, 0), (4, 0))
     assert [run[0] for run in taken.encoded.runs] == [f"(3, 0)-(4, 0)#{i}" for i in range(4)]
     assert [run[0] for run in taken.encoded.rest] == [f"(3, 0)-(4, 0)#{i}" for i in (4, 5)]
@@ -88,7 +86,8 @@ def test_take_stops_the_encoding_after_the_run_under_way():
     ahead = ReadAhead(lambda begin: (4, 0), _rows, "t", encode=lambda rows: _runs_of(rows, seen, gate), runs=4)
     ahead.start((3, 0))
     ahead.go()
-    threading.Timer(0.5, gate.set).start()  # the second run waits until after take began
+    _until(lambda: len(seen) >= 1)  # the first run is encoded; the second waits for the gate
+    threading.Timer(0.5, gate.set).start()  # opens after take began
     taken = ahead.take((3, 0), (4, 0))
     assert len(taken.encoded.runs) in (1, 2)  # the first run, and the one under way when take began
     rest = [run[0] for run in taken.encoded.rest]
@@ -113,3 +112,40 @@ def test_nothing_is_encoded_when_take_comes_first_or_the_encoding_fails():
     taken = ahead.take((3, 0), (4, 0))
     assert taken.rows.num_rows == 1 and taken.encoded is None  # the batch encodes its rows itself
     ahead.close()
+
+
+def _until(condition) -> None:
+    deadline = time.monotonic() + 60
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_runs_encoded_ahead_and_not_used_are_undone():
+    """Only runs encoded ahead and then not used are undone (the encoder's state goes back to empty)."""
+    undone: list = []
+    for how in ("used", "other range", "dropped", "failed", "encoder holds state"):
+        seen: list = []
+        called = threading.Event()
+
+        def failing(rows):
+            yield ["a"]
+            raise ValueError("no JSON form")
+
+        def encode(rows, seen=seen, how=how, called=called):
+            called.set()
+            if how == "encoder holds state":
+                return None
+            return failing(rows) if how == "failed" else _runs_of(rows, seen)
+
+        ahead = ReadAhead(lambda begin: (4, 0), _rows, "t", encode=encode, undo=lambda how=how: undone.append(how),
+                          runs=2)
+        ahead.start((3, 0))
+        ahead.go()
+        _until(lambda: len(seen) == 2 or how in undone or (how == "encoder holds state" and called.is_set()))
+        if how == "dropped":
+            ahead.drop()
+        else:
+            taken = ahead.take((3, 0), (4, 0) if how != "other range" else (3, 5))
+            assert (taken is not None and taken.encoded is not None) == (how == "used")
+        ahead.close()
+    assert undone == ["other range", "dropped", "failed"]
