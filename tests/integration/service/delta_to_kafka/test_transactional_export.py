@@ -230,13 +230,8 @@ def _write_versions(path: str, first_id: int, versions: int) -> None:
          .when_matched_update_all().when_not_matched_insert_all().execute())
 
 
-def _export(spark, path: str, workdir: Path, unique: str, bootstrap: str, starting_version: int = 0,
-            max_rows: int | None = None) -> ExportPipeline:
-    pipeline = ExportPipeline(
-        spark, f"exp-{unique}", path, f"out-{unique}", {"bootstrap.servers": bootstrap}, str(workdir / "ck"),
-        json_records, positions_topic=f"positions-{unique}", max_versions_per_trigger=2,
-        starting_version=starting_version, max_rows_per_trigger=max_rows, key_columns=("id",),
-    )
+def _until_idle(pipeline: ExportPipeline) -> ExportPipeline:
+    """Run the export until idle; it must end without an error."""
     query = pipeline.start(until_idle=True)
     try:
         query.awaitTermination(600)
@@ -244,6 +239,16 @@ def _export(spark, path: str, workdir: Path, unique: str, bootstrap: str, starti
         pipeline.close()
     assert not query.isActive and query.exception() is None
     return pipeline
+
+
+def _export(spark, path: str, workdir: Path, unique: str, bootstrap: str, starting_version: int = 0,
+            max_rows: int | None = None) -> ExportPipeline:
+    pipeline = ExportPipeline(
+        spark, f"exp-{unique}", path, f"out-{unique}", {"bootstrap.servers": bootstrap}, str(workdir / "ck"),
+        json_records, positions_topic=f"positions-{unique}", max_versions_per_trigger=2,
+        starting_version=starting_version, max_rows_per_trigger=max_rows, key_columns=("id",),
+    )
+    return _until_idle(pipeline)
 
 
 def _feed_keys(bootstrap: str, unique: str) -> list[tuple]:
@@ -338,13 +343,7 @@ def _export_encoded(spark, path: str, workdir: Path, unique: str, bootstrap: str
         positions_topic=f"positions-{unique}", max_versions_per_trigger=1, max_rows_per_trigger=10,
         key_columns=("id",),
     )
-    query = pipeline.start(until_idle=True)
-    try:
-        query.awaitTermination(600)
-    finally:
-        pipeline.close()
-    assert not query.isActive and query.exception() is None
-    return pipeline
+    return _until_idle(pipeline)
 
 
 def _without_processing_time(records: list[tuple]) -> list[tuple]:
