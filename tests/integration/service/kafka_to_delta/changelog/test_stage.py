@@ -5,14 +5,12 @@ micro-batch). Input rows come from the real decoder, fed JSON records as Kafka w
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import Row
 from pyspark.sql.streaming.tws_tester import TwsTester
@@ -30,6 +28,7 @@ from service.kafka_to_delta.changelog.stage import (
 )
 from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
 from service.kafka_to_delta.rows.spark import CHANGELOG_SPARK_SCHEMA
+from tests.support.micro_batch_files import write_micro_batch_file
 
 TOPIC = "cdc"
 NAMES = CHANGELOG_SCHEMA.names
@@ -250,12 +249,9 @@ def pipeline(**from_changelog) -> PipelineSettings:
 
 
 def write_batch(directory: Path, index: int, rows: list[dict]) -> None:
-    """One parquet file per micro-batch; modification times keep the files in order."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{index:04d}.parquet"
+    """One parquet file per micro-batch, read in the order written."""
     full = [{name: row.get(name) for name in NAMES} for row in rows]
-    pq.write_table(pa.Table.from_pylist(full, schema=CHANGELOG_SCHEMA), path)
-    os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))
+    write_micro_batch_file(directory, index, pa.Table.from_pylist(full, schema=CHANGELOG_SCHEMA))
 
 
 class Collected:

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import orjson
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pyspark.sql import Row
 from pyspark.sql.streaming.tws_tester import TwsTester
 
@@ -26,6 +25,7 @@ from service.kafka_to_delta.materialize.rules import MaterializerConfig
 from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
 from service.kafka_to_delta.rows.names import BUCKET, error_group_key
 from service.kafka_to_delta.rows.spark import CHANGELOG_SPARK_SCHEMA, NET_ARROW_SCHEMA, NET_SCHEMA
+from tests.support.micro_batch_files import write_micro_batch_file
 
 A1 = {"id": 1, "level": 10, "attr": "a1"}
 B1 = {"id": 1, "level": 20, "attr": "b1"}
@@ -131,10 +131,9 @@ def test_state_ttl_drops_a_key_the_watermark_left_behind_by_more_than_the_ttl():
 
 
 def _write(directory: Path, batches: list[list[dict]]) -> None:
-    directory.mkdir(parents=True)
     for index, rows in enumerate(batches):
         full = [{name: row.get(name) for name in CHANGELOG_SCHEMA.names} for row in rows]
-        pq.write_table(pa.Table.from_pylist(full, schema=CHANGELOG_SCHEMA), directory / f"{index:04d}.parquet")
+        write_micro_batch_file(directory, index, pa.Table.from_pylist(full, schema=CHANGELOG_SCHEMA))
 
 
 def _run(spark, workdir: Path, batches, config: StageConfig, delay_s: float = 0.0) -> tuple[dict, dict]:

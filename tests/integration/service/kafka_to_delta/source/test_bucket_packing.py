@@ -10,7 +10,6 @@ import string
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pyspark.sql import functions as F
 
 from service.kafka_to_delta.materialize.bulk import (
@@ -26,6 +25,7 @@ from service.kafka_to_delta.rows.names import PACKED_SPARK_SCHEMA, WATERMARK_COL
 from service.kafka_to_delta.rows.spark import CHANGELOG_SPARK_SCHEMA, NET_ARROW_SCHEMA
 from service.kafka_to_delta.source.bucket_packing import packed_buckets, spark_bucket
 from tests.integration.service.kafka_to_delta.materialize.test_key_stage import change
+from tests.support.micro_batch_files import write_micro_batch_file
 
 SEEDS = [3]
 
@@ -79,12 +79,11 @@ def _rows_batch(changes: list[dict]) -> pa.RecordBatch:
 
 
 def _write(directory: Path, batches: list[list[dict]], packed: bool, first: int) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
     for index, changes in enumerate(batches, first):
         rows = _rows_batch(changes)
         table = pa.Table.from_batches([packed_buckets(rows, DEFAULT_KEY_BUCKETS) if packed else rows.drop_columns(
             [WATERMARK_COLUMN])])
-        pq.write_table(table, directory / f"{index:04d}.parquet")
+        write_micro_batch_file(directory, index, table)
 
 
 def _run(spark, source: Path, packed: bool, checkpoint: Path, table: dict[str, dict], config: StageConfig) -> None:
