@@ -456,7 +456,7 @@ class ExportPipeline(BatchPipeline):
         struct = DeltaChangeFeedSource(self._source_options()).schema()
         self._feed_schema = to_arrow_schema(struct, timezone="UTC")
         if self._fresh_query():  # the first batch starts at the first offset: read and encode it while Spark starts
-            self._read_ahead.start(self.initial_offset())
+            self._read_ahead.start(self.initial_offset(), bound=False)
             self._read_ahead.go()
         if self._store is None and self._opening is None:
             opener = ThreadPoolExecutor(1, thread_name_prefix=f"open-{self.name}")

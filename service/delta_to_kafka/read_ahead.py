@@ -13,7 +13,9 @@ With an `encode` function (an export whose encoder keeps no state), the thread t
 this batch's records are all handed to the producer (`go`) and encodes the next batch's first
 runs, at most `runs` of them, while the producer waits for the Kafka commit and Spark plans the
 next batch: the driver's Python is idle then. It stops at the next `take` (after the run under
-way), which hands the runs over with the rows; the batch encodes the rest. The encoder is used by
+way), which hands the runs over with the rows; the batch encodes the rest. A start told to encode
+until taken (`bound=False`: the first batch of a new query, while Spark starts the query, which
+takes longer than encoding a whole batch) is not held to `runs`. The encoder is used by
 one thread at a time: the batch's own encoding is over before `go`, and `take` waits. `encode`
 returns None when the encoder holds state at that moment; runs encoded ahead and then not used
 (another range, a failure, `drop`) are followed by `undo`, which gives the encoder back the empty
@@ -80,15 +82,18 @@ class ReadAhead:
         self._encode = encode
         self._undo = undo
         self._runs = runs
+        self._bound: int | None = runs  # runs encoded ahead for the batch under way, None: until taken
         self._pending: Future[Planned] | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._go = threading.Event()
         self._stop = threading.Event()
         self.used = 0  # batches whose rows were read ahead
 
-    def start(self, begin: Offset) -> None:
-        """Begin reading the batch that will start at `begin` (a read under way is dropped first)."""
+    def start(self, begin: Offset, bound: bool = True) -> None:
+        """Begin reading the batch that will start at `begin` (a read under way is dropped first);
+        `bound` False: encode its runs until `take`, not only the first `runs`."""
         self.drop()
+        self._bound = self._runs if bound else None
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"read-ahead-{self._name}")
         self._go.clear()
@@ -116,7 +121,8 @@ class ReadAhead:
             if rest is None:
                 return None
             encoded = EncodedAhead(rest=rest)
-            while len(encoded.runs) < self._runs and not self._stop.is_set():
+            bound = self._bound
+            while (bound is None or len(encoded.runs) < bound) and not self._stop.is_set():
                 run = next(encoded.rest, None)
                 if run is None:
                     break

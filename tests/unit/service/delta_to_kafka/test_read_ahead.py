@@ -80,6 +80,26 @@ def test_the_first_runs_are_encoded_only_after_go_and_handed_over_with_the_rest(
     ahead.close()
 
 
+def test_a_start_without_bound_encodes_until_taken():
+    """The first batch of a new query is encoded while Spark starts: every run, not only `runs`."""
+    seen: list = []
+    ahead = ReadAhead(lambda begin: (begin[0] + 1, 0), _rows, "t", encode=lambda rows: _runs_of(rows, seen), runs=2)
+    ahead.start((3, 0), bound=False)
+    ahead.go()
+    _until(lambda: len(seen) == 6)
+    taken = ahead.take((3, 0), (4, 0))
+    assert [run[0] for run in taken.encoded.runs] == [f"(3, 0)-(4, 0)#{i}" for i in range(6)]
+    assert list(taken.encoded.rest) == []
+    seen.clear()
+    ahead.start((4, 0))  # the next start is bound again
+    ahead.go()
+    _until(lambda: len(seen) >= 2)
+    time.sleep(0.2)  # a third run would be encoded by now if the bound did not hold
+    taken = ahead.take((4, 0), (5, 0))
+    assert [run[0] for run in taken.encoded.runs] == ["(4, 0)-(5, 0)#0", "(4, 0)-(5, 0)#1"] and seen == [0, 1]
+    ahead.close()
+
+
 def test_take_stops_the_encoding_after_the_run_under_way():
     seen: list = []
     gate = threading.Event()
