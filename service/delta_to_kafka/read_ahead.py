@@ -82,7 +82,6 @@ class ReadAhead:
         self._encode = encode
         self._undo = undo
         self._runs = runs
-        self._bound: int | None = runs  # runs encoded ahead for the batch under way, None: until taken
         self._pending: Future[Planned] | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._go = threading.Event()
@@ -93,18 +92,17 @@ class ReadAhead:
         """Begin reading the batch that will start at `begin` (a read under way is dropped first);
         `bound` False: encode its runs until `take`, not only the first `runs`."""
         self.drop()
-        self._bound = self._runs if bound else None
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"read-ahead-{self._name}")
         self._go.clear()
         self._stop.clear()
-        self._pending = self._pool.submit(self._planned, begin)
+        self._pending = self._pool.submit(self._planned, begin, self._runs if bound else None)
 
     def go(self) -> None:
         """This batch's records are all encoded: the thread may encode the next batch's first runs."""
         self._go.set()
 
-    def _planned(self, begin: Offset) -> Planned:
+    def _planned(self, begin: Offset, runs: int | None) -> Planned:
         end = self._plan_end(begin)
         if end is None or end <= begin:
             return None
@@ -112,17 +110,17 @@ class ReadAhead:
         if self._encode is not None:
             self._go.wait()
             if not self._stop.is_set():
-                ahead.encoded = self._encoded(ahead.rows)
+                ahead.encoded = self._encoded(ahead.rows, runs)
         return begin, end, ahead
 
-    def _encoded(self, rows: pa.Table) -> EncodedAhead | None:
+    def _encoded(self, rows: pa.Table, runs: int | None) -> EncodedAhead | None:
+        """The first `runs` runs of `rows` (None: until `take`), or None when they cannot be encoded ahead."""
         try:
             rest = self._encode(rows)  # type: ignore[misc]
             if rest is None:
                 return None
             encoded = EncodedAhead(rest=rest)
-            bound = self._bound
-            while (bound is None or len(encoded.runs) < bound) and not self._stop.is_set():
+            while (runs is None or len(encoded.runs) < runs) and not self._stop.is_set():
                 run = next(encoded.rest, None)
                 if run is None:
                     break

@@ -93,8 +93,8 @@ def test_a_start_without_bound_encodes_until_taken():
     seen.clear()
     ahead.start((4, 0))  # the next start is bound again
     ahead.go()
-    _until(lambda: len(seen) >= 2)
-    time.sleep(0.2)  # a third run would be encoded by now if the bound did not hold
+    pending = ahead._pending
+    _until(pending.done)  # bound: the thread ends after two runs (unbound, after six)
     taken = ahead.take((4, 0), (5, 0))
     assert [run[0] for run in taken.encoded.runs] == ["(4, 0)-(5, 0)#0", "(4, 0)-(5, 0)#1"] and seen == [0, 1]
     ahead.close()
