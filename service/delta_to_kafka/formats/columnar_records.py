@@ -9,12 +9,10 @@ tombstone; changes come in `FeedChanges` order.
 
 from __future__ import annotations
 
-import gc
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import repeat
-from typing import Iterator, cast
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -37,6 +35,7 @@ from service.delta_to_kafka.formats.output_formats import (
     KafkaRecord,
     SourceField,
 )
+from service.runtime.collector import collector_paused
 from vocabulary.changes import ChangeKind, Envelope
 
 _US_PER_MS = 1000
@@ -204,7 +203,7 @@ class ColumnarRecords:
         versions = feed.column(ChangeFeedColumn.COMMIT_VERSION).take(pa.array(last)).to_pylist()
         # One headers list per commit version, shared by its records (the producer copies what it sends).
         headers = {v: [self._table_header, (Header.COMMIT_VERSION, str(v).encode("ascii"))] for v in set(versions)}
-        with _collector_paused():  # records built in C: no Python frame per record
+        with collector_paused():  # records built in C: no Python frame per record
             return list(map(tuple.__new__, repeat(KafkaRecord), zip(keys, values, map(headers.__getitem__, versions))))
 
     def _image(self, rows: _Rows, part: _Part, which: str | None, images: dict[str, np.ndarray],
@@ -282,15 +281,3 @@ def _in_order(values: list[bytes | None], order: np.ndarray) -> list[bytes | Non
     held = np.empty(len(values), dtype=object)
     held[:] = values
     return held[order].tolist()
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """No cyclic garbage collection while a burst of acyclic records is built (it rescans them all)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()

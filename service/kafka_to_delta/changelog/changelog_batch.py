@@ -36,6 +36,7 @@ from service.kafka_to_delta.formats.debezium_json import (
 from service.kafka_to_delta.formats.row_fit import BARE_MISFIT, TypedRows
 from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA, COMPUTED_FIELDS
 from service.kafka_to_delta.rows.names import Column, KafkaColumn
+from service.runtime.collector import collector_paused
 from vocabulary.changes import ChangeKind
 from vocabulary.errors import DecodeError, SourceCoordinates
 
@@ -171,6 +172,12 @@ class ChangelogBatchDecoder:
         records of their Kafka range declare); a record that does not is rejected like any misfit."""
         keep_raw = self.settings.order_by is not None and self.settings.late_handling == "dead_letter"
         out = _Output(self.settings.decode_error_handling, keep_raw, range_types)
+        with collector_paused():  # the batch's documents and rows hold no cycles
+            self._convert(batch, out)
+            out.reject_misfits()
+            return out.batch(batch)
+
+    def _convert(self, batch: pa.RecordBatch, out: _Output) -> None:
         keys = batch.column(KafkaColumn.KEY).to_pylist()
         values = batch.column(KafkaColumn.VALUE).to_pylist()
         for index, (key, value) in enumerate(zip(keys, values)):
@@ -188,8 +195,6 @@ class ChangelogBatchDecoder:
             else:
                 if rows:
                     out.extend(index, rows, types)
-        out.reject_misfits()
-        return out.batch(batch)
 
 
 def decode_partition(decoder: ChangelogBatchDecoder, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

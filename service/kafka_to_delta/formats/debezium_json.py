@@ -25,7 +25,7 @@ from connectors.delta.connect_types import (
     CONNECT_TYPE,
     fields_to_types,
 )
-from service.kafka_to_delta.formats.connect_wrapper import WRAPPER_HEAD, KnownSchemas
+from service.kafka_to_delta.formats.connect_wrapper import KnownSchemas
 from vocabulary.changes import Envelope
 from vocabulary.errors import DecodeError
 
@@ -255,22 +255,6 @@ class JsonDocuments:
         types = self._column_types(schema)
         self._known.learn(value, schema, types)
         return document, types
-
-    def payload_bytes(self, value: bytes) -> tuple[bytes, dict[str, str] | None]:
-        """(payload bytes, column types) of a wrapper whose schema is known (learnt by a full
-        decode when it is new), unparsed; (value, None) for a bare document. Raises
-        `DecodeError` when the value cannot be decoded, `ValueError` when the payload cannot be
-        cut out of its wrapper without a full parse."""
-        known = self._known.payload_bytes(value)
-        if known is not None:
-            return known
-        if not value.startswith(WRAPPER_HEAD):
-            return value, None
-        _, types = self(value)  # learns the schema prefix
-        known = self._known.payload_bytes(value)
-        if known is None or types is None:
-            raise ValueError("a wrapper whose payload cannot be cut out")
-        return known
 
     def _column_types(self, schema: Any) -> dict[str, str]:
         fingerprint = _fingerprint(schema)

@@ -7,7 +7,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.kafka_to_delta.formats.connect_wrapper import KnownSchemas
+from service.kafka_to_delta.formats.connect_wrapper import PAYLOAD_SEPARATOR, KnownSchemas
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.text(max_size=20),
@@ -17,8 +17,12 @@ json_values = st.recursive(
 )
 
 
-def _wrap(schema, payload) -> bytes:
-    return json.dumps({"schema": schema, "payload": payload}, separators=(",", ":")).encode()
+COMPACT = {"separators": (",", ":")}
+LAYOUTS = [COMPACT, {}, {"indent": 1}, {"indent": "\t", "separators": (" ,", " : ")}]  # all valid JSON
+
+
+def _wrap(schema, payload, layout=COMPACT) -> bytes:
+    return json.dumps({"schema": schema, "payload": payload}, **layout).encode()
 
 
 def test_known_schema_skips_to_the_payload():
@@ -52,15 +56,26 @@ def test_extra_top_level_keys_fall_back_to_a_full_parse():
     assert known.split(odd) is None
 
 
-@given(json_values, json_values, json_values)
-def test_split_agrees_with_a_full_parse(schema, payload, later_payload):
+def test_any_whitespace_between_the_tokens_is_learned():
+    schema = {"type": "struct", "fields": [{"field": "after", "type": "struct"}]}
+    for layout in LAYOUTS:
+        known = KnownSchemas(json.loads)
+        known.learn(_wrap(schema, {"op": "c"}, layout), schema, "types")
+        later = _wrap(schema, {"op": "u", "after": {"id": 2}}, layout)
+        assert known.split(later) == ({"op": "u", "after": {"id": 2}}, "types"), layout
+        assert known.split(later + b"\n") == ({"op": "u", "after": {"id": 2}}, "types"), layout
+        assert known.split(_wrap(schema, {"op": "d"}, COMPACT if layout is not COMPACT else {})) is None
+
+
+@given(json_values, json_values, json_values, st.sampled_from(LAYOUTS))
+def test_split_agrees_with_a_full_parse(schema, payload, later_payload, layout):
     known = KnownSchemas(json.loads)
-    first = _wrap(schema, payload)
+    first = _wrap(schema, payload, layout)
     known.learn(first, json.loads(first)["schema"], "attached")
-    later = _wrap(schema, later_payload)
+    later = _wrap(schema, later_payload, layout)
     split = known.split(later)
-    schema_text = json.dumps(schema, separators=(",", ":")).encode()
-    if b',"payload":' not in schema_text:
+    schema_text = json.dumps(schema, **layout).encode()
+    if PAYLOAD_SEPARATOR.search(schema_text) is None:
         assert split is not None, "the shortcut must apply when the schema bytes are unambiguous"
     if split is not None:
         assert split == (json.loads(later)["payload"], "attached")
