@@ -171,11 +171,15 @@ class ChangelogBatchDecoder:
         `range_types`: column types that records declaring none must fit as well (the types other
         records of their Kafka range declare); a record that does not is rejected like any misfit."""
         keep_raw = self.settings.order_by is not None and self.settings.late_handling == "dead_letter"
-        out = _Output(self.settings.decode_error_handling, keep_raw, range_types)
-        with collector_paused():  # the batch's documents and rows hold no cycles
+        # The batch's documents and rows hold no cycles. They are dropped before the collector runs again:
+        # its first collection would otherwise traverse every one of them.
+        with collector_paused():
+            out = _Output(self.settings.decode_error_handling, keep_raw, range_types)
             self._convert(batch, out)
             out.reject_misfits()
-            return out.batch(batch)
+            changelog = out.batch(batch)
+            del out
+        return changelog
 
     def _convert(self, batch: pa.RecordBatch, out: _Output) -> None:
         keys = batch.column(KafkaColumn.KEY).to_pylist()
