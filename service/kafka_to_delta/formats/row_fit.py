@@ -14,11 +14,10 @@ converted, together at the end of the batch per column-type map, and record by r
 from __future__ import annotations
 
 import base64
-import binascii
 import re
 from typing import Any, Sequence
 
-from connectors.delta.arrow_types import TypeName, arrow_type, rows_to_table
+from connectors.delta.arrow_types import DECIMAL_PATTERN, TypeName, arrow_type, rows_to_table
 
 _INT64 = (-(2**63), 2**63 - 1)
 INT_RANGES: dict[str, tuple[int, int]] = {  # the values each integer-coded type holds
@@ -54,7 +53,7 @@ def _screen(types: dict[str, str]) -> tuple[tuple[str, str, int, int], ...]:
             columns.append((name, _BOOL, 0, 0))
         elif type_name == TypeName.STRING:
             columns.append((name, _TEXT, 0, 0))
-        elif type_name.startswith("decimal("):
+        elif DECIMAL_PATTERN.match(type_name):
             columns.append((name, _DECIMAL, 0, _decimal_bytes(arrow_type(type_name).precision)))
         else:
             columns.append((name, "", 0, 0))  # no plain value vouched for
@@ -99,11 +98,11 @@ def _unsure(image: dict, columns: tuple[tuple[str, str, int, int], ...]) -> tupl
 
 def _decimal_fits(text: str, most_bytes: int) -> bool:
     """Connect's Decimal: the base64 of an unscaled two's-complement value no wider than `most_bytes`."""
-    if not text.isascii() or len(text) > 4 * ((most_bytes + 2) // 3):
+    if len(text) > 4 * ((most_bytes + 2) // 3):
         return False
     try:
         return 0 < len(base64.b64decode(text, validate=True)) <= most_bytes
-    except binascii.Error:
+    except ValueError:  # not base64 (binascii.Error), or not ASCII
         return False
 
 
