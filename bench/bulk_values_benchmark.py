@@ -27,7 +27,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.json as pj  # noqa: E402
 
 from connectors.delta.arrow_types import TypeName, typed_column  # noqa: E402
-from service.kafka_to_delta.source.bulk_values import bulk_column, parse_type  # noqa: E402
+from service.kafka_to_delta.formats.bulk_values import bulk_column, parse_type  # noqa: E402
 
 NULL_SHARE = 0.05
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)

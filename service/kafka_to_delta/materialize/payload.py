@@ -26,10 +26,11 @@ from connectors.delta.arrow_types import (
     rows_to_table,
     types_from_kinds,
 )
-from service.kafka_to_delta.formats.debezium_json import loads
+from service.kafka_to_delta.formats.debezium_json import COMPACT_SEPARATORS, loads
 from service.kafka_to_delta.formats.row_fit import misfit
 from service.kafka_to_delta.materialize.fill_unchanged import filled_net
 from service.kafka_to_delta.materialize.net_changes import unpack_net
+from service.kafka_to_delta.materialize.typed_rows import bulk_rows
 from service.kafka_to_delta.rows.arrow import PAYLOAD_SCHEMA
 from service.kafka_to_delta.rows.ipc import ipc_bytes
 from service.kafka_to_delta.rows.names import COUNTERS, FAILED_COLUMNS, Column, Meta, Part
@@ -79,11 +80,27 @@ class TypeEvidence:
 def typed_changes(net: pa.Table, primary_key: tuple[str, ...]) -> tuple[pa.Table, TypeEvidence]:
     """Net changelog rows (JSON row images) -> typed rows plus `Meta` columns, and their type evidence.
 
-    A delete carries its primary key only (from the key), an upsert its whole image.
+    A delete carries its primary key only (from the key), an upsert its whole image. Where every upsert
+    declares one set of column types, the rows are typed in bulk (`typed_rows.bulk_rows`); otherwise,
+    and where the bulk way leaves it to the reference, row by row (`rows_to_table`).
     """
     deletes = pc.is_in(net.column(Column.KIND), pa.array(RETRACTIONS)).to_pylist()
+    bulk = _bulk_typed(net, primary_key, deletes)
+    if bulk is not None:
+        typed, evidence = bulk
+    else:
+        typed, evidence = _reference_typed(net, primary_key, deletes)
+    kinds = pa.array([ChangeKind.DELETE.value if d else ChangeKind.UPDATE_AFTER.value for d in deletes], pa.string())
+    meta = {name: net.column(source) for name, source in Meta.SOURCE.items()}
+    meta[Meta.KIND] = kinds
+    for name in Meta.ALL:
+        typed = typed.append_column(name, meta[name])
+    return typed, evidence
+
+
+def _reference_typed(net: pa.Table, primary_key: tuple[str, ...], deletes: list[bool]) -> tuple[pa.Table, TypeEvidence]:
     rows = [
-        dict(zip(primary_key, loads(key.encode()))) if deleted or text is None else loads(text.encode())
+        _key_row(primary_key, key) if deleted or text is None else loads(text.encode())
         for key, text, deleted in zip(net.column(Column.KEY).to_pylist(), net.column(Column.ROW).to_pylist(), deletes)
     ]
     evidence = TypeEvidence()
@@ -97,13 +114,35 @@ def typed_changes(net: pa.Table, primary_key: tuple[str, ...]) -> tuple[pa.Table
     undeclared = [row for row, texts in upserts or zip(rows, net.column(Column.TYPES).to_pylist())
                   if texts is None or not row.keys() <= declared[texts].keys()]
     evidence.seen = inferred_kinds(undeclared)
-    typed = _table_or_located(rows, evidence.types(), net)
-    kinds = pa.array([ChangeKind.DELETE.value if d else ChangeKind.UPDATE_AFTER.value for d in deletes], pa.string())
-    meta = {name: net.column(source) for name, source in Meta.SOURCE.items()}
-    meta[Meta.KIND] = kinds
-    for name in Meta.ALL:
-        typed = typed.append_column(name, meta[name])
-    return typed, evidence
+    return _table_or_located(rows, evidence.types(), net), evidence
+
+
+def _bulk_typed(net: pa.Table, primary_key: tuple[str, ...], deletes: list[bool]) -> tuple[pa.Table, TypeEvidence] | None:
+    """`_reference_typed`'s result in bulk, where every upsert declares the same column types (then
+    nothing is inferred from the data); None where the reference must type the rows."""
+    upserting = pa.array(np.logical_not(np.array(deletes, np.bool_)))
+    declared_texts = pc.unique(net.column(Column.TYPES).drop_null()).to_pylist()
+    upsert_types = net.column(Column.TYPES).filter(upserting)
+    if len(declared_texts) != 1 or not len(upsert_types) or upsert_types.null_count:
+        return None
+    types = merge_types({}, json.loads(declared_texts[0]))
+    texts = net.column(Column.ROW).combine_chunks()
+    if any(deletes) or texts.null_count:  # a delete's row (or an image without one) is its primary key
+        replaced = [_key_text(primary_key, key) if deleted or text is None else text
+                    for key, text, deleted in zip(net.column(Column.KEY).to_pylist(), texts.to_pylist(), deletes)]
+        texts = pa.array(replaced, pa.string())
+    typed = bulk_rows(texts, types)
+    if typed is None:
+        return None
+    return typed, TypeEvidence(declared=types)
+
+
+def _key_row(primary_key: tuple[str, ...], key: str) -> dict:
+    return dict(zip(primary_key, loads(key.encode())))
+
+
+def _key_text(primary_key: tuple[str, ...], key: str) -> str:
+    return json.dumps(_key_row(primary_key, key), separators=COMPACT_SEPARATORS)
 
 
 def payload_table(payload: bytes) -> tuple[pa.Table, dict]:

@@ -66,13 +66,19 @@ from connectors.delta.arrow_types import TypeName, arrow_type, merge_types
 from connectors.kafka.range_reader import ValueChunk
 from service.config.op_mapping import Grouping, parse_op_mapping
 from service.kafka_to_delta.changelog.changelog_batch import ChangelogBatchDecoder
+from service.kafka_to_delta.formats.bulk_values import (
+    PLAIN_TEXT,
+    bulk_column,
+    json_lines,
+    json_text,
+    parse_type,
+)
 from service.kafka_to_delta.formats.debezium_json import (
     MAX_NESTING,
     UNAVAILABLE_VALUE,
     JsonDocuments,
 )
 from service.kafka_to_delta.materialize.last_change import last_rows
-from service.kafka_to_delta.source.bulk_values import bulk_column, json_text, parse_type
 from service.kafka_to_delta.source.wrapper_layouts import BARE, ODD, Layout, Layouts
 from vocabulary.changes import ChangeKind
 
@@ -87,7 +93,6 @@ _RECORD = "__record"
 _INFERRED_KINDS = {pa.int64(): TypeName.INT64, pa.float64(): TypeName.FLOAT64, pa.bool_(): TypeName.BOOL,
                    pa.string(): TypeName.STRING}
 _KEY_TYPES = (pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.bool_(), pa.string())
-_PLAIN_TEXT = r'^[ !#-\[\]-~]*$'  # printable ASCII without '"' and '\': its JSON is itself
 _ERROR_COLUMN = re.compile(r"Column\((/[^)]*)\)")
 _ERROR_ROW = re.compile(r" in row (\d+)$")
 _MAX_REFUSED = 8
@@ -359,7 +364,7 @@ class RangeColumns:
             if not len(members):
                 return schema.empty_table(), members
             chosen = payloads.take(pa.array(members))
-            buffer = _lines(chosen)
+            buffer = json_lines(chosen)
             try:
                 table = pj.read_json(
                     pa.py_buffer(buffer), read_options=pj.ReadOptions(use_threads=False, block_size=len(buffer) + 1),
@@ -552,7 +557,7 @@ class RangeColumns:
                 raise NotVectorisable(f"primary key column {column!r} is {values.type}")
             bad |= ~_mask(values.is_valid())
             if values.type == pa.string():
-                bad |= ~_mask(pc.match_substring_regex(values, _PLAIN_TEXT))
+                bad |= ~_mask(pc.match_substring_regex(values, PLAIN_TEXT))
                 bad |= _mask(pc.equal(values, UNAVAILABLE_VALUE))
         return bad
 
@@ -756,13 +761,6 @@ def _shown(error: Exception) -> str:
     and the column path when it names one."""
     column = _ERROR_COLUMN.search(str(error))
     return type(error).__name__ + (f" at {column.group(1)}" if column else "")
-
-
-def _lines(payloads: pa.Array) -> bytes:
-    """The payloads as newline-delimited JSON text (each followed by a newline)."""
-    joined = pc.binary_join_element_wise(payloads, pa.scalar(b"\n"), pa.scalar(b""))
-    offsets = np.frombuffer(joined.buffers()[1], dtype=np.int32)[joined.offset:joined.offset + len(joined) + 1]
-    return joined.buffers()[2][int(offsets[0]):int(offsets[-1])].to_pybytes()
 
 
 def typed_net(net: pa.Table, types: dict[str, str], primary_key: tuple[str, ...]) -> pa.Table:

@@ -21,8 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from connectors.delta.arrow_types import TypeName, arrow_type, typed_column
+from service.kafka_to_delta.formats.bulk_values import bulk_column, json_text, parse_type
 from service.kafka_to_delta.formats.row_fit import INT_RANGES
-from service.kafka_to_delta.source.bulk_values import bulk_column, json_text, parse_type
 
 REFUSED = object()
 EXAMPLES = settings(max_examples=120, derandomize=True, deadline=None)
@@ -320,6 +320,44 @@ def test_arrays_and_scalars_as_json_text_match_the_reference(kind, data):
     values = data.draw(with_nulls(kind))
     typed, misfit = bulk_column(parsed(values, None), TypeName.STRING)
     assert_text(values, typed, misfit)
+
+
+WORDS = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=6)  # quotes and backslashes too
+
+
+@EXAMPLES
+@given(with_nulls(st.lists(st.one_of(st.none(), WORDS), max_size=4)), st.integers(0, 3))
+def test_lists_of_plain_words_match_the_reference_vectorised_or_not(values, cut):
+    """A text[] column: converted vectorised where every word is printable ASCII without a quote or
+    backslash, value by value otherwise; both equal the reference, sliced arrays included."""
+    column = parsed(values, None)
+    text, misfit = json_text(column.slice(min(cut, len(values))))
+    assert_text(values[min(cut, len(values)):], text, misfit)
+    words = [word for value in values if value for word in value]
+    if any(words) and all(word is None or word.isprintable() and not set(word) & {'"', "\\"} for word in words):
+        try:
+            column.chunk(0).validate(full=True)
+        except pa.ArrowInvalid:
+            return  # built wrongly by pyarrow.json: misfits (test_a_list_column_pyarrow_built_wrongly_is_misfits)
+        assert not misfit.any()
+
+
+def test_lists_of_plain_words_take_no_value_by_value_step(monkeypatch):
+    column = parsed([["a", "b c"], None, [], ["x", None], ["2024-03-01 words"]], None)
+    monkeypatch.setattr(json, "dumps", lambda *args, **kwargs: pytest.fail("converted value by value"))
+    text, misfit = json_text(column)
+    assert text.to_pylist() == ['["a","b c"]', None, "[]", '["x",null]', '["2024-03-01 words"]']
+    assert not misfit.any()
+
+
+def test_a_list_column_pyarrow_built_wrongly_is_misfits():
+    """`pyarrow.json` drops the null opening the first list when no earlier value told it the item type
+    (the array fails validation; reading it crashes the interpreter's string building)."""
+    column = parsed([[None, "x"], ["y"], None], None)
+    with pytest.raises(pa.ArrowInvalid):
+        column.chunk(0).validate(full=True)
+    text, misfit = json_text(column)
+    assert misfit.tolist() == [True, True, False] and text.null_count == 3
 
 
 def test_timestamp_like_and_integral_float_fields_are_misfits():

@@ -53,6 +53,7 @@ _US_PER_SECOND = 1_000_000
 _US_PER_DAY = 86_400 * _US_PER_SECOND
 _FRACTION_DIGITS = 6  # the reference cuts fractions to microseconds
 _COMPACT = (",", ":")
+PLAIN_TEXT = r"^[ !#-\[\]-~]*$"  # printable ASCII without '"' and '\': its JSON text is itself in quotes
 
 _BASE64_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 _PAIR_BITS = 0xFFF  # two base64 characters carry 12 bits
@@ -148,14 +149,22 @@ def bulk_column(values: pa.Array | pa.ChunkedArray, type_name: str) -> tuple[pa.
     return pa.nulls(len(column), target), _valid(column)
 
 
+def json_lines(payloads: pa.Array) -> bytes:
+    """The payloads as newline-delimited JSON text (each followed by a newline)."""
+    joined = pc.binary_join_element_wise(payloads, pa.scalar(b"\n"), pa.scalar(b""))
+    offsets = np.frombuffer(joined.buffers()[1], dtype=np.int32)[joined.offset:joined.offset + len(joined) + 1]
+    return joined.buffers()[2][int(offsets[0]):int(offsets[-1])].to_pybytes()
+
+
 def json_text(values: pa.Array | pa.ChunkedArray, fixed_key_order: bool = False) -> tuple[pa.Array, np.ndarray]:
     """A text column's values as `pyarrow.json` inferred them (struct, list, scalar) -> the
     reference's text (`_text`: a string as it is, anything else as compact JSON), with a misfit mask.
 
-    Strings, integers and booleans at the top are converted vectorised. Anything else costs one
-    Python `to_pylist` and one `json.dumps` per value (about a microsecond per small value, 10 to
-    50 times the vectorised cost): such columns (Connect struct / array / map values,
-    VariableScaleDecimal, Geometry) are rare.
+    Strings, integers and booleans at the top, and lists of strings that are printable ASCII without
+    a quote or backslash (a PostgreSQL text[] of plain words), are converted vectorised. Anything
+    else costs one Python `to_pylist` and one `json.dumps` per value (about a microsecond per small
+    value, 10 to 50 times the vectorised cost): such columns (Connect struct / map values, other
+    arrays, VariableScaleDecimal, Geometry) are rare.
 
     Arrow's inference loses what the reference keeps, so these are misfits: a value holding a
     timestamp (text Arrow took for a time) or an integral float (Arrow may have widened an integer
@@ -164,7 +173,8 @@ def json_text(values: pa.Array | pa.ChunkedArray, fixed_key_order: bool = False)
     column, the reference as each value wrote them) or with a null field (Arrow cannot tell a
     missing key from a null one). `fixed_key_order=True` is the caller's word that every object
     of the column is written with all its keys, in one order (a Kafka Connect struct in its
-    schema's field order).
+    schema's field order). A nested column `pyarrow.json` built wrongly (it can drop the nulls that
+    open a list, leaving an array that fails validation) is misfits throughout.
     """
     column = _one_array(values)
     kind = column.type
@@ -177,6 +187,14 @@ def json_text(values: pa.Array | pa.ChunkedArray, fixed_key_order: bool = False)
     if pa.types.is_boolean(kind):
         return pc.if_else(column, "true", "false"), np.zeros(len(column), np.bool_)
     try:
+        column.validate(full=True)
+    except pa.ArrowInvalid:  # pyarrow.json can lose the nulls that open a list before the list's type is known
+        return pa.nulls(len(column), pa.string()), _valid(column)
+    if pa.types.is_list(kind) and pa.types.is_string(kind.value_type):
+        plain = _plain_string_lists(column)
+        if plain is not None:
+            return plain, np.zeros(len(column), np.bool_)
+    try:
         python_values = column.to_pylist()
     except (UnicodeDecodeError, ValueError, pa.ArrowException):  # bytes that are not UTF-8, dates out of range
         return pa.nulls(len(column), pa.string()), _valid(column)
@@ -188,6 +206,21 @@ def json_text(values: pa.Array | pa.ChunkedArray, fixed_key_order: bool = False)
             value = None
         texts.append(None if value is None else json.dumps(value, separators=_COMPACT))
     return pa.array(texts, pa.string()), misfit
+
+
+def _plain_string_lists(column: pa.ListArray) -> pa.Array | None:
+    """Lists of strings as compact JSON, where every string is printable ASCII without a quote or a
+    backslash (its JSON text is itself in quotes, as `json.dumps` writes it); None otherwise."""
+    items = column.flatten()  # the elements of the valid lists, in order
+    if items.null_count < len(items) and not pc.all(pc.match_substring_regex(items, PLAIN_TEXT)).as_py():
+        return None
+    quoted = pc.fill_null(pc.binary_join_element_wise('"', items, '"', ""), "null")
+    lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy()
+    offsets = np.zeros(len(column) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    joined = pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets), quoted), ",")
+    texts = pc.binary_join_element_wise("[", joined, "]", "")
+    return texts if not column.null_count else pc.if_else(column.is_valid(), texts, pa.scalar(None, pa.string()))
 
 
 def _vouched(value: Any, kind: pa.DataType, fixed_key_order: bool) -> bool:

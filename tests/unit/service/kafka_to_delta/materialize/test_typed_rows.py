@@ -1,0 +1,219 @@
+"""The net rows typed in bulk (`payload._bulk_typed`, `typed_rows.bulk_rows`) against the reference
+(`payload._reference_typed`: `loads` and `rows_to_table` row by row).
+
+Generated net rows carry every column type, as Debezium writes it (never a misfit) or as any JSON
+(values the reference refuses, values only it can type: misfits), keys left out or added, deletes
+and images without a row, one or two declared type sets. Wherever the bulk way gives a table it
+equals the reference's, with the same type evidence; where the reference refuses the batch, the
+bulk way gives none. Debezium-shaped batches are always typed in bulk. Examples are derandomised.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import date, datetime, timezone
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from connectors.delta.arrow_types import TypeName
+from service.kafka_to_delta.materialize import typed_rows
+from service.kafka_to_delta.materialize.payload import (
+    RETRACTIONS,
+    _bulk_typed,
+    _reference_typed,
+    typed_changes,
+)
+from service.kafka_to_delta.rows.names import Column, Meta
+from tests.unit.service.kafka_to_delta.formats.test_bulk_values import (
+    TEXT,
+    ZONED,
+    base64_noise,
+    encoded,
+    iso_text,
+    unscaled_bytes,
+)
+from vocabulary.changes import ChangeKind
+from vocabulary.errors import DecodeError
+
+EXAMPLES = settings(max_examples=150, derandomize=True, deadline=None)
+PRIMARY_KEY = ("id",)
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+DEBEZIUM = {
+    TypeName.INT8: st.integers(-128, 127),
+    TypeName.INT16: st.integers(-(2**15), 2**15 - 1),
+    TypeName.INT32: st.integers(-(2**31), 2**31 - 1),
+    TypeName.INT64: st.integers(-(2**63), 2**63 - 1),
+    TypeName.FLOAT32: st.floats(width=32, allow_nan=False, allow_infinity=False),
+    TypeName.FLOAT64: st.floats(allow_nan=False, allow_infinity=False),
+    TypeName.BOOL: st.booleans(),
+    TypeName.STRING: st.one_of(TEXT, st.just("__debezium_unavailable_value")),
+    "text[]": st.lists(TEXT, max_size=3),  # a Connect array, declared as text
+    TypeName.BINARY: st.binary(max_size=20).map(encoded),
+    "decimal(12,2)": st.integers(-(10**12) + 1, 10**12 - 1).map(lambda n: encoded(unscaled_bytes(n))),
+    "decimal(40,5)": st.integers(-(10**40) + 1, 10**40 - 1).map(lambda n: encoded(unscaled_bytes(n))),
+    TypeName.DATE32: st.dates(date(1, 1, 1), date(9999, 12, 31)).map(lambda d: (d - EPOCH.date()).days),
+    TypeName.TIMESTAMP_MS: st.integers(-(2**40), 2**40),
+    TypeName.TIMESTAMP_US: st.integers(-(2**50), 2**50),
+    TypeName.TIMESTAMP_NS: st.integers(-(2**62), 2**62),
+    TypeName.TIMESTAMP_US_UTC: ZONED,
+}
+TEXT_ARRAY = {"text[]": TypeName.STRING, "numbers[]": TypeName.STRING}
+NUMBERS = st.lists(st.one_of(st.integers(-5, 5), st.floats(-5, 5)), max_size=3)
+"""A text column of lists Arrow widens to floats: the integers' text is the reference's to write (misfits)."""
+ANY_JSON = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70),
+                                  st.floats(allow_nan=False, allow_infinity=False), TEXT, base64_noise(),
+                                  iso_text(st.sampled_from(["", "Z", "+02:00"]))),
+                        lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                st.dictionaries(st.sampled_from("abc"), inner, max_size=3)),
+                        max_leaves=6)
+
+
+@st.composite
+def net_rows(draw, shaped: bool) -> tuple[pa.Table, dict[str, str]]:
+    """A net table (`typed_changes`'s input) and the types its upserts declare."""
+    names = draw(st.lists(st.sampled_from(sorted(DEBEZIUM) if shaped else sorted(DEBEZIUM) + ["numbers[]"]),
+                          min_size=1, max_size=5))
+    kinds = {f"c{i}": name for i, name in enumerate(names)}
+    odd_columns = set() if shaped else {column for column in kinds if not draw(st.integers(0, 3))}
+    types = {"id": TypeName.INT64, **{column: TEXT_ARRAY.get(kind, kind) for column, kind in kinds.items()}}
+    texts = [json.dumps(types)]
+    if not shaped and not draw(st.integers(0, 3)):
+        texts.append(json.dumps({**types, "extra": TypeName.STRING}))
+    rows = []
+    for position in range(draw(st.integers(1, 12))):
+        kind = draw(st.sampled_from([ChangeKind.UPDATE_AFTER.value] * 3 + [ChangeKind.INSERT.value, *RETRACTIONS]))
+        image = {"id": position}
+        for column, type_name in types.items():
+            if column == "id":
+                continue
+            odd = column in odd_columns and not draw(st.integers(0, 2))
+            value = draw(ANY_JSON if odd else st.one_of(st.none(), {**DEBEZIUM, "numbers[]": NUMBERS}[kinds[column]]))
+            if shaped or draw(st.integers(0, 9)):
+                image[column] = value
+        if not shaped and not draw(st.integers(0, 29)):
+            image["extra"] = draw(ANY_JSON)
+        row = None if not shaped and not draw(st.integers(0, 14)) else json.dumps(image)
+        declared = draw(st.sampled_from(texts)) if kind not in RETRACTIONS or draw(st.booleans()) else None
+        if not shaped and not draw(st.integers(0, 39)):
+            declared = None
+        rows.append({Column.KEY: json.dumps([position]), Column.ROW: row, Column.KIND: kind, Column.TYPES: declared,
+                     Column.TOPIC: "t", Column.PARTITION: 0, Column.OFFSET: position, Column.CHANGE_INDEX: 0,
+                     Column.TIMESTAMP: 0, Column.UNCHANGED: None})
+    schema = pa.schema([(Column.KEY, pa.string()), (Column.ROW, pa.string()), (Column.KIND, pa.string()),
+                        (Column.TYPES, pa.string()), (Column.TOPIC, pa.string()), (Column.PARTITION, pa.int32()),
+                        (Column.OFFSET, pa.int64()), (Column.CHANGE_INDEX, pa.int32()), (Column.TIMESTAMP, pa.int64()),
+                        (Column.UNCHANGED, pa.string())])
+    return pa.Table.from_pylist(rows, schema=schema), types
+
+
+def deletes_of(net: pa.Table) -> list[bool]:
+    return pc.is_in(net.column(Column.KIND), pa.array(RETRACTIONS)).to_pylist()
+
+
+def reference_or_refused(net: pa.Table):
+    try:
+        return _reference_typed(net, PRIMARY_KEY, deletes_of(net))
+    except (ValueError, DecodeError):
+        return None
+
+
+def assert_same(bulk, reference) -> None:
+    table, evidence = bulk
+    expected, expected_evidence = reference
+    assert table.schema == expected.schema
+    for name in table.column_names:
+        assert table.column(name).combine_chunks().equals(expected.column(name).combine_chunks()), (
+            name, table.column(name).to_pylist(), expected.column(name).to_pylist())
+    assert evidence.to_json() == expected_evidence.to_json()
+
+
+@EXAMPLES
+@given(net_rows(shaped=False))
+def test_any_net_rows_typed_in_bulk_equal_the_reference_or_are_left_to_it(generated):
+    net, _ = generated
+    bulk = _bulk_typed(net, PRIMARY_KEY, deletes_of(net))
+    reference = reference_or_refused(net)
+    if bulk is not None:
+        assert reference is not None, "the bulk way typed a batch the reference refuses"
+        assert_same(bulk, reference)
+
+
+@EXAMPLES
+@given(net_rows(shaped=True))
+def test_debezium_shaped_net_rows_are_typed_in_bulk(generated):
+    net, _ = generated
+    deletes = deletes_of(net)
+    bulk = _bulk_typed(net, PRIMARY_KEY, deletes)
+    if all(deletes):
+        assert bulk is None  # the reference infers types from the deletes' keys then
+        return
+    assert bulk is not None, "a Debezium-shaped batch left to the reference"
+    assert_same(bulk, _reference_typed(net, PRIMARY_KEY, deletes))
+
+
+def test_only_the_misfit_rows_take_the_reference(monkeypatch):
+    """Arrow widens a list column of integers and floats to floats: the text of a list of integers is then
+    only the reference's to write (a misfit for `bulk_column`), those rows alone are typed by it."""
+    images = [{"id": 0, "doc": [1, 2]}, {"id": 1, "doc": [1.5]}, {"id": 2, "doc": [3]}]
+    net = pa.table({Column.KEY: [json.dumps([i["id"]]) for i in images], Column.ROW: [json.dumps(i) for i in images],
+                    Column.KIND: [ChangeKind.UPDATE_AFTER.value] * 3,
+                    Column.TYPES: [json.dumps({"id": TypeName.INT64, "doc": TypeName.STRING})] * 3,
+                    Column.TOPIC: ["t"] * 3, Column.PARTITION: [0] * 3, Column.OFFSET: [0, 1, 2],
+                    Column.CHANGE_INDEX: [0] * 3, Column.TIMESTAMP: [0] * 3,
+                    Column.UNCHANGED: pa.nulls(3, pa.string())})
+    typed_by_reference = []
+    reference = typed_rows.rows_to_table
+
+    def counted(rows, types):
+        typed_by_reference.append(len(rows))
+        return reference(rows, types)
+
+    monkeypatch.setattr(typed_rows, "rows_to_table", counted)
+    bulk = _bulk_typed(net, PRIMARY_KEY, deletes_of(net))
+    assert bulk is not None and typed_by_reference == [2]
+    assert bulk[0].column("doc").to_pylist() == ["[1,2]", "[1.5]", "[3]"]
+    assert_same(bulk, _reference_typed(net, PRIMARY_KEY, deletes_of(net)))
+
+
+def test_a_batch_wider_than_a_piece_is_parsed_in_pieces(monkeypatch):
+    monkeypatch.setattr(typed_rows, "PIECE_ROWS", 7)
+    images = [{"id": i, "amount": encoded(unscaled_bytes(i * 101)), "at": "2024-03-01T10:15:30Z"} for i in range(30)]
+    types = {"id": TypeName.INT64, "amount": "decimal(12,2)", "at": TypeName.TIMESTAMP_US_UTC}
+    table = typed_rows.bulk_rows(pa.array([json.dumps(i) for i in images]), types)
+    assert table is not None and table.num_rows == 30
+    assert [str(v) for v in table.column("amount").to_pylist()] == [f"{i * 101 / 100:.2f}" for i in range(30)]
+
+
+@pytest.mark.parametrize("texts", [['{"id": 1}', '{"id": 2, "other": 3}'],  # a key outside the types
+                                   ['{"id": 1}\n', '{"id": 2}'],  # a raw line break
+                                   ['{"id": 1}', '{"id": 1e400}'],  # pyarrow.json refuses
+                                   ['{"id": 1}', '{"id": "x"}']])
+def test_what_only_the_reference_decides_is_left_to_it(texts):
+    assert typed_rows.bulk_rows(pa.array(texts), {"id": TypeName.INT64}) is None
+
+
+def test_a_refused_value_leaves_the_batch_to_the_reference_which_names_the_record():
+    net = pa.table({Column.KEY: ['[0]', '[1]'], Column.ROW: ['{"id":0,"n":1}', '{"id":1,"n":99999}'],
+                    Column.KIND: [ChangeKind.UPDATE_AFTER.value] * 2,
+                    Column.TYPES: [json.dumps({"id": TypeName.INT64, "n": TypeName.INT8})] * 2,
+                    Column.TOPIC: ["t", "t"], Column.PARTITION: [0, 0], Column.OFFSET: [5, 6],
+                    Column.CHANGE_INDEX: [0, 0], Column.TIMESTAMP: [0, 0], Column.UNCHANGED: pa.nulls(2, pa.string())})
+    assert _bulk_typed(net, PRIMARY_KEY, deletes_of(net)) is None
+    with pytest.raises(DecodeError, match="column 'n'") as raised:
+        typed_changes(net, PRIMARY_KEY)
+    assert raised.value.where is not None and raised.value.where.offset == 6
+
+
+def test_deletes_keep_their_primary_key_only():
+    net = pa.table({Column.KEY: ['[0]', '[1]'], Column.ROW: ['{"id":0,"n":1}', '{"id":1,"n":2}'],
+                    Column.KIND: [ChangeKind.UPDATE_AFTER.value, ChangeKind.DELETE.value],
+                    Column.TYPES: [json.dumps({"id": TypeName.INT64, "n": TypeName.INT8})] * 2,
+                    Column.TOPIC: ["t", "t"], Column.PARTITION: [0, 0], Column.OFFSET: [5, 6],
+                    Column.CHANGE_INDEX: [0, 0], Column.TIMESTAMP: [0, 0], Column.UNCHANGED: pa.nulls(2, pa.string())})
+    typed, _ = typed_changes(net, PRIMARY_KEY)
+    assert typed.select(["id", "n"]).to_pylist() == [{"id": 0, "n": 1}, {"id": 1, "n": None}]
+    assert typed.column(Meta.KIND).to_pylist() == [ChangeKind.UPDATE_AFTER.value, ChangeKind.DELETE.value]
