@@ -39,7 +39,7 @@ PRIMARY_KEY = ("id",)
 
 def net_sets(count: int, calls: int) -> list[pa.Table]:
     """The last change of each key, split by key into `calls` sets."""
-    decoder = batch_decoder(PipelineSettings(name="p", topics=["t"], table="t", primary_key=list(PRIMARY_KEY)))
+    decoder = batch_decoder(PipelineSettings(name="p", topics=("t",), table="t", primary_key=PRIMARY_KEY))
     changes = pa.Table.from_batches([decoder(batch) for batch in _batches(records(count, False, False, False))])
     last: dict[str, int] = {}
     for position, key in enumerate(changes.column(Column.KEY).to_pylist()):

@@ -48,6 +48,10 @@ HISTORY_META = (Meta.KEY, Meta.KIND, Meta.TOPIC, Meta.PARTITION, Meta.OFFSET, Me
 upsert, -U an update's before image, -D a delete) and its sequence value."""
 _META_KEY = b"cdc-lakehouse"
 RETRACTIONS = (ChangeKind.UPDATE_BEFORE.value, ChangeKind.DELETE.value)
+BULK_ROWS = 256
+"""Net rows typed in bulk at least: the bulk way costs about 7 ms a call whatever its size (a parse and a
+few dozen Arrow kernels), the reference 45-60 us a row on a captured table's rows, so the two meet at
+about 225 rows (`bench/net_rows_typing.py --records 3000`)."""
 
 
 @dataclass
@@ -80,12 +84,13 @@ class TypeEvidence:
 def typed_changes(net: pa.Table, primary_key: tuple[str, ...]) -> tuple[pa.Table, TypeEvidence]:
     """Net changelog rows (JSON row images) -> typed rows plus `Meta` columns, and their type evidence.
 
-    A delete carries its primary key only (from the key), an upsert its whole image. Where every upsert
-    declares one set of column types, the rows are typed in bulk (`typed_rows.bulk_rows`); otherwise,
-    and where the bulk way leaves it to the reference, row by row (`rows_to_table`).
+    A delete carries its primary key only (from the key), an upsert its whole image. Where there are at
+    least `BULK_ROWS` rows and every upsert declares one set of column types, the rows are typed in bulk
+    (`typed_rows.bulk_rows`); otherwise, and where the bulk way leaves it to the reference, row by row
+    (`rows_to_table`).
     """
     deletes = pc.is_in(net.column(Column.KIND), pa.array(RETRACTIONS)).to_pylist()
-    bulk = _bulk_typed(net, primary_key, deletes)
+    bulk = _bulk_typed(net, primary_key, deletes) if net.num_rows >= BULK_ROWS else None
     if bulk is not None:
         typed, evidence = bulk
     else:

@@ -20,8 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from connectors.delta.arrow_types import TypeName
-from service.kafka_to_delta.materialize import typed_rows
+from service.kafka_to_delta.materialize import payload, typed_rows
 from service.kafka_to_delta.materialize.payload import (
+    BULK_ROWS,
     RETRACTIONS,
     _bulk_typed,
     _reference_typed,
@@ -217,3 +218,20 @@ def test_deletes_keep_their_primary_key_only():
     typed, _ = typed_changes(net, PRIMARY_KEY)
     assert typed.select(["id", "n"]).to_pylist() == [{"id": 0, "n": 1}, {"id": 1, "n": None}]
     assert typed.column(Meta.KIND).to_pylist() == [ChangeKind.UPDATE_AFTER.value, ChangeKind.DELETE.value]
+
+
+@pytest.mark.parametrize("rows, bulk", [(BULK_ROWS - 1, False), (BULK_ROWS, True)])
+def test_only_calls_of_enough_rows_are_typed_in_bulk(monkeypatch, rows, bulk):
+    """Below `BULK_ROWS` the bulk way's fixed cost per call is more than the reference's rows cost."""
+    images = [{"id": i, "n": i % 100} for i in range(rows)]
+    net = pa.table({Column.KEY: [json.dumps([i]) for i in range(rows)], Column.ROW: [json.dumps(i) for i in images],
+                    Column.KIND: [ChangeKind.UPDATE_AFTER.value] * rows,
+                    Column.TYPES: [json.dumps({"id": TypeName.INT64, "n": TypeName.INT8})] * rows,
+                    Column.TOPIC: ["t"] * rows, Column.PARTITION: [0] * rows, Column.OFFSET: list(range(rows)),
+                    Column.CHANGE_INDEX: [0] * rows, Column.TIMESTAMP: [0] * rows,
+                    Column.UNCHANGED: pa.nulls(rows, pa.string())})
+    taken = []
+    monkeypatch.setattr(payload, "bulk_rows", lambda *args: taken.append(True) or typed_rows.bulk_rows(*args))
+    typed, _ = typed_changes(net, PRIMARY_KEY)
+    assert bool(taken) is bulk
+    assert typed.select(["id", "n"]).to_pylist() == images
