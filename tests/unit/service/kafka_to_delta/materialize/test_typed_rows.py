@@ -111,6 +111,19 @@ def net_rows(draw, shaped: bool) -> tuple[pa.Table, dict[str, str]]:
     return pa.Table.from_pylist(rows, schema=schema), types
 
 
+def net_of(images: list[dict], types: dict[str, str], kinds: list[str] | None = None,
+           first_offset: int = 0) -> pa.Table:
+    """A net table of upserts (or `kinds`) of `images`, each declaring `types`."""
+    count = len(images)
+    return pa.table({Column.KEY: [json.dumps([image["id"]]) for image in images],
+                     Column.ROW: [json.dumps(image) for image in images],
+                     Column.KIND: kinds or [ChangeKind.UPDATE_AFTER.value] * count,
+                     Column.TYPES: [json.dumps(types)] * count, Column.TOPIC: ["t"] * count,
+                     Column.PARTITION: [0] * count, Column.OFFSET: list(range(first_offset, first_offset + count)),
+                     Column.CHANGE_INDEX: [0] * count, Column.TIMESTAMP: [0] * count,
+                     Column.UNCHANGED: pa.nulls(count, pa.string())})
+
+
 def deletes_of(net: pa.Table) -> list[bool]:
     return pc.is_in(net.column(Column.KIND), pa.array(RETRACTIONS)).to_pylist()
 
@@ -160,12 +173,7 @@ def test_only_the_misfit_rows_take_the_reference(monkeypatch):
     """Arrow widens a list column of integers and floats to floats: the text of a list of integers is then
     only the reference's to write (a misfit for `bulk_column`), those rows alone are typed by it."""
     images = [{"id": 0, "doc": [1, 2]}, {"id": 1, "doc": [1.5]}, {"id": 2, "doc": [3]}]
-    net = pa.table({Column.KEY: [json.dumps([i["id"]]) for i in images], Column.ROW: [json.dumps(i) for i in images],
-                    Column.KIND: [ChangeKind.UPDATE_AFTER.value] * 3,
-                    Column.TYPES: [json.dumps({"id": TypeName.INT64, "doc": TypeName.STRING})] * 3,
-                    Column.TOPIC: ["t"] * 3, Column.PARTITION: [0] * 3, Column.OFFSET: [0, 1, 2],
-                    Column.CHANGE_INDEX: [0] * 3, Column.TIMESTAMP: [0] * 3,
-                    Column.UNCHANGED: pa.nulls(3, pa.string())})
+    net = net_of(images, {"id": TypeName.INT64, "doc": TypeName.STRING})
     typed_by_reference = []
     reference = typed_rows.rows_to_table
 
@@ -198,11 +206,8 @@ def test_what_only_the_reference_decides_is_left_to_it(texts):
 
 
 def test_a_refused_value_leaves_the_batch_to_the_reference_which_names_the_record():
-    net = pa.table({Column.KEY: ['[0]', '[1]'], Column.ROW: ['{"id":0,"n":1}', '{"id":1,"n":99999}'],
-                    Column.KIND: [ChangeKind.UPDATE_AFTER.value] * 2,
-                    Column.TYPES: [json.dumps({"id": TypeName.INT64, "n": TypeName.INT8})] * 2,
-                    Column.TOPIC: ["t", "t"], Column.PARTITION: [0, 0], Column.OFFSET: [5, 6],
-                    Column.CHANGE_INDEX: [0, 0], Column.TIMESTAMP: [0, 0], Column.UNCHANGED: pa.nulls(2, pa.string())})
+    net = net_of([{"id": 0, "n": 1}, {"id": 1, "n": 99999}], {"id": TypeName.INT64, "n": TypeName.INT8},
+                 first_offset=5)
     assert _bulk_typed(net, PRIMARY_KEY, deletes_of(net)) is None
     with pytest.raises(DecodeError, match="column 'n'") as raised:
         typed_changes(net, PRIMARY_KEY)
@@ -210,11 +215,8 @@ def test_a_refused_value_leaves_the_batch_to_the_reference_which_names_the_recor
 
 
 def test_deletes_keep_their_primary_key_only():
-    net = pa.table({Column.KEY: ['[0]', '[1]'], Column.ROW: ['{"id":0,"n":1}', '{"id":1,"n":2}'],
-                    Column.KIND: [ChangeKind.UPDATE_AFTER.value, ChangeKind.DELETE.value],
-                    Column.TYPES: [json.dumps({"id": TypeName.INT64, "n": TypeName.INT8})] * 2,
-                    Column.TOPIC: ["t", "t"], Column.PARTITION: [0, 0], Column.OFFSET: [5, 6],
-                    Column.CHANGE_INDEX: [0, 0], Column.TIMESTAMP: [0, 0], Column.UNCHANGED: pa.nulls(2, pa.string())})
+    net = net_of([{"id": 0, "n": 1}, {"id": 1, "n": 2}], {"id": TypeName.INT64, "n": TypeName.INT8},
+                 [ChangeKind.UPDATE_AFTER.value, ChangeKind.DELETE.value])
     typed, _ = typed_changes(net, PRIMARY_KEY)
     assert typed.select(["id", "n"]).to_pylist() == [{"id": 0, "n": 1}, {"id": 1, "n": None}]
     assert typed.column(Meta.KIND).to_pylist() == [ChangeKind.UPDATE_AFTER.value, ChangeKind.DELETE.value]
@@ -224,12 +226,7 @@ def test_deletes_keep_their_primary_key_only():
 def test_only_calls_of_enough_rows_are_typed_in_bulk(monkeypatch, rows, bulk):
     """Below `BULK_ROWS` the bulk way's fixed cost per call is more than the reference's rows cost."""
     images = [{"id": i, "n": i % 100} for i in range(rows)]
-    net = pa.table({Column.KEY: [json.dumps([i]) for i in range(rows)], Column.ROW: [json.dumps(i) for i in images],
-                    Column.KIND: [ChangeKind.UPDATE_AFTER.value] * rows,
-                    Column.TYPES: [json.dumps({"id": TypeName.INT64, "n": TypeName.INT8})] * rows,
-                    Column.TOPIC: ["t"] * rows, Column.PARTITION: [0] * rows, Column.OFFSET: list(range(rows)),
-                    Column.CHANGE_INDEX: [0] * rows, Column.TIMESTAMP: [0] * rows,
-                    Column.UNCHANGED: pa.nulls(rows, pa.string())})
+    net = net_of(images, {"id": TypeName.INT64, "n": TypeName.INT8})
     taken = []
     monkeypatch.setattr(payload, "bulk_rows", lambda *args: taken.append(True) or typed_rows.bulk_rows(*args))
     typed, _ = typed_changes(net, PRIMARY_KEY)
