@@ -132,10 +132,10 @@ def _bulk_typed(net: pa.Table, primary_key: tuple[str, ...], deletes: list[bool]
         return None
     types = merge_types({}, json.loads(declared_texts[0]))
     texts = net.column(Column.ROW).combine_chunks()
-    if any(deletes) or texts.null_count:  # a delete's row (or an image without one) is its primary key
-        replaced = [_key_text(primary_key, key) if deleted or text is None else text
-                    for key, text, deleted in zip(net.column(Column.KEY).to_pylist(), texts.to_pylist(), deletes)]
-        texts = pa.array(replaced, pa.string())
+    keyed = pc.or_(pa.array(deletes, pa.bool_()), pc.is_null(texts))  # rows that are their primary key only
+    if pc.any(keyed).as_py():
+        keys = net.column(Column.KEY).filter(keyed).to_pylist()
+        texts = pc.replace_with_mask(texts, keyed, pa.array([_key_text(primary_key, key) for key in keys], pa.string()))
     typed = bulk_rows(texts, types)
     if typed is None:
         return None
