@@ -37,6 +37,7 @@ from typing import Any, Iterator
 import orjson
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import (
@@ -49,10 +50,11 @@ from pyspark.sql.types import BinaryType, LongType, StringType, StructField, Str
 from service.kafka_to_delta.barrier import released
 from service.kafka_to_delta.materialize.bucket_document import BucketDocument
 from service.kafka_to_delta.materialize.bulk import StageConfig, arrival, compact_many, is_failed
-from service.kafka_to_delta.materialize.net_changes import net_table, pack_net
+from service.kafka_to_delta.materialize.net_changes import net_table
 from service.kafka_to_delta.materialize.payload import net_payload
 from service.kafka_to_delta.materialize.rules import Materializer
-from service.kafka_to_delta.rows.ipc import unpack_changes
+from service.kafka_to_delta.materialize.rules_columns import compact_columns
+from service.kafka_to_delta.rows.ipc import ipc_bytes, unpack_changes, unpack_tables
 from service.kafka_to_delta.rows.names import (
     BUCKET,
     EVENT_TIME,
@@ -112,7 +114,16 @@ class BucketProcessor(StatefulProcessor):
 
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues) -> Iterator[pd.DataFrame]:
         """Compact the bucket's changes of this micro-batch (batch), or those the watermark reached."""
-        yield from self._compact(_records(rows), timerValues.getCurrentWatermarkInMs())
+        frames = list(rows)
+        config = self.config
+        if (config.compaction == "batch" and not config.state_ttl_ms and not config.whole_row_key
+                and all(PACKED_CHANGES in frame.columns for frame in frames)):
+            # The common case on whole columns (`rules_columns`), the rest through the rules.
+            changes = unpack_tables(value for frame in frames for value in frame[PACKED_CHANGES])
+            if changes is not None:
+                yield from self._compact(changes, timerValues.getCurrentWatermarkInMs())
+            return
+        yield from self._compact(_records(iter(frames)), timerValues.getCurrentWatermarkInMs())
 
     def handleInitialState(self, key: Any, initialState: pd.DataFrame, timerValues: TimerValues) -> None:
         """First micro-batch of a fresh checkpoint: merge the seeded keys into the bucket's document."""
@@ -131,14 +142,23 @@ class BucketProcessor(StatefulProcessor):
         """Compact what the watermark reached and drop the keys that outlived the TTL."""
         yield from self._compact([], timerValues.getCurrentWatermarkInMs())
 
-    def _compact(self, arrived: list[dict], watermark: int) -> Iterator[pd.DataFrame]:
-        due, waiting_from = arrived, None
-        if self.config.compaction == "watermark":
-            due, waiting_from = self._due(arrived, watermark)
+    def _compact(self, arrived: list[dict] | pa.Table, watermark: int) -> Iterator[pd.DataFrame]:
+        """`arrived`: the call's changes as records, or as one table when the common case may be decided on
+        its columns (`rules_columns`: batch compaction, no TTL, upsert-key mode)."""
         stored = self.keys.get()
         document = _document(stored)
-        touched = {r[GROUP] for r in due if not is_failed(r[GROUP])}
-        states = document.take(touched)  # only the keys this call touches become Python objects
+        decided = None
+        if isinstance(arrived, pa.Table):
+            waiting_from = None
+            touched = {g for g in pc.unique(arrived.column(GROUP)).to_pylist() if not is_failed(g)}
+            states = document.take(touched)
+            decided, due = compact_columns(arrived, states, self.config.row_digests)
+        else:
+            due, waiting_from = arrived, None
+            if self.config.compaction == "watermark":
+                due, waiting_from = self._due(arrived, watermark)
+            touched = {r[GROUP] for r in due if not is_failed(r[GROUP])}
+            states = document.take(touched)  # only the keys this call touches become Python objects
         out = compact_many(self.rules, sorted(due, key=arrival), states, self.config.whole_row_key,
                            self.config.state_ttl_ms, self.config.row_digests)
         document.replace(touched, states)
@@ -151,12 +171,14 @@ class BucketProcessor(StatefulProcessor):
         for moment in (waiting_from, document.next_expiry(self.config.state_ttl_ms)):
             if moment is not None:
                 self.handle.registerTimer(int(moment))
-        if not out:
+        nets = [table for table in (decided, net_table(out) if out else None) if table is not None]
+        if not nets:
             return
+        net = pa.concat_tables(nets)
         if self.payload_key is None:
-            yield pd.DataFrame({PACKED_COLUMN: [pack_net(out)]})
+            yield pd.DataFrame({PACKED_COLUMN: [ipc_bytes(net)]})
             return
-        payload = net_payload(net_table(out), self.payload_key)
+        payload = net_payload(net, self.payload_key)
         if payload is not None:
             yield pd.DataFrame({name: payload.column(name).to_pylist() for name in payload.schema.names})
 

@@ -57,7 +57,7 @@ def simple_outcome(rules: Materializer, pk: str, state: str | None, records: lis
             return None
         if kind in _ADDS and not isinstance(record["row"], str):
             return None
-    common, live = _stored_row(state, upsert_key)
+    common, live = stored_row(state, upsert_key)
     if not common:
         return None
     emitted = None if live is None else live[0]
@@ -87,7 +87,7 @@ def simple_outcome(rules: Materializer, pk: str, state: str | None, records: lis
     return Outcome(text, net, counters, None)
 
 
-def _stored_row(state: str | None, upsert_key: str) -> tuple[bool, tuple[str, tuple] | None]:
+def stored_row(state: str | None, upsert_key: str) -> tuple[bool, tuple[str, tuple] | None]:
     """(whether a stored state is of the common shape, its live row as (row, position) or None)."""
     if state is None:
         return True, None

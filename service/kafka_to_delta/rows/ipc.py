@@ -22,12 +22,20 @@ def ipc_bytes(table: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
+def unpack_tables(values: Iterable[bytes]) -> pa.Table | None:
+    """The tables of packed values (`ipc_bytes`) as one; None when there are none."""
+    tables = [pa.ipc.open_stream(pa.py_buffer(value)).read_all() for value in values]
+    return pa.concat_tables(tables, promote_options="default") if tables else None
+
+
+def table_records(table: pa.Table) -> list[dict]:
+    """The rows of `table` as plain Python records (zipped from whole columns: a fifth faster than
+    `Table.to_pylist`)."""
+    names = table.column_names
+    return [dict(zip(names, row)) for row in zip(*(column.to_pylist() for column in table.columns))]
+
+
 def unpack_changes(values: Iterable[bytes]) -> list[dict]:
-    """The changes of packed values (`STAGE_FIELDS`), as plain Python records (zipped from whole columns:
-    a fifth faster than `Table.to_pylist`)."""
-    records: list[dict] = []
-    for value in values:
-        table = pa.ipc.open_stream(pa.py_buffer(value)).read_all()
-        names = table.column_names
-        records.extend(dict(zip(names, row)) for row in zip(*(column.to_pylist() for column in table.columns)))
-    return records
+    """The changes of packed values (`STAGE_FIELDS`), as plain Python records."""
+    table = unpack_tables(values)
+    return [] if table is None else table_records(table)

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.streaming.tws_tester import TwsTester
 
+from service.kafka_to_delta.materialize import bucket_stage
 from service.kafka_to_delta.materialize.bucket_document import decode_bucket
 from service.kafka_to_delta.materialize.bucket_stage import GROUP_COLUMN, BucketProcessor
 from service.kafka_to_delta.materialize.bulk import StageConfig
@@ -20,10 +21,13 @@ from service.kafka_to_delta.materialize.key_stage import time_mode
 from service.kafka_to_delta.materialize.net_changes import unpack_net
 from service.kafka_to_delta.materialize.payload import NetPayload
 from service.kafka_to_delta.materialize.rules import MaterializerConfig
+from service.kafka_to_delta.materialize.rules_columns import compact_columns
 from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
-from service.kafka_to_delta.rows.names import error_group_key
+from service.kafka_to_delta.rows.ipc import ipc_bytes
+from service.kafka_to_delta.rows.names import GROUP, PACKED_CHANGES, error_group_key
 from service.kafka_to_delta.rows.spark import NET_ARROW_SCHEMA, NET_SCHEMA
 from service.kafka_to_delta.source.batch_changes import batch_changes
+from tests.unit.service.kafka_to_delta.materialize.test_rules_columns import STAGE_SCHEMA
 
 BUCKET = 7
 NEVER_LATE = 2**62  # the stage does not drop late rows; TwsTester would, unless told they are never late
@@ -194,3 +198,45 @@ def test_a_column_left_unchanged_takes_the_value_an_earlier_change_of_its_source
     # The next micro-batch's placeholder: no earlier change of it, so the table keeps what it stored.
     out = _call(tester, [change("+U", {"id": 1, "title": "e"}, 10, unchanged=unchanged)])
     assert (json.loads(out["[1]"]["row"]), out["[1]"]["unchanged"]) == ({"id": 1, "title": "e"}, unchanged)
+
+
+@pytest.mark.parametrize("payload_key", [None, ("id",)])
+def test_changes_packed_where_they_were_decoded_give_what_the_same_changes_as_rows_give(payload_key, monkeypatch):
+    """Packed input takes the columns way (`rules_columns`) for the common keys: the same output and state
+    as the rows (the rules for every key), micro-batch after micro-batch, a bad row and a conflict included."""
+    unchanged = json.dumps(["v"])
+    batches = [
+        [change("+I", {"id": 1, "v": "a"}, 0), change("+I", {"id": 2, "v": 2}, 1), change("+I", {"id": 3}, 2),
+         change("-D", {"id": 4}, 3)],
+        [change("-U", {"id": 1, "v": "a"}, 4), change("+U", {"id": 1, "v": "b"}, 5), change("-D", {"id": 2, "v": 2}, 6),
+         change("+I", {"id": 3, "v": "x"}, 7, upsert_key='["other"]'), change("+U", {"id": 5}, 8, unchanged=unchanged),
+         change("+U", {"id": 1}, 9, unchanged=unchanged, types='{"id":"int64"}')],
+        [change("+U", {"id": 1, "v": "b"}, 10), change("+I", {"id": 6, "v": "c"}, 11)],
+    ]
+    bad = change("+I", {"id": 7}, 12, error="bad record", handling="DEAD_LETTER", stage="decode", raw_value=b"\x00")
+    bad.update(kind=None, row=None)
+    batches[2].append(bad)
+    as_rows, as_packed = _tester("nothing", payload_key=payload_key), _tester("nothing", payload_key=payload_key)
+    decided = []
+
+    def spied(*args):
+        net, rest = compact_columns(*args)
+        decided.append(0 if net is None else net.num_rows)
+        return net, rest
+
+    monkeypatch.setattr(bucket_stage, "compact_columns", spied)
+    for changes in batches:
+        from_rows = as_rows.testInPandas(BUCKET, pd.DataFrame(changes))
+        records = [{**{k: v for k, v in c.items() if k != GROUP_COLUMN}, GROUP: c[GROUP_COLUMN]} for c in changes]
+        packed = ipc_bytes(pa.Table.from_pylist(records, schema=STAGE_SCHEMA))
+        from_packed = as_packed.testInPandas(BUCKET, pd.DataFrame({PACKED_CHANGES: [packed]}))
+        if payload_key is None:
+            assert sorted(_unpacked(from_packed), key=str) == sorted(_unpacked(from_rows), key=str)
+        else:
+            mine = batch_changes(pa.Table.from_pandas(from_packed, preserve_index=False))
+            theirs = batch_changes(pa.Table.from_pandas(from_rows, preserve_index=False))
+            assert mine.changes.sort_by("id").equals(theirs.changes.sort_by("id"))
+            assert mine.failed.equals(theirs.failed)
+            assert (mine.count, mine.counters) == (theirs.count, theirs.counters)
+        assert _keys(as_packed) == _keys(as_rows)
+    assert decided == [3, 1, 2]  # keys decided on the columns in each call (the rest by the rules)

@@ -1,0 +1,140 @@
+"""The rules' common case (`rules_fast`) for a whole bucket call at once, on its Arrow columns.
+
+The bucket stage used to turn every change of a call into a Python dict, sort them by arrival, group
+them by key and decide each key in Python (`bulk.compact_many`); building the net rows took another
+dict per key. For the keys of the common shape (`rules_fast.simple_outcome`: one upsert key, no
+sequence_by, a stored state of at most that upsert key's live row) the outcome depends on the key's
+last change alone, so here the changes are sorted by (key, arrival) in Arrow, each key's last change is
+found from the group boundaries, and the net rows are taken as columns. Python only touches each key
+once, for its stored state (parse it, write the new one, digest the winner).
+
+A key is left to the rules (its changes returned as dicts, in arrival order, for `compact_many`) when
+any of its changes falls outside the common shape, when its stored state does, when a retraction finds
+no live row (the rules log that warning with the change's coordinates), or when its winning change
+leaves columns unchanged (`bulk.net_values` fills those from the key's earlier images). Failed rows are
+left to it as well (they pass through).
+
+Only for `batch` compaction in upsert-key mode without a state TTL: the bucket stage calls it then.
+tests/unit/service/kafka_to_delta/materialize/test_rules_columns.py holds its net rows and states equal
+to `compact_many`'s on random calls.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from service.kafka_to_delta.materialize.bucket_document import StoredState
+from service.kafka_to_delta.materialize.bulk import ARRIVAL_ORDER, ERROR_PREFIX
+from service.kafka_to_delta.materialize.key_state import one_row_state
+from service.kafka_to_delta.materialize.row_digest import digested_state, row_digest
+from service.kafka_to_delta.materialize.rules_fast import stored_row
+from service.kafka_to_delta.rows.ipc import table_records
+from service.kafka_to_delta.rows.names import CHANGES_COLUMN, GROUP, Column
+from service.kafka_to_delta.rows.spark import NET_ARROW_SCHEMA
+from vocabulary.changes import ChangeKind
+
+_ADDS = pa.array([ChangeKind.INSERT.value, ChangeKind.UPDATE_AFTER.value])
+_RETRACTIONS = pa.array([ChangeKind.UPDATE_BEFORE.value, ChangeKind.DELETE.value])
+_UPSERT, _DELETE = ChangeKind.UPDATE_AFTER.value, ChangeKind.DELETE.value
+_ZERO_COUNTERS = ("conflicts", "rollbacks", "stale_dropped", "cleared_state_warnings")
+
+
+def compact_columns(changes: pa.Table, states: dict[str, StoredState],
+                    row_digests: bool) -> tuple[pa.Table | None, list[dict]]:
+    """(the net rows, `NET_ARROW_SCHEMA`, of the keys decided here; the changes of the others as records in
+    arrival order per key, for `compact_many`). `states` (the touched keys' stored states) is updated in place
+    for the keys decided here. `changes`: a call's changes (`STAGE_FIELDS`, any order)."""
+    if changes.num_rows == 0:
+        return None, []
+    if any(changes.column(name).null_count for name in ARRIVAL_ORDER):
+        return None, table_records(changes)
+    ordered = changes.sort_by([(name, "ascending") for name in (GROUP, *ARRIVAL_ORDER)])
+    count = ordered.num_rows
+    group = ordered.column(GROUP).combine_chunks()
+    kind = ordered.column(Column.KIND).combine_chunks()
+    upsert_key = ordered.column(Column.UPSERT_KEY).combine_chunks()
+    starts_mask = np.ones(count, np.bool_)
+    if count > 1:
+        starts_mask[1:] = pc.not_equal(group.slice(1), group.slice(0, count - 1)).to_numpy(zero_copy_only=False)
+    starts = np.flatnonzero(starts_mask)
+    ends = np.append(starts[1:], count) - 1
+    first_of_row = starts[np.cumsum(starts_mask) - 1]
+
+    is_add = _flags(pc.is_in(kind, value_set=_ADDS))
+    is_retraction = _flags(pc.is_in(kind, value_set=_RETRACTIONS))
+    row_ok = (is_add | is_retraction) & ~_flags(pc.starts_with(group, ERROR_PREFIX))
+    row_ok &= ~_flags(pc.is_valid(ordered.column(Column.SEQUENCE)))
+    row_ok &= ~(is_add & ~_flags(pc.is_valid(ordered.column(Column.ROW))))
+    row_ok &= _flags(pc.equal(upsert_key, upsert_key.take(pa.array(first_of_row))))
+    # A retraction right after another finds no live row: the rules log it.
+    row_ok[1:] &= ~(is_retraction[1:] & is_retraction[:-1] & ~starts_mask[1:])
+    key_ok = np.logical_and.reduceat(row_ok, starts)
+    key_ok &= ~_flags(pc.is_valid(ordered.column(Column.UNCHANGED).take(pa.array(ends))))
+
+    keys = group.take(pa.array(starts)).to_pylist()
+    upsert_keys = upsert_key.take(pa.array(starts)).to_pylist()
+    last_rows = ordered.column(Column.ROW).take(pa.array(ends)).to_pylist()
+    positions = zip(*(ordered.column(name).take(pa.array(ends)).to_pylist()
+                      for name in (Column.TOPIC, Column.PARTITION, Column.OFFSET)))
+    decided: list[int] = []
+    net_kinds: list[str | None] = []
+    state_bytes: list[int] = []
+    for at, (key, upsert, row, position, ok) in enumerate(zip(keys, upsert_keys, last_rows, positions, key_ok)):
+        if not ok:
+            continue
+        stored = states.get(key)
+        previous = None if stored is None else stored[0]
+        if row_digests:
+            previous = digested_state(previous)
+        common, live = stored_row(previous, upsert)
+        if not common or (live is None and is_retraction[starts[at]]):
+            key_ok[at] = False
+            continue
+        emitted = None if live is None else live[0]
+        if is_add[ends[at]]:
+            kept = row_digest(row) if row_digests else row
+            text = one_row_state(upsert, kept, (position[0], int(position[1]), int(position[2])))
+            states[key] = (text, None)
+            net_kinds.append(_UPSERT if kept != emitted else None)
+            state_bytes.append(len(text.encode()))
+        else:
+            states.pop(key, None)
+            net_kinds.append(_DELETE if emitted is not None else None)
+            state_bytes.append(0)
+        decided.append(at)
+    left = np.repeat(~key_ok, ends - starts + 1)
+    rest = table_records(ordered.filter(pa.array(left))) if left.any() else []
+    if not decided:
+        return None, rest
+    with_types = np.where(_flags(pc.is_valid(ordered.column(Column.TYPES))), np.arange(count), -1)
+    last_types = np.maximum.reduceat(with_types, starts)  # each key's last change declaring types, or -1
+    return _net_rows(ordered, starts[decided], ends[decided], last_types[decided], net_kinds, state_bytes), rest
+
+
+def _flags(mask: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A boolean column as numpy (null: False)."""
+    return pc.fill_null(mask, False).to_numpy(zero_copy_only=False)
+
+
+def _net_rows(ordered: pa.Table, starts: np.ndarray, ends: np.ndarray, last_types: np.ndarray,
+              kinds: list[str | None], state_bytes: list[int]) -> pa.Table:
+    """The net rows (`bulk.net_values`) of the keys whose changes run from `starts` to `ends` in `ordered`
+    (`last_types`: the position of each key's last change declaring column types, or -1)."""
+    last = pa.array(ends)
+    kind = pa.array(kinds, pa.string())
+    columns = {
+        Column.KEY: ordered.column(GROUP).take(last),
+        Column.KIND: kind,
+        Column.ROW: pc.if_else(pc.equal(kind, _UPSERT), ordered.column(Column.ROW).take(last), None),
+        Column.TYPES: ordered.column(Column.TYPES).take(pa.array(last_types, mask=last_types < 0)),
+        CHANGES_COLUMN: pa.array(ends - starts + 1, pa.int64()),
+        "state_bytes": pa.array(state_bytes, pa.int64()),
+        **{name: pa.array(np.zeros(len(kinds), np.int64)) for name in _ZERO_COUNTERS},
+        **{name: ordered.column(name).take(last) for name in (Column.TOPIC, Column.PARTITION, Column.OFFSET,
+                                                               Column.TIMESTAMP)},
+    }
+    arrays = [columns[field.name].cast(field.type) if field.name in columns else pa.nulls(len(kinds), field.type)
+              for field in NET_ARROW_SCHEMA]
+    return pa.Table.from_arrays(arrays, schema=NET_ARROW_SCHEMA)
