@@ -160,8 +160,8 @@ def json_text(values: pa.Array | pa.ChunkedArray, fixed_key_order: bool = False)
     """A text column's values as `pyarrow.json` inferred them (struct, list, scalar) -> the
     reference's text (`_text`: a string as it is, anything else as compact JSON), with a misfit mask.
 
-    Strings, integers and booleans at the top, and lists of strings that are printable ASCII without
-    a quote or backslash (a PostgreSQL text[] of plain words), are converted vectorised. Anything
+    Strings, integers and booleans at the top, and lists of strings (a PostgreSQL text[]; items other
+    than printable ASCII without a quote or backslash are written one at a time), are converted vectorised. Anything
     else costs one Python `to_pylist` and one `json.dumps` per value (about a microsecond per small
     value, 10 to 50 times the vectorised cost): such columns (Connect struct / map values, other
     arrays, VariableScaleDecimal, Geometry) are rare.
@@ -191,9 +191,7 @@ def json_text(values: pa.Array | pa.ChunkedArray, fixed_key_order: bool = False)
     except pa.ArrowInvalid:  # pyarrow.json can lose the nulls that open a list before the list's type is known
         return pa.nulls(len(column), pa.string()), _valid(column)
     if pa.types.is_list(kind) and pa.types.is_string(kind.value_type):
-        plain = _plain_string_lists(column)
-        if plain is not None:
-            return plain, np.zeros(len(column), np.bool_)
+        return _string_lists(column), np.zeros(len(column), np.bool_)
     try:
         python_values = column.to_pylist()
     except (UnicodeDecodeError, ValueError, pa.ArrowException):  # bytes that are not UTF-8, dates out of range
@@ -208,13 +206,18 @@ def json_text(values: pa.Array | pa.ChunkedArray, fixed_key_order: bool = False)
     return pa.array(texts, pa.string()), misfit
 
 
-def _plain_string_lists(column: pa.ListArray) -> pa.Array | None:
-    """Lists of strings as compact JSON, where every string is printable ASCII without a quote or a
-    backslash (its JSON text is itself in quotes, as `json.dumps` writes it); None otherwise."""
+def _string_lists(column: pa.ListArray) -> pa.Array:
+    """Lists of strings as compact JSON, as `json.dumps` writes them: an item of printable ASCII without a
+    quote or a backslash is itself in quotes (vectorised); any other item (non-ASCII, escapes) is written by
+    `json.dumps`, that item alone."""
     items = column.flatten()  # the elements of the valid lists, in order
-    if items.null_count < len(items) and not pc.all(pc.match_substring_regex(items, PLAIN_TEXT)).as_py():
-        return None
-    quoted = pc.fill_null(pc.binary_join_element_wise('"', items, '"', ""), "null")
+    quoted = pc.binary_join_element_wise('"', items, '"', "")
+    plain = pc.match_substring_regex(items, PLAIN_TEXT)
+    odd = pc.invert(pc.fill_null(plain, True))
+    if pc.any(odd).as_py():
+        written = [json.dumps(item) for item in items.filter(odd).to_pylist()]
+        quoted = pc.replace_with_mask(quoted, odd, pa.array(written, pa.string()))
+    quoted = pc.fill_null(quoted, "null")
     lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy()
     offsets = np.zeros(len(column) + 1, np.int32)
     np.cumsum(lengths, out=offsets[1:])
