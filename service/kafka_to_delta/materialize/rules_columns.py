@@ -57,14 +57,15 @@ def compact_columns(changes: pa.Table, states: dict[str, StoredState],
     upsert_key = ordered.column(Column.UPSERT_KEY).combine_chunks()
     starts_mask = np.ones(count, np.bool_)
     if count > 1:
-        starts_mask[1:] = pc.not_equal(group.slice(1), group.slice(0, count - 1)).to_numpy(zero_copy_only=False)
+        changed = pc.not_equal(group.slice(1), group.slice(0, count - 1))
+        starts_mask[1:] = pc.fill_null(changed, True).to_numpy(zero_copy_only=False)
     starts = np.flatnonzero(starts_mask)
     ends = np.append(starts[1:], count) - 1
     first_of_row = starts[np.cumsum(starts_mask) - 1]
 
     is_add = _flags(pc.is_in(kind, value_set=_ADDS))
     is_retraction = _flags(pc.is_in(kind, value_set=_RETRACTIONS))
-    row_ok = (is_add | is_retraction) & ~_flags(pc.starts_with(group, ERROR_PREFIX))
+    row_ok = (is_add | is_retraction) & _flags(pc.invert(pc.starts_with(group, ERROR_PREFIX)))
     row_ok &= ~_flags(pc.is_valid(ordered.column(Column.SEQUENCE)))
     row_ok &= ~(is_add & ~_flags(pc.is_valid(ordered.column(Column.ROW))))
     row_ok &= _flags(pc.equal(upsert_key, upsert_key.take(pa.array(first_of_row))))
