@@ -11,8 +11,9 @@ once, for its stored state (parse it, write the new one, digest the winner).
 A key is left to the rules (its changes returned as dicts, in arrival order, for `compact_many`) when
 any of its changes falls outside the common shape, when its stored state does, when a retraction finds
 no live row (the rules log that warning with the change's coordinates), or when its winning change
-leaves columns unchanged (`bulk.net_values` fills those from the key's earlier images). Failed rows are
-left to it as well (they pass through).
+leaves columns unchanged after earlier changes of the key (`bulk.net_values` fills those from their
+images; a winner alone in the call passes its unchanged columns on as they are). Failed rows are left to
+it as well (they pass through).
 
 Only for `batch` compaction in upsert-key mode without a state TTL: the bucket stage calls it then.
 tests/unit/service/kafka_to_delta/materialize/test_rules_columns.py holds its net rows and states equal
@@ -72,7 +73,9 @@ def compact_columns(changes: pa.Table, states: dict[str, StoredState],
     # A retraction right after another finds no live row: the rules log it.
     row_ok[1:] &= ~(is_retraction[1:] & is_retraction[:-1] & ~starts_mask[1:])
     key_ok = np.logical_and.reduceat(row_ok, starts)
-    key_ok &= ~_flags(pc.is_valid(ordered.column(Column.UNCHANGED).take(pa.array(ends))))
+    # A winner leaving columns unchanged after earlier changes of its key is filled from their images
+    # (`bulk.net_values`); alone in the call, it is passed on as it is.
+    key_ok &= ~(_flags(pc.is_valid(ordered.column(Column.UNCHANGED).take(pa.array(ends)))) & (ends > starts))
 
     keys = group.take(pa.array(starts)).to_pylist()
     upsert_keys = upsert_key.take(pa.array(starts)).to_pylist()
@@ -129,6 +132,7 @@ def _net_rows(ordered: pa.Table, starts: np.ndarray, ends: np.ndarray, last_type
         Column.KEY: ordered.column(GROUP).take(last),
         Column.KIND: kind,
         Column.ROW: pc.if_else(pc.equal(kind, _UPSERT), ordered.column(Column.ROW).take(last), None),
+        Column.UNCHANGED: pc.if_else(pc.equal(kind, _UPSERT), ordered.column(Column.UNCHANGED).take(last), None),
         Column.TYPES: ordered.column(Column.TYPES).take(pa.array(last_types, mask=last_types < 0)),
         CHANGES_COLUMN: pa.array(ends - starts + 1, pa.int64()),
         "state_bytes": pa.array(state_bytes, pa.int64()),
