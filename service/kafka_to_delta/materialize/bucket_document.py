@@ -67,13 +67,12 @@ class BucketDocument:
 
     def take(self, keys: Iterable[str]) -> dict[str, StoredState]:
         """The stored states of those of `keys` the bucket holds."""
+        # The bucket's keys are probed against a hash of the few wanted ones: hashing the bucket's keys
+        # instead (`index_in` with the bucket as its value set) costs per stored key on every call.
         wanted = pa.array(list(keys), pa.string())
-        positions = pc.index_in(wanted, value_set=self.table.column("key"))
-        found = positions.is_valid()
-        rows = positions.filter(found)
-        states = self.table.column("state").take(rows).to_pylist()
-        touched = self.table.column("touched").take(rows).to_pylist()
-        return dict(zip(wanted.filter(found).to_pylist(), zip(states, touched)))
+        found = self.table.filter(pc.is_in(self.table.column("key"), value_set=wanted))
+        columns = (found.column(name).to_pylist() for name in _COLUMNS.names)
+        return {key: (state, touched) for key, state, touched in zip(*columns)}
 
     def replace(self, keys: Collection[str], states: dict[str, StoredState]) -> None:
         """Drop `keys`, then hold `states` (the new states of those of `keys` that are kept)."""
