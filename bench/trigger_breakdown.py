@@ -6,7 +6,7 @@ micro-batch: Spark's own phases (`durationMs` of each query progress: planning, 
 commit logs, `addBatch`) and, inside `addBatch`, the wall time of the batch's Spark stages, from the
 first stage's submission to the last one's completion; the rest of `addBatch` is the driver's own work
 (the sink's MERGE, collecting the payloads). Then the medians over the steady batches (all but the
-first `--skip`).
+first `--skip` and the last, which is usually a partial one).
 
     .venv/bin/python bench/trigger_breakdown.py /tmp/eventlog [--skip 2]
 """
