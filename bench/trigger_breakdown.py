@@ -16,10 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 from datetime import datetime
 from pathlib import Path
 from typing import Iterator
+
+import pyarrow as pa
 
 PHASES = ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets", "triggerExecution")
 
@@ -32,10 +33,10 @@ def events(path: Path) -> Iterator[dict]:
         if not logs:
             raise SystemExit(f"no event log under {path}")
         path = logs[-1]
-    if path.suffix == ".zstd":
-        text = subprocess.run(["zstd", "-dc", str(path)], capture_output=True, check=True, text=True).stdout
-    else:
-        text = path.read_text()
+    # Spark compresses its event logs with zstd by default (the file name says so); Arrow reads them.
+    compression = "zstd" if path.suffix == ".zstd" else None
+    with pa.input_stream(str(path), compression=compression) as stream:
+        text = stream.read().decode()
     for line in text.splitlines():
         if line.strip():
             yield json.loads(line)
