@@ -30,7 +30,7 @@ from service.kafka_to_delta.formats.debezium_json import COMPACT_SEPARATORS, loa
 from service.kafka_to_delta.formats.row_fit import misfit
 from service.kafka_to_delta.materialize.fill_unchanged import filled_net
 from service.kafka_to_delta.materialize.net_changes import unpack_net
-from service.kafka_to_delta.materialize.typed_rows import bulk_rows
+from service.kafka_to_delta.materialize.typed_rows import bulk_kinds, bulk_rows
 from service.kafka_to_delta.rows.arrow import PAYLOAD_SCHEMA
 from service.kafka_to_delta.rows.ipc import ipc_bytes
 from service.kafka_to_delta.rows.names import COUNTERS, FAILED_COLUMNS, Column, Meta, Part
@@ -85,9 +85,9 @@ def typed_changes(net: pa.Table, primary_key: tuple[str, ...]) -> tuple[pa.Table
     """Net changelog rows (JSON row images) -> typed rows plus `Meta` columns, and their type evidence.
 
     A delete carries its primary key only (from the key), an upsert its whole image. Where there are at
-    least `BULK_ROWS` rows and every upsert declares one set of column types, the rows are typed in bulk
-    (`typed_rows.bulk_rows`); otherwise, and where the bulk way leaves it to the reference, row by row
-    (`rows_to_table`).
+    least `BULK_ROWS` rows and every upsert declares one set of column types, or none declares any (their
+    kinds then inferred in bulk, `typed_rows.bulk_kinds`), the rows are typed in bulk (`typed_rows.bulk_rows`);
+    otherwise, and where the bulk way leaves it to the reference, row by row (`rows_to_table`).
     """
     deletes = pc.is_in(net.column(Column.KIND), pa.array(RETRACTIONS)).to_pylist()
     bulk = _bulk_typed(net, primary_key, deletes) if net.num_rows >= BULK_ROWS else None
@@ -124,22 +124,52 @@ def _reference_typed(net: pa.Table, primary_key: tuple[str, ...], deletes: list[
 
 def _bulk_typed(net: pa.Table, primary_key: tuple[str, ...], deletes: list[bool]) -> tuple[pa.Table, TypeEvidence] | None:
     """`_reference_typed`'s result in bulk, where every upsert declares the same column types (then
-    nothing is inferred from the data); None where the reference must type the rows."""
+    nothing is inferred from the data), or where no row declares any (JSON without schema blocks: the
+    upserts' kinds inferred in bulk, `bulk_kinds`); None where the reference must type the rows."""
     upserting = pa.array(np.logical_not(np.array(deletes, np.bool_)))
     declared_texts = pc.unique(net.column(Column.TYPES).drop_null()).to_pylist()
     upsert_types = net.column(Column.TYPES).filter(upserting)
-    if len(declared_texts) != 1 or not len(upsert_types) or upsert_types.null_count:
+    if not len(upsert_types):
         return None
-    types = merge_types({}, json.loads(declared_texts[0]))
+    undeclared = not declared_texts
+    if not undeclared and (len(declared_texts) != 1 or upsert_types.null_count):
+        return None
     texts = net.column(Column.ROW).combine_chunks()
     keyed = pc.or_(pa.array(deletes, pa.bool_()), pc.is_null(texts))  # rows that are their primary key only
     if pc.any(keyed).as_py():
         keys = net.column(Column.KEY).filter(keyed).to_pylist()
         texts = pc.replace_with_mask(texts, keyed, pa.array([_key_text(primary_key, key) for key in keys], pa.string()))
-    typed = bulk_rows(texts, types)
+    if undeclared:
+        return _bulk_inferred(texts, deletes)
+    evidence = TypeEvidence(declared=merge_types({}, json.loads(declared_texts[0])))
+    typed = bulk_rows(texts, evidence.types())
     if typed is None:
         return None
-    return typed, TypeEvidence(declared=types)
+    return typed, evidence
+
+
+def _bulk_inferred(texts: pa.Array, deletes: list[bool]) -> tuple[pa.Table, TypeEvidence] | None:
+    """`_bulk_typed` where no row declares column types: the kinds are inferred from the upserts' texts
+    (`bulk_kinds`), whose parse also types them; the deletes' key texts are typed apart, and the rows
+    put back in their order."""
+    deleting = np.array(deletes, np.bool_)
+    upserts = texts.filter(pa.array(~deleting))
+    inferred = bulk_kinds(upserts)
+    if inferred is None:
+        return None
+    evidence = TypeEvidence(seen=inferred.kinds)
+    typed = bulk_rows(upserts, evidence.types(), inferred.pieces)
+    if typed is None:
+        return None
+    if deleting.any():
+        keys = bulk_rows(texts.filter(pa.array(deleting)), evidence.types())
+        if keys is None:
+            return None
+        order = np.empty(len(deleting), np.int64)
+        order[~deleting] = np.arange(typed.num_rows)
+        order[deleting] = typed.num_rows + np.arange(keys.num_rows)
+        typed = pa.concat_tables([typed, keys]).take(pa.array(order))
+    return typed, evidence
 
 
 def _key_row(primary_key: tuple[str, ...], key: str) -> dict:

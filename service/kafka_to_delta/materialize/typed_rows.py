@@ -9,10 +9,17 @@ reference, that row alone; a batch `pyarrow.json` refuses, or holding a key outs
 types (the reference would infer a type for it), gives None, and the caller runs the reference
 over the whole batch, which also decides errors.
 
+Where no row declares its column types (JSON without schema blocks), the reference infers them from
+the values (`inferred_kinds`); `bulk_kinds` gives the same kinds from `pyarrow.json`'s own inference,
+or None where Arrow's types cannot tell them, and its parse serves `bulk_rows` where it is the one
+`bulk_rows` would make.
+
 `tests/unit/service/kafka_to_delta/materialize/test_typed_rows.py` holds the two equal.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -26,25 +33,37 @@ PIECE_ROWS = 16_384
 """Texts parsed together at most (the joined text of a piece stays far below Arrow's 2 GiB offsets)."""
 
 
-def bulk_rows(texts: pa.Array, types: dict[str, str]) -> pa.Table | None:
+@dataclass
+class Inferred:
+    """What `bulk_kinds` found: the kinds per column, and per piece of `PIECE_ROWS` texts the table Arrow
+    parsed (which `bulk_rows` takes as its own parse where its column types are those it would ask for)."""
+
+    kinds: dict[str, set[str]]
+    pieces: list[pa.Table]
+
+
+def bulk_rows(texts: pa.Array, types: dict[str, str], parsed: list[pa.Table] | None = None) -> pa.Table | None:
     """`rows_to_table([loads(text) for text in texts], types)`, built in bulk; None where only the
-    reference can tell (see the module). `texts`: one JSON object per row, no nulls."""
+    reference can tell (see the module). `texts`: one JSON object per row, no nulls; `parsed`: the
+    pieces `bulk_kinds` parsed of the same texts."""
     if not len(texts) or texts.null_count:
         return None
     pieces = []
-    for start in range(0, len(texts), PIECE_ROWS):
-        piece = _piece(texts.slice(start, PIECE_ROWS), types)
+    for number, start in enumerate(range(0, len(texts), PIECE_ROWS)):
+        piece = _piece(texts.slice(start, PIECE_ROWS), types, parsed[number] if parsed else None)
         if piece is None:
             return None
         pieces.append(piece)
     return pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
 
 
-def _piece(texts: pa.Array, types: dict[str, str]) -> pa.Table | None:
-    lines = json_lines(texts.cast(pa.binary()))
-    if lines.count(b"\n") != len(texts) or b"\r" in lines:  # a raw line break would split a row
-        return None
-    parsed = _parsed(lines, len(texts), types)
+def _piece(texts: pa.Array, types: dict[str, str], inferred: pa.Table | None = None) -> pa.Table | None:
+    parsed = _as_parsed(inferred, types) if inferred is not None else None
+    if parsed is None:
+        lines = json_lines(texts.cast(pa.binary()))
+        if lines.count(b"\n") != len(texts) or b"\r" in lines:  # a raw line break would split a row
+            return None
+        parsed = _parsed(lines, len(texts), types)
     if parsed is None or not set(parsed.column_names) <= types.keys():
         return None
     arrays, misfits = [], np.zeros(len(texts), np.bool_)
@@ -88,4 +107,76 @@ def _parsed(lines: bytes, rows: int, types: dict[str, str]) -> pa.Table | None:
                 return None
             continue
         return table if table.num_rows == rows else None
+    return None
+
+
+
+def _as_parsed(inferred: pa.Table, types: dict[str, str]) -> pa.Table | None:
+    """An inferred parse as `_parsed` would give it for `types`, or None where it would differ: a text
+    column parses as text (and as Arrow infers it once any text column holds an array or object), the
+    other types as themselves; a column Arrow read as a time was text, and is parsed again."""
+    kept = []
+    for field in inferred.schema:
+        if pa.types.is_null(field.type):
+            continue  # all null: `_piece` gives the type's nulls, as for a column the piece lacks
+        wanted = types.get(field.name)
+        if wanted is None or _INFERRED_AS.get(wanted) is None or not _INFERRED_AS[wanted](field.type):
+            return None
+        kept.append(field.name)
+    return inferred.select(kept)
+
+
+_INFERRED_AS = {
+    TypeName.INT64: pa.types.is_int64,
+    TypeName.FLOAT64: pa.types.is_float64,
+    TypeName.BOOL: pa.types.is_boolean,
+    TypeName.STRING: lambda arrow: pa.types.is_string(arrow) or pa.types.is_list(arrow) or pa.types.is_struct(arrow),
+}
+
+
+def bulk_kinds(texts: pa.Array) -> Inferred | None:
+    """`inferred_kinds([loads(text) for text in texts])`, from a parse of the texts with `pyarrow.json`'s
+    own inference (in pieces of `PIECE_ROWS`, their kinds joined); None where only the reference can
+    tell: a column whose values Arrow cannot hold in one type (the reference then says text), and a
+    column of floats holding an integral value (written `2` the reference counts an integer, written
+    `2.0` a float; Arrow keeps neither apart). `texts`: one JSON object per row, no nulls."""
+    if not len(texts) or texts.null_count:
+        return None
+    kinds: dict[str, set[str]] = {}
+    pieces = []
+    for start in range(0, len(texts), PIECE_ROWS):
+        piece = texts.slice(start, PIECE_ROWS)
+        lines = json_lines(piece.cast(pa.binary()))
+        if lines.count(b"\n") != len(piece) or b"\r" in lines:
+            return None
+        try:
+            parsed = pj.read_json(pa.py_buffer(lines), read_options=pj.ReadOptions(use_threads=False,
+                                                                                  block_size=len(lines) + 1))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return None
+        if parsed.num_rows != len(piece):
+            return None
+        for field in parsed.schema:
+            kind = _kind(field.type, parsed.column(field.name))
+            if kind is None:
+                return None
+            kinds.setdefault(field.name, set()).update(kind)
+        pieces.append(parsed)
+    return Inferred(kinds, pieces)
+
+
+def _kind(arrow: pa.DataType, column: pa.ChunkedArray) -> set[str] | None:
+    if pa.types.is_null(arrow):
+        return set()
+    if pa.types.is_boolean(arrow):
+        return {TypeName.BOOL}
+    if pa.types.is_int64(arrow):
+        return {TypeName.INT64}
+    if pa.types.is_float64(arrow):
+        values = column.combine_chunks().to_numpy(zero_copy_only=False)
+        values = values[~np.isnan(values)]  # nulls (JSON has no NaN)
+        return None if (values == np.floor(values)).any() else {TypeName.FLOAT64}
+    if pa.types.is_string(arrow) or pa.types.is_timestamp(arrow) or pa.types.is_list(arrow) \
+            or pa.types.is_struct(arrow):
+        return {TypeName.STRING}  # text, ISO text Arrow read as a time, arrays and objects: text to the reference
     return None

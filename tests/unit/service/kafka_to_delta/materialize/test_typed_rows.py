@@ -169,6 +169,97 @@ def test_debezium_shaped_net_rows_are_typed_in_bulk(generated):
     assert_same(bulk, _reference_typed(net, PRIMARY_KEY, deletes))
 
 
+def without_declared_types(net: pa.Table) -> pa.Table:
+    """The same net rows as JSON without schema blocks gives them: no row declares column types."""
+    return net.set_column(net.schema.get_field_index(Column.TYPES), Column.TYPES,
+                          pa.nulls(net.num_rows, pa.string()))
+
+
+@EXAMPLES
+@given(net_rows(shaped=False))
+def test_any_undeclared_net_rows_typed_in_bulk_equal_the_reference_or_are_left_to_it(generated):
+    """Nothing declares the types: the reference infers them from the upserts' values (`inferred_kinds`),
+    the bulk way from one `pyarrow.json` parse (`bulk_kinds`). Kinds, types and values are the same."""
+    net = without_declared_types(generated[0])
+    bulk = _bulk_typed(net, PRIMARY_KEY, deletes_of(net))
+    reference = reference_or_refused(net)
+    if bulk is not None:
+        assert reference is not None, "the bulk way typed a batch the reference refuses"
+        assert_same(bulk, reference)
+
+
+def fractional(value):
+    """A float the way Debezium writes a double, never integral: `2.0` and `2` are one value to Arrow, two
+    kinds to the reference (which `bulk_kinds` leaves to it)."""
+    return value + 0.5 if isinstance(value, float) and value == int(value) and abs(value) < 2**52 else value
+
+
+@EXAMPLES
+@given(net_rows(shaped=True))
+def test_debezium_shaped_net_rows_without_schema_blocks_are_typed_in_bulk(generated):
+    net = without_declared_types(generated[0])
+    rows = [None if text is None else json.dumps({c: fractional(v) for c, v in json.loads(text).items()})
+            for text in net.column(Column.ROW).to_pylist()]
+    net = net.set_column(net.schema.get_field_index(Column.ROW), Column.ROW, pa.array(rows, pa.string()))
+    deletes = deletes_of(net)
+    bulk = _bulk_typed(net, PRIMARY_KEY, deletes)
+    if all(deletes):
+        assert bulk is None
+        return
+    floats_integral = any(isinstance(v, float) and v == int(v)
+                          for text in rows if text is not None for v in json.loads(text).values())
+    assert bulk is not None or floats_integral, "a Debezium-shaped batch without schema blocks left to the reference"
+    if bulk is not None:
+        assert_same(bulk, _reference_typed(net, PRIMARY_KEY, deletes))
+
+
+@pytest.mark.parametrize("texts, kinds", [
+    (['{"id": 1, "n": 2.5}', '{"id": 2, "n": 3}'], None),  # an integral value among floats: only the text tells
+    (['{"id": 1, "n": 2.5}', '{"id": 2, "n": null}'], {"id": {"int64"}, "n": {"float64"}}),
+    (['{"id": 1, "flag": true}', '{"id": 2, "flag": 1}'], None),  # one column, two kinds: the reference says text
+    (['{"b": 1}', '{"a": "2024-01-01", "b": 2, "c": null}'], {"b": {"int64"}, "a": {"string"}, "c": set()}),
+    (['{"id": 1, "tags": ["x"]}', '{"id": 2, "tags": {"k": 1}}'], None),
+    (['{"id": 1, "tags": ["x"], "doc": {"k": 1}}'], {"id": {"int64"}, "tags": {"string"}, "doc": {"string"}}),
+    (['{"id": 99999999999999999999}'], None),  # beyond 64 bits: a float to Arrow, an integer to the reference
+])
+def test_kinds_inferred_in_bulk_are_the_reference_kinds_or_left_to_it(texts, kinds):
+    inferred = typed_rows.bulk_kinds(pa.array(texts))
+    assert (inferred and inferred.kinds) == kinds
+
+
+def test_undeclared_rows_in_pieces_join_their_kinds_and_parse_once_where_they_can(monkeypatch):
+    """Pieces of 3 rows: one reads `n` as integers, the next as floats, the last holds it null only; the
+    types are the whole batch's (`n` a float everywhere), as the reference infers them. A piece whose
+    inferred parse has the batch's types is not parsed again; one whose `n` Arrow read as integers, or
+    whose `at` it read as a time, is."""
+    monkeypatch.setattr(typed_rows, "PIECE_ROWS", 3)
+    images = ([{"id": i, "n": i, "at": "x"} for i in range(3)] + [{"id": i, "n": i + 0.5, "at": "y"} for i in range(3, 6)]
+              + [{"id": i, "n": None, "at": "2024-01-01"} for i in range(6, 9)])
+    net = without_declared_types(net_of(images, {}))
+    parses = []
+    reference_parse = typed_rows._parsed
+    monkeypatch.setattr(typed_rows, "_parsed", lambda *args: parses.append(args[1]) or reference_parse(*args))
+    bulk = _bulk_typed(net, PRIMARY_KEY, deletes_of(net))
+    assert bulk is not None and parses == [3, 3]  # the first piece (n as integers) and the last (at as a time)
+    assert bulk[0].schema.field("n").type == pa.float64()
+    assert_same(bulk, _reference_typed(net, PRIMARY_KEY, deletes_of(net)))
+
+
+def test_undeclared_upserts_are_parsed_once_and_deletes_keep_their_place(monkeypatch):
+    images = [{"id": i, "name": f"n{i}", "tags": ["a"] if i % 2 else []} for i in range(6)]
+    kinds = [ChangeKind.UPDATE_AFTER.value, ChangeKind.DELETE.value, ChangeKind.INSERT.value,
+             ChangeKind.UPDATE_BEFORE.value, ChangeKind.UPDATE_AFTER.value, ChangeKind.DELETE.value]
+    net = without_declared_types(net_of(images, {}, kinds))
+    parses = []
+    reference_parse = typed_rows._parsed
+    monkeypatch.setattr(typed_rows, "_parsed", lambda *args: parses.append(args[1]) or reference_parse(*args))
+    bulk = _bulk_typed(net, PRIMARY_KEY, deletes_of(net))
+    assert bulk is not None and parses == [3]  # the three deletes' keys only
+    assert bulk[0].column("id").to_pylist() == list(range(6))
+    assert bulk[0].column("name").to_pylist() == ["n0", None, "n2", None, "n4", None]
+    assert_same(bulk, _reference_typed(net, PRIMARY_KEY, deletes_of(net)))
+
+
 def test_only_the_misfit_rows_take_the_reference(monkeypatch):
     """Arrow widens a list column of integers and floats to floats: the text of a list of integers is then
     only the reference's to write (a misfit for `bulk_column`), those rows alone are typed by it."""
