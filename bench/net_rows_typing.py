@@ -4,12 +4,13 @@
 
 The rows are the last change per key of `--records` Connect JSON records of the realistic capture's
 shape (`range_decode_benchmark.records`: bigint, numeric(12,2), timestamptz, date, jsonb, uuid, enum,
-text[], a 3 KB TOASTed text), with their schema blocks or (`--without-schemas`) without, as JSON without
-schemas carries them (then the column kinds are inferred from the values), decoded by the stateful path's decoder and split into `--calls` sets
+text[], a 3 KB TOASTed text), with their schema blocks (`--schemas all`), without (`none`, as JSON without
+schemas carries them: the column kinds are inferred from the values) or every other record without (`half`),
+decoded by the stateful path's decoder and split into `--calls` sets
 as the bucket stage's calls see them (one per key bucket). Printed: CPU rows/s of each way, the
 median of `--rounds` rounds taken in turns, and whether the two tables are equal.
 
-    .venv/bin/python bench/net_rows_typing.py [--records 10000] [--calls 16] [--rounds 7] [--without-schemas]
+    .venv/bin/python bench/net_rows_typing.py [--records 10000] [--calls 16] [--rounds 7] [--schemas all|none|half]
 """
 
 from __future__ import annotations
@@ -39,12 +40,13 @@ from service.kafka_to_delta.source.decode_stage import batch_decoder  # noqa: E4
 PRIMARY_KEY = ("id",)
 
 
-def net_sets(count: int, calls: int, schemas: bool = True) -> list[pa.Table]:
+def net_sets(count: int, calls: int, schemas: str = "all") -> list[pa.Table]:
     """The last change of each key, split by key into `calls` sets."""
     decoder = batch_decoder(PipelineSettings(name="p", topics=("t",), table="t", primary_key=PRIMARY_KEY))
     values = records(count, False, False, False)
-    if not schemas:
-        values = [json.dumps(json.loads(value)["payload"], separators=(",", ":")).encode() for value in values]
+    if schemas != "all":
+        values = [json.dumps(json.loads(value)["payload"], separators=(",", ":")).encode()
+                  if schemas == "none" or position % 2 else value for position, value in enumerate(values)]
     changes = pa.Table.from_batches([decoder(batch) for batch in _batches(values)])
     last: dict[str, int] = {}
     for position, key in enumerate(changes.column(Column.KEY).to_pylist()):
@@ -63,9 +65,9 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=10_000)
     parser.add_argument("--calls", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--without-schemas", action="store_true")
+    parser.add_argument("--schemas", choices=("all", "none", "half"), default="all")
     args = parser.parse_args()
-    sets = net_sets(args.records, args.calls, schemas=not args.without_schemas)
+    sets = net_sets(args.records, args.calls, schemas=args.schemas)
     rows = sum(s.num_rows for s in sets)
     ways = {
         "bulk": lambda net: _bulk_typed(net, PRIMARY_KEY, _deletes(net)),

@@ -85,8 +85,8 @@ def typed_changes(net: pa.Table, primary_key: tuple[str, ...]) -> tuple[pa.Table
     """Net changelog rows (JSON row images) -> typed rows plus `Meta` columns, and their type evidence.
 
     A delete carries its primary key only (from the key), an upsert its whole image. Where there are at
-    least `BULK_ROWS` rows and every upsert declares one set of column types, or none declares any (their
-    kinds then inferred in bulk, `typed_rows.bulk_kinds`), the rows are typed in bulk (`typed_rows.bulk_rows`);
+    least `BULK_ROWS` rows and they declare one set of column types or none (the kinds of the upserts that
+    declare none then inferred in bulk, `typed_rows.bulk_kinds`), the rows are typed in bulk (`typed_rows.bulk_rows`);
     otherwise, and where the bulk way leaves it to the reference, row by row (`rows_to_table`).
     """
     deletes = pc.is_in(net.column(Column.KIND), pa.array(RETRACTIONS)).to_pylist()
@@ -123,16 +123,16 @@ def _reference_typed(net: pa.Table, primary_key: tuple[str, ...], deletes: list[
 
 
 def _bulk_typed(net: pa.Table, primary_key: tuple[str, ...], deletes: list[bool]) -> tuple[pa.Table, TypeEvidence] | None:
-    """`_reference_typed`'s result in bulk, where every upsert declares the same column types (then
-    nothing is inferred from the data), or where no row declares any (JSON without schema blocks: the
-    upserts' kinds inferred in bulk, `bulk_kinds`); None where the reference must type the rows."""
+    """`_reference_typed`'s result in bulk, where the rows declare one set of column types or none (JSON
+    without schema blocks, or some records with and some without: the kinds of the upserts declaring
+    none inferred in bulk, `bulk_kinds`); None where the reference must type the rows."""
     upserting = pa.array(np.logical_not(np.array(deletes, np.bool_)))
     declared_texts = pc.unique(net.column(Column.TYPES).drop_null()).to_pylist()
     upsert_types = net.column(Column.TYPES).filter(upserting)
     if not len(upsert_types):
         return None
     undeclared = not declared_texts
-    if not undeclared and (len(declared_texts) != 1 or upsert_types.null_count):
+    if len(declared_texts) > 1:
         return None
     texts = net.column(Column.ROW).combine_chunks()
     keyed = pc.or_(pa.array(deletes, pa.bool_()), pc.is_null(texts))  # rows that are their primary key only
@@ -142,7 +142,12 @@ def _bulk_typed(net: pa.Table, primary_key: tuple[str, ...], deletes: list[bool]
     if undeclared:
         return _bulk_inferred(texts, deletes)
     evidence = TypeEvidence(declared=merge_types({}, json.loads(declared_texts[0])))
-    typed = bulk_rows(texts, evidence.types())
+    if upsert_types.null_count:  # some upserts declare no types: the data tells what the declared do not
+        inferred = bulk_kinds(texts.filter(pc.and_(upserting, pc.is_null(net.column(Column.TYPES).combine_chunks()))))
+        if inferred is None or not inferred.kinds.keys() <= evidence.declared.keys():
+            return None  # a column only the data names: the reference tells which rows count as undeclared
+        evidence.seen = inferred.kinds
+    typed = bulk_rows(texts, evidence.types())  # None as well where a declaring row has a key outside its types
     if typed is None:
         return None
     return typed, evidence

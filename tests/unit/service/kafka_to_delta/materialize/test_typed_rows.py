@@ -188,6 +188,52 @@ def test_any_undeclared_net_rows_typed_in_bulk_equal_the_reference_or_are_left_t
         assert_same(bulk, reference)
 
 
+@st.composite
+def partly_declared(draw, shaped: bool) -> pa.Table:
+    """Net rows of which some (never all) declare no column types: a topic where some records carry schema
+    blocks and some do not (Kafka Connect's JSON converter switched, or two producers)."""
+    net, _ = draw(net_rows(shaped=shaped))
+    declared = net.column(Column.TYPES).to_pylist()
+    dropped = draw(st.lists(st.booleans(), min_size=len(declared), max_size=len(declared)))
+    texts = [None if drop else text for text, drop in zip(declared, dropped)]
+    return net.set_column(net.schema.get_field_index(Column.TYPES), Column.TYPES, pa.array(texts, pa.string()))
+
+
+@EXAMPLES
+@given(partly_declared(shaped=False))
+def test_partly_declared_net_rows_typed_in_bulk_equal_the_reference_or_are_left_to_it(net):
+    """The declared types win; the kinds the undeclared upserts' values suggest are the evidence's `seen`."""
+    bulk = _bulk_typed(net, PRIMARY_KEY, deletes_of(net))
+    reference = reference_or_refused(net)
+    if bulk is not None:
+        assert reference is not None, "the bulk way typed a batch the reference refuses"
+        assert_same(bulk, reference)
+
+
+@EXAMPLES
+@given(partly_declared(shaped=True))
+def test_partly_declared_debezium_shaped_net_rows_are_typed_in_bulk_where_arrow_tells_their_kinds(net):
+    deletes = deletes_of(net)
+    bulk = _bulk_typed(net, PRIMARY_KEY, deletes)
+    undeclared = net.filter(pc.and_(pc.invert(pa.array(deletes, pa.bool_())), pc.is_null(net.column(Column.TYPES))))
+    if all(deletes) or not net.column(Column.TYPES).drop_null():
+        return  # all deletes, or no row declares: the tests above
+    if bulk is None:  # left to the reference only where Arrow cannot tell the undeclared rows' kinds
+        assert typed_rows.bulk_kinds(pc.fill_null(undeclared.column(Column.ROW), '{"id": 0}').combine_chunks()) is None
+    else:
+        assert_same(bulk, _reference_typed(net, PRIMARY_KEY, deletes))
+
+
+def test_a_column_only_the_data_names_leaves_partly_declared_rows_to_the_reference():
+    """A declaring row with a key its types lack counts as undeclared to the reference, so its value is
+    evidence too (here `extra` becomes a boolean); the bulk way cannot tell such rows apart and gives none."""
+    types = {"id": TypeName.INT64, "n": TypeName.INT8}
+    net = net_of([{"id": 0, "n": 1, "extra": True}, {"id": 1, "n": 2, "extra": None}], types)
+    net = net.set_column(net.schema.get_field_index(Column.TYPES), Column.TYPES, pa.array([json.dumps(types), None]))
+    assert _bulk_typed(net, PRIMARY_KEY, deletes_of(net)) is None
+    assert _reference_typed(net, PRIMARY_KEY, deletes_of(net))[0].column("extra").to_pylist() == [True, None]
+
+
 def fractional(value):
     """A float the way Debezium writes a double, never integral: `2.0` and `2` are one value to Arrow, two
     kinds to the reference (which `bulk_kinds` leaves to it)."""
