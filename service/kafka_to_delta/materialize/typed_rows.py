@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.json as pj
 
-from connectors.delta.arrow_types import TypeName, arrow_type, rows_to_table
+from connectors.delta.arrow_types import TypeName, arrow_type, inferred_kinds, rows_to_table
 from service.kafka_to_delta.formats.bulk_values import bulk_column, json_lines, parse_type
 from service.kafka_to_delta.formats.debezium_json import loads
 
@@ -137,9 +137,10 @@ _INFERRED_AS = {
 def bulk_kinds(texts: pa.Array) -> Inferred | None:
     """`inferred_kinds([loads(text) for text in texts])`, from a parse of the texts with `pyarrow.json`'s
     own inference (in pieces of `PIECE_ROWS`, their kinds joined); None where only the reference can
-    tell: a column whose values Arrow cannot hold in one type (the reference then says text), and a
-    column of floats holding an integral value (written `2` the reference counts an integer, written
-    `2.0` a float; Arrow keeps neither apart). `texts`: one JSON object per row, no nulls."""
+    tell: a column whose values Arrow cannot hold in one type (the reference then says text). A column
+    of floats holding integral values (written `2` the reference counts an integer, written `2.0` a
+    float; Arrow keeps neither apart) has those rows read the reference way. `texts`: one JSON object
+    per row, no nulls."""
     if not len(texts) or texts.null_count:
         return None
     kinds: dict[str, set[str]] = {}
@@ -157,7 +158,7 @@ def bulk_kinds(texts: pa.Array) -> Inferred | None:
         if parsed.num_rows != len(piece):
             return None
         for field in parsed.schema:
-            kind = _kind(field.type, parsed.column(field.name))
+            kind = _kind(field.name, field.type, parsed.column(field.name), piece)
             if kind is None:
                 return None
             kinds.setdefault(field.name, set()).update(kind)
@@ -165,7 +166,7 @@ def bulk_kinds(texts: pa.Array) -> Inferred | None:
     return Inferred(kinds, pieces)
 
 
-def _kind(arrow: pa.DataType, column: pa.ChunkedArray) -> set[str] | None:
+def _kind(name: str, arrow: pa.DataType, column: pa.ChunkedArray, texts: pa.Array) -> set[str] | None:
     if pa.types.is_null(arrow):
         return set()
     if pa.types.is_boolean(arrow):
@@ -174,8 +175,15 @@ def _kind(arrow: pa.DataType, column: pa.ChunkedArray) -> set[str] | None:
         return {TypeName.INT64}
     if pa.types.is_float64(arrow):
         values = column.combine_chunks().to_numpy(zero_copy_only=False)
-        values = values[~np.isnan(values)]  # nulls (JSON has no NaN)
-        return None if (values == np.floor(values)).any() else {TypeName.FLOAT64}
+        integral = values == np.floor(values)  # false for nulls (NaN; JSON has none of its own)
+        kinds = {TypeName.FLOAT64} if (~integral & ~np.isnan(values)).any() else set()
+        if integral.any():  # `2` or `2.0`: the rows' own text tells, read the reference way
+            try:
+                rows = [loads(texts[int(i)].as_py().encode()) for i in np.flatnonzero(integral)]
+            except ValueError:
+                return None
+            kinds |= inferred_kinds([{name: row.get(name)} for row in rows if isinstance(row, dict)]).get(name, set())
+        return kinds
     if pa.types.is_string(arrow) or pa.types.is_timestamp(arrow) or pa.types.is_list(arrow) \
             or pa.types.is_struct(arrow):
         return {TypeName.STRING}  # text, ISO text Arrow read as a time, arrays and objects: text to the reference
