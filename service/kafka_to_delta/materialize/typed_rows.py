@@ -19,6 +19,7 @@ or None where Arrow's types cannot tell them, and its parse serves `bulk_rows` w
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,12 +89,16 @@ def _piece(texts: pa.Array, types: dict[str, str], inferred: pa.Table | None = N
 
 
 def _parsed(lines: bytes, rows: int, types: dict[str, str]) -> pa.Table | None:
-    """The lines parsed with the declared types' parse types; text columns parsed as text, or, where a
-    text column holds other JSON (a Connect array or struct), as `pyarrow.json` infers them. Keys outside
-    `types` are inferred too (so that the caller sees them)."""
-    for nested in (False, True):
+    """The lines parsed with the declared types' parse types; a text column parsed as text, or, where it
+    holds other JSON (a Connect array or struct, or a number), as `pyarrow.json` infers it. Such columns
+    are learnt from Arrow's refusal, which names the column, and remembered per set of types (`_NESTED`),
+    so that a table's text[] column costs one parse, not two. Keys outside `types` are inferred too (so
+    that the caller sees them)."""
+    known = tuple(types.items())
+    nested = _NESTED.get(known, frozenset())
+    while True:
         try:
-            fields = [(name, parse_type(type_name, nested)) for name, type_name in types.items()]
+            fields = [(name, parse_type(type_name, name in nested)) for name, type_name in types.items()]
         except ValueError:  # a type name only the reference knows what to do with
             return None
         schema = pa.schema([(name, kind) for name, kind in fields if kind is not None])
@@ -102,12 +107,23 @@ def _parsed(lines: bytes, rows: int, types: dict[str, str]) -> pa.Table | None:
                                  read_options=pj.ReadOptions(use_threads=False, block_size=len(lines) + 1),
                                  parse_options=pj.ParseOptions(explicit_schema=schema,
                                                                unexpected_field_behavior="infer"))
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            if nested or TypeName.STRING not in types.values():
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as refused:
+            found = _NESTED_TEXT.search(str(refused))
+            column = found.group(1) if found else None
+            if column is None or column in nested or types.get(column) != TypeName.STRING:
                 return None
+            nested = nested | {column}
             continue
+        if len(_NESTED) >= _NESTED_KEPT:
+            _NESTED.clear()
+        _NESTED[known] = nested
         return table if table.num_rows == rows else None
-    return None
+
+
+_NESTED: dict[tuple[tuple[str, str], ...], frozenset[str]] = {}
+"""Per set of declared types (of this process): the text columns last found holding arrays or objects."""
+_NESTED_KEPT = 64
+_NESTED_TEXT = re.compile(r"Column\(/(.+)\) changed from string to \w+")
 
 
 

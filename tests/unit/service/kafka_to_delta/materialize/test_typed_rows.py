@@ -296,6 +296,31 @@ def test_undeclared_upserts_are_parsed_once_and_deletes_keep_their_place(monkeyp
     assert_same(bulk, _reference_typed(net, PRIMARY_KEY, deletes_of(net)))
 
 
+def test_a_text_column_holding_arrays_is_learnt_once_per_set_of_types(monkeypatch):
+    """A Connect array declared as text (a PostgreSQL text[]): Arrow refuses the first parse and names the
+    column, which is then inferred alone; the next call with the same types parses once."""
+    monkeypatch.setattr(typed_rows, "_NESTED", {})
+    parses = []
+    read_json = typed_rows.pj.read_json
+
+    class Counted:
+        @staticmethod
+        def read_json(*args, **kwargs):
+            parses.append(kwargs["parse_options"].explicit_schema.names)
+            return read_json(*args, **kwargs)
+
+        ReadOptions, ParseOptions = typed_rows.pj.ReadOptions, typed_rows.pj.ParseOptions
+
+    monkeypatch.setattr(typed_rows, "pj", Counted)
+    types = {"id": TypeName.INT64, "name": TypeName.STRING, "tags": TypeName.STRING}
+    texts = pa.array([json.dumps({"id": i, "name": "2024-01-01", "tags": ["a", str(i)]}) for i in range(3)])
+    for _ in range(2):
+        table = typed_rows.bulk_rows(texts, types)
+        assert table is not None and table.column("tags").to_pylist() == ['["a","0"]', '["a","1"]', '["a","2"]']
+        assert table.column("name").to_pylist() == ["2024-01-01"] * 3
+    assert parses == [["id", "name", "tags"], ["id", "name"], ["id", "name"]]
+
+
 def test_only_the_misfit_rows_take_the_reference(monkeypatch):
     """Arrow widens a list column of integers and floats to floats: the text of a list of integers is then
     only the reference's to write (a misfit for `bulk_column`), those rows alone are typed by it."""
