@@ -145,15 +145,20 @@ def assert_same(bulk, reference) -> None:
     assert evidence.to_json() == expected_evidence.to_json()
 
 
-@EXAMPLES
-@given(net_rows(shaped=False))
-def test_any_net_rows_typed_in_bulk_equal_the_reference_or_are_left_to_it(generated):
-    net, _ = generated
+def assert_equal_where_typed_in_bulk(net: pa.Table) -> None:
+    """Where the bulk way types `net`, the reference does too, and the two are the same."""
     bulk = _bulk_typed(net, PRIMARY_KEY, deletes_of(net))
     reference = reference_or_refused(net)
     if bulk is not None:
         assert reference is not None, "the bulk way typed a batch the reference refuses"
         assert_same(bulk, reference)
+
+
+@EXAMPLES
+@given(net_rows(shaped=False))
+def test_any_net_rows_typed_in_bulk_equal_the_reference_or_are_left_to_it(generated):
+    net, _ = generated
+    assert_equal_where_typed_in_bulk(net)
 
 
 @EXAMPLES
@@ -181,11 +186,7 @@ def test_any_undeclared_net_rows_typed_in_bulk_equal_the_reference_or_are_left_t
     """Nothing declares the types: the reference infers them from the upserts' values (`inferred_kinds`),
     the bulk way from one `pyarrow.json` parse (`bulk_kinds`). Kinds, types and values are the same."""
     net = without_declared_types(generated[0])
-    bulk = _bulk_typed(net, PRIMARY_KEY, deletes_of(net))
-    reference = reference_or_refused(net)
-    if bulk is not None:
-        assert reference is not None, "the bulk way typed a batch the reference refuses"
-        assert_same(bulk, reference)
+    assert_equal_where_typed_in_bulk(net)
 
 
 @st.composite
@@ -203,11 +204,7 @@ def partly_declared(draw, shaped: bool) -> pa.Table:
 @given(partly_declared(shaped=False))
 def test_partly_declared_net_rows_typed_in_bulk_equal_the_reference_or_are_left_to_it(net):
     """The declared types win; the kinds the undeclared upserts' values suggest are the evidence's `seen`."""
-    bulk = _bulk_typed(net, PRIMARY_KEY, deletes_of(net))
-    reference = reference_or_refused(net)
-    if bulk is not None:
-        assert reference is not None, "the bulk way typed a batch the reference refuses"
-        assert_same(bulk, reference)
+    assert_equal_where_typed_in_bulk(net)
 
 
 @EXAMPLES
