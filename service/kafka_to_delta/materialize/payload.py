@@ -129,17 +129,14 @@ def _bulk_typed(net: pa.Table, primary_key: tuple[str, ...], deletes: list[bool]
     upserting = pa.array(np.logical_not(np.array(deletes, np.bool_)))
     declared_texts = pc.unique(net.column(Column.TYPES).drop_null()).to_pylist()
     upsert_types = net.column(Column.TYPES).filter(upserting)
-    if not len(upsert_types):
-        return None
-    undeclared = not declared_texts
-    if len(declared_texts) > 1:
+    if not len(upsert_types) or len(declared_texts) > 1:
         return None
     texts = net.column(Column.ROW).combine_chunks()
     keyed = pc.or_(pa.array(deletes, pa.bool_()), pc.is_null(texts))  # rows that are their primary key only
     if pc.any(keyed).as_py():
         keys = net.column(Column.KEY).filter(keyed).to_pylist()
         texts = pc.replace_with_mask(texts, keyed, pa.array([_key_text(primary_key, key) for key in keys], pa.string()))
-    if undeclared:
+    if not declared_texts:
         return _bulk_inferred(texts, deletes)
     evidence = TypeEvidence(declared=merge_types({}, json.loads(declared_texts[0])))
     if upsert_types.null_count:  # some upserts declare no types: the data tells what the declared do not

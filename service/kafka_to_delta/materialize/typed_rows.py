@@ -121,16 +121,15 @@ def _parsed(lines: bytes, rows: int, types: dict[str, str]) -> pa.Table | None:
 
 
 _NESTED: dict[tuple[tuple[str, str], ...], frozenset[str]] = {}
-"""Per set of declared types (of this process): the text columns last found holding arrays or objects."""
+"""Per set of declared types (of this process): the text columns last found holding other JSON than text."""
 _NESTED_KEPT = 64
 _NESTED_TEXT = re.compile(r"Column\(/(.+)\) changed from string to \w+")
 
 
-
 def _as_parsed(inferred: pa.Table, types: dict[str, str]) -> pa.Table | None:
     """An inferred parse as `_parsed` would give it for `types`, or None where it would differ: a text
-    column parses as text (and as Arrow infers it once any text column holds an array or object), the
-    other types as themselves; a column Arrow read as a time was text, and is parsed again."""
+    column parses as text (or, holding arrays or objects, as Arrow infers it), the other types as
+    themselves; a column Arrow read as a time was text, and is parsed again."""
     kept = []
     for field in inferred.schema:
         if pa.types.is_null(field.type):
