@@ -47,6 +47,9 @@ StateRecord = tuple[bytes, bytes | None]  # (key, value); a None value deletes t
 COMPACTED = {"cleanup.policy": "compact"}
 DEFAULT_TIMEOUT_S = 60.0
 _POLL_S = 0.5
+# `Producer.produce`'s positional arguments after the key: partition, callback, on_delivery, timestamp, headers.
+_ANY_PARTITION = -1  # the configured partitioner picks
+_NOW = 0  # the producer stamps the record
 _READ_BATCH = 10_000
 _BROKER_DEFAULT_REPLICATION = -1
 
@@ -137,8 +140,12 @@ class TransactionalProducer:
         producer = self._producer
         try:
             producer.begin_transaction()
+            produce, topic = producer.produce, self.output_topic
             for key, value, headers in records:
-                self._produce(self.output_topic, key, value, list(headers) if headers else None)
+                try:  # positional: librdkafka's binding parses them in about half the time of keywords
+                    produce(topic, value, key, _ANY_PARTITION, None, None, _NOW, headers or None)
+                except BufferError:
+                    self._produce(topic, key, value, headers or None)
             for key, value in state:
                 self._produce(self._state_topic(), key, value, None)
             self._produce(self.positions_topic, position.key.encode(), position.value, None)
@@ -154,7 +161,7 @@ class TransactionalProducer:
     def _produce(self, topic: str, key: bytes | None, value: bytes | None, headers) -> None:
         while True:
             try:
-                self._producer.produce(topic, value=value, key=key, headers=headers)
+                self._producer.produce(topic, value, key, _ANY_PARTITION, None, None, _NOW, headers)
                 return
             except BufferError:
                 # The local queue is full: let librdkafka send some before queueing more.

@@ -74,6 +74,17 @@ def test_committed_batches_are_visible_exactly_once(kafka_bootstrap, unique):
     assert records == [(f"k{i}".encode(), f"v{i}".encode(), [("n", str(i).encode())]) for i in range(15)]
 
 
+def test_a_full_local_queue_waits_and_loses_no_record(kafka_bootstrap, unique):
+    create_topics(kafka_bootstrap, [f"out-{unique}"], 1)
+    producer = TransactionalProducer({"bootstrap.servers": kafka_bootstrap, "queue.buffering.max.messages": 5},
+                                     f"t-{unique}", f"out-{unique}", f"positions-{unique}", timeout_s=30)
+    try:
+        producer.send_batch(_batch(0, 400), PositionRecord("exp", b"1"))  # the queue fills many times over
+    finally:
+        producer.close()
+    assert consume(kafka_bootstrap, f"out-{unique}") == _batch(0, 400)
+
+
 def test_an_aborted_transaction_is_invisible(kafka_bootstrap, unique):
     create_topics(kafka_bootstrap, [f"out-{unique}"], 1)
     producer = _producer(kafka_bootstrap, unique)
