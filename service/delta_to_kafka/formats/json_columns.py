@@ -69,20 +69,31 @@ def _escape_rows(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     if len(column) == 0 or column.buffers()[2] is None:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     offsets = np.frombuffer(column.buffers()[1], dtype=np.int32)[column.offset:column.offset + len(column) + 1]
-    data = np.frombuffer(column.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[-1]]
-    # A block at a time: the masks stay a few MB, not several times the column's text.
-    found = [start + np.flatnonzero((block < _FIRST_PRINTABLE) | (block == _QUOTE) | (block == _BACKSLASH))
-             for start in range(0, data.size, _SCAN_BLOCK) for block in (data[start:start + _SCAN_BLOCK],)]
-    hits = np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
-    rows = np.searchsorted(offsets, hits + offsets[0], side="right") - 1
-    return _distinct(rows), _distinct(rows[data[hits] < _FIRST_PRINTABLE])
+    data = np.frombuffer(column.buffers()[2], dtype=np.uint8)
+    # Whole rows a block at a time (the masks stay a few MB, not several times the column's text), and
+    # one flag per row from the block's byte mask: a JSON text column holds quotes in every row, and a
+    # position per quote cost more than the scan.
+    starts = np.searchsorted(offsets, np.arange(offsets[0], offsets[-1], _SCAN_BLOCK), side="right") - 1
+    cuts = np.unique(np.concatenate(([0], starts)))  # the rows that begin a block
+    escaping, control = [], []
+    for first, end in zip(cuts.tolist(), [*cuts[1:].tolist(), len(column)]):
+        block = data[offsets[first]:offsets[end]]
+        controls = block < _FIRST_PRINTABLE
+        marked = controls | (block == _QUOTE)
+        marked |= block == _BACKSLASH
+        escaping.append(first + _rows_marked(marked, offsets[first:end + 1]))
+        if controls.any():
+            control.append(first + _rows_marked(controls, offsets[first:end + 1]))
+    return np.concatenate(escaping), np.concatenate(control) if control else np.zeros(0, dtype=np.int64)
 
 
-def _distinct(rows: np.ndarray) -> np.ndarray:
-    """The distinct rows of ascending `rows` (no sort)."""
-    if rows.size < 2:
-        return rows
-    return rows[np.concatenate(([True], rows[1:] != rows[:-1]))]
+def _rows_marked(marked: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """The rows (positions in `offsets`, which start at the first byte of `marked`) holding a marked byte."""
+    starts = offsets[:-1] - offsets[0]
+    filled = np.flatnonzero(offsets[1:] > offsets[:-1])  # empty rows hold nothing, and reduceat needs starts < size
+    if filled.size == 0 or not marked.any():
+        return np.zeros(0, dtype=np.int64)
+    return filled[np.logical_or.reduceat(marked, starts[filled])]
 
 
 def _mask(length: int, rows: np.ndarray) -> pa.Array:

@@ -160,6 +160,8 @@ def test_strings_to_escape_are_found_across_scan_blocks(block, monkeypatch):
     values = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 12))) for _ in range(300)] + [None]
     column = pa.array(values).slice(5)  # an offset into the buffers, as a sliced feed gives
     assert json_fragments(column).to_pylist() == ["null" if v is None else dump(v) for v in values[5:]]
+    leading = ["", None, "", 'a"', "\x02", "", 'q"\\"'] + values  # empty rows before a block's first byte
+    assert json_fragments(pa.array(leading)).to_pylist() == ["null" if v is None else dump(v) for v in leading]
 
 
 def test_string_views_as_delta_rs_reads_them():
