@@ -140,7 +140,12 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield os.environ["KAFKA_BOOTSTRAP"]
         return
     with _broker(tmp_path_factory.mktemp("broker")) as bootstrap:
-        yield bootstrap
+        try:
+            yield bootstrap
+        finally:
+            from connectors.kafka.range_reader import IDLE_CONSUMERS
+
+            IDLE_CONSUMERS.close()  # the readers' kept consumers would try to reconnect until the process exits
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,10 @@ A reader decodes between its reads, so librdkafka's prefetch queue fills up and 
 fetch is put off by `fetch.queue.backoff.ms` (librdkafka's default: a second, which a steady batch spent
 waiting in `consume()`). Every consumer the readers open gets the short backoff unless the pipeline's
 Kafka options set one; the records read are the range's either way.
+
+A process keeps its readers' consumers connected between reads (`range_reader.IDLE_CONSUMERS`): the
+next read, of any range, takes the last one's consumer, and a read that failed or was left unfinished
+gives its consumer up.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ def topic(kafka_bootstrap: str) -> str:
 def opened(monkeypatch) -> list[dict]:
     """The configuration of every consumer the readers open from now on."""
     configs: list[dict] = []
+    range_reader.IDLE_CONSUMERS.close()  # none left over from an earlier test
 
     def recording(config: dict) -> Consumer:
         configs.append(dict(config))
@@ -51,5 +56,32 @@ def test_every_reader_consumer_fetches_again_soon_once_its_queue_is_full(kafka_b
     ranges = read_values_of_ranges(settings, [(topic, 0, 0, 200), (topic, 1, 0, 200)])
     assert [len(v) for chunks in ranges.values() for chunk in chunks for v in [chunk.values]] == [200, 200]
     want = options.get("fetch.queue.backoff.ms", str(FETCH_QUEUE_BACKOFF_MS))
-    assert len(opened) == 2 and [c["fetch.queue.backoff.ms"] for c in opened] == [want, want]
+    assert len(opened) == 1 and opened[0]["fetch.queue.backoff.ms"] == want  # the second read reused the first's
     assert int(FETCH_QUEUE_BACKOFF_MS) < 100  # librdkafka's default is 1,000
+
+
+def test_a_kept_consumer_reads_each_range_exactly(kafka_bootstrap: str, topic: str, opened: list[dict], monkeypatch):
+    monkeypatch.setattr(range_reader, "_STALL_TIMEOUT_S", 15.0)  # a read that waits forever fails sooner
+    settings = {"bootstrap.servers": kafka_bootstrap}
+    reads = [(0, 100, 180), (1, 0, 40), (0, 10, 20), (1, 150, 200), (0, 0, 200), (1, 199, 200), (0, 50, 50)]
+    for partition, start, end in reads:  # partitions switched, offsets going back, an empty range
+        values = [v for chunk in read_values(settings, topic, partition, start, end) for v in chunk.values]
+        assert values == [b"v%d" % (2 * offset + partition) for offset in range(start, end)], (partition, start, end)
+    ranges = read_values_of_ranges(settings, [(topic, 0, 190, 200), (topic, 1, 5, 7)])
+    assert [v for chunk in ranges[(topic, 0, 190, 200)] for v in chunk.values] == [b"v%d" % (2 * o) for o in range(190, 200)]
+    assert [v for chunk in ranges[(topic, 1, 5, 7)] for v in chunk.values] == [b"v11", b"v13"]
+    for partition in (0, 1):  # paused where their ranges ended above: a kept consumer must fetch them again
+        values = [v for chunk in read_values(settings, topic, partition, 20, 30) for v in chunk.values]
+        assert values == [b"v%d" % (2 * offset + partition) for offset in range(20, 30)]
+    assert len(opened) == 1
+
+
+def test_an_unfinished_read_gives_its_consumer_up(kafka_bootstrap: str, topic: str, opened: list[dict], monkeypatch):
+    monkeypatch.setattr(range_reader, "BATCH_ROWS", 50)
+    settings = {"bootstrap.servers": kafka_bootstrap}
+    reader = read_values(settings, topic, 0, 0, 200)
+    assert len(next(reader).values) == 50  # the range's first chunk, then the reader is dropped
+    reader.close()
+    values = [v for chunk in read_values(settings, topic, 0, 0, 200) for v in chunk.values]
+    assert values == [b"v%d" % (2 * offset) for offset in range(200)]
+    assert len(opened) == 2
