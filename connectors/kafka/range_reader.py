@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 import time
 from contextlib import contextmanager
@@ -338,9 +339,15 @@ class _IdleConsumers:
         for consumer in consumers:
             consumer.close()
 
+    def forget(self) -> None:
+        """In a forked child: the parent's consumers are not the child's (their threads stayed behind)."""
+        self._lock = threading.Lock()
+        self._idle = {}
+
 
 IDLE_CONSUMERS = _IdleConsumers()
 atexit.register(IDLE_CONSUMERS.close)
+os.register_at_fork(after_in_child=IDLE_CONSUMERS.forget)
 
 
 @contextmanager

@@ -12,6 +12,9 @@ gives its consumer up.
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 import uuid
 
 import pytest
@@ -85,3 +88,24 @@ def test_an_unfinished_read_gives_its_consumer_up(kafka_bootstrap: str, topic: s
     values = [v for chunk in read_values(settings, topic, 0, 0, 200) for v in chunk.values]
     assert values == [b"v%d" % (2 * offset) for offset in range(200)]
     assert len(opened) == 2
+
+
+def test_a_forked_child_opens_its_own_consumer(kafka_bootstrap: str, topic: str, opened: list[dict]):
+    settings = {"bootstrap.servers": kafka_bootstrap}
+    assert len([v for chunk in read_values(settings, topic, 0, 0, 10) for v in chunk.values]) == 10  # one kept
+    child = os.fork()
+    if child == 0:  # the parent's kept consumer has no threads here: reading through it would hang
+        try:
+            values = [v for chunk in read_values(settings, topic, 1, 0, 10) for v in chunk.values]
+            os._exit(0 if values == [b"v%d" % (2 * o + 1) for o in range(10)] and len(opened) == 2 else 1)
+        finally:
+            os._exit(2)
+    deadline = time.monotonic() + 90
+    while (done := os.waitpid(child, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if done[0] == 0:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        pytest.fail("the forked child's read hung: it used a consumer of its parent's")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
+    assert len(opened) == 1  # the parent still has its own
