@@ -4,16 +4,42 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
+
+MAX_PIECES = 32
+"""Record batches a taken table may keep; one with more is joined into one: every later compute call
+on it pays per batch, and a range's net rows are taken again at each reduction."""
 
 
 def last_rows(table: pa.Table, key: str) -> pa.Table:
-    """The last row of each `key` value (rows in source order), kept in source order."""
+    """The last row of each `key` value (rows in source order), kept in source order.
+
+    Where no key repeats, that is the table itself, returned without a copy. Otherwise the rows
+    kept are taken chunk by chunk (`taken_in_order`)."""
     if table.num_rows == 0:
         return table
     index = pa.array(np.arange(table.num_rows, dtype=np.int64))
     grouped = pa.table({"k": table.column(key), "i": index}).group_by("k", use_threads=False).aggregate(
         [("i", "max")]
     )
-    last = grouped.column("i_max")
-    return table.take(pc.take(last, pc.sort_indices(last)))
+    if grouped.num_rows == table.num_rows:
+        return table
+    return taken_in_order(table, np.sort(grouped.column("i_max").to_numpy()))
+
+
+def taken_in_order(table: pa.Table, positions: np.ndarray) -> pa.Table:
+    """`table.take(positions)` for ascending `positions`, one take per record batch of the table.
+
+    A take from a table of several chunks first joins each column's chunks into one array, a copy
+    of every row, kept or not; taken batch by batch, only the rows kept are copied, once."""
+    batches = table.to_batches()
+    if len(batches) <= 1:
+        return table.take(pa.array(positions))
+    ends = np.cumsum([batch.num_rows for batch in batches])
+    cuts = np.searchsorted(positions, ends)  # where each batch's positions end
+    pieces, first, start = [], 0, 0
+    for batch, cut, end in zip(batches, cuts.tolist(), ends.tolist()):
+        if cut > first:
+            pieces.append(batch.take(pa.array(positions[first:cut] - start)))
+        first, start = cut, end
+    taken = pa.Table.from_batches(pieces, schema=table.schema)
+    return taken.combine_chunks() if len(pieces) > MAX_PIECES else taken
