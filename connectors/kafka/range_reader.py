@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import threading
 import time
@@ -340,7 +341,15 @@ class _IdleConsumers:
             consumer.close()
 
     def forget(self) -> None:
-        """In a forked child: the parent's consumers are not the child's (their threads stayed behind)."""
+        """In a forked child: the parent's consumers are not the child's (their threads stayed behind).
+
+        They are never destroyed here either: librdkafka's destroy works through those threads, and
+        in the child it aborted the process (an assertion on the consumer group's partitions, seen when
+        the fork came while the parent's last unassign was still under way). Each keeps one reference
+        that nothing drops, so not even the interpreter's shutdown deallocates it."""
+        for idle in self._idle.values():
+            for consumer in idle:
+                ctypes.pythonapi.Py_IncRef(ctypes.py_object(consumer))
         self._lock = threading.Lock()
         self._idle = {}
 

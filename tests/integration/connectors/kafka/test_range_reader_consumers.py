@@ -12,10 +12,12 @@ gives its consumer up.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import time
 import uuid
+import weakref
 
 import pytest
 from confluent_kafka import Consumer, Producer
@@ -109,3 +111,21 @@ def test_a_forked_child_opens_its_own_consumer(kafka_bootstrap: str, topic: str,
         pytest.fail("the forked child's read hung: it used a consumer of its parent's")
     assert os.waitstatus_to_exitcode(done[1]) == 0
     assert len(opened) == 1  # the parent still has its own
+
+
+def test_a_forked_childs_inherited_consumers_are_never_destroyed():
+    """Destroying a parent's consumer in a forked child aborted the child (librdkafka works through the
+    parent's threads). An object stands in for the consumer: only whether anything still holds it matters."""
+
+    class Kept:
+        pass
+
+    pool = range_reader._IdleConsumers()
+    inherited = Kept()
+    pool._idle[(("group.id", "g"),)] = [inherited]
+    alive = weakref.ref(inherited)
+    pool.forget()
+    del inherited
+    gc.collect()
+    assert alive() is not None, "a consumer of the parent's was deallocated in the child"
+    assert pool._idle == {}
