@@ -49,21 +49,33 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
+from connectors.delta.deletion_vectors import Descriptor, positions, write_vectors
+from connectors.delta.log_replay import live_files
 from connectors.delta.merge_plan import DELETE_FLAG, KEEP_FLAG_PREFIX
 
-__all__ = ["MAX_REWRITE_BYTES", "SmallCommits", "Snapshot"]
+__all__ = ["MAX_READ_BYTES", "MAX_REWRITE_BYTES", "SmallCommits", "Snapshot"]
 
 MAX_REWRITE_BYTES = 16 * 1024 * 1024
 """Above this many bytes of data files to rewrite, the commit's own cost no longer dominates: MERGE."""
+MAX_READ_BYTES = 256 * 1024 * 1024
+"""Marking rows deleted (deletion vectors) rewrites nothing, but the files a batch may touch are still read
+whole (the stored rows of updated keys): above this many bytes of them, MERGE."""
 KEPT_ROWS_BYTES = 64 * 1024 * 1024
 """The rows of data files this module wrote are kept for the next batch up to this much memory in all
 (the process's tables together), those written last first."""
 _CHANGE_TYPE = "_change_type"
 _ROW = "__small_commit_row"
 _CHANGE = "__small_commit_change"
+_FILE = "__file"
+_POSITION = "__position"
 _STATS_TYPES = (pa.types.is_integer, pa.types.is_date32, pa.types.is_string, pa.types.is_large_string)
 _STRING_STATS_CHARS = 32
-_FEATURES = {"changeDataFeed"}
+_WRITER_FEATURES = {"changeDataFeed", "deletionVectors", "appendOnly", "invariants"}
+"""Writer features a small commit honours: the change feed, deletion vectors, and two whose use the
+metadata check refuses (`delta.appendOnly`, invariants)."""
+_READER_FEATURES = {"deletionVectors"}
+_VARIANT = "variantType"
+"""Listed by delta-rs on every table it creates at reader version 3; fine while no column is a variant."""
 _ENGINE = "cdc-lakehouse small commit"
 
 
@@ -76,11 +88,30 @@ def _local_root(uri: str) -> str | None:
 
 def _protocol_fits(handle: DeltaTable) -> bool:
     protocol = handle.protocol()
-    if protocol.min_reader_version > 1 or protocol.reader_features:
+    readers, writers = set(protocol.reader_features or ()), set(protocol.writer_features or ())
+    if _VARIANT in readers | writers:
+        if '"variant"' in handle.schema().to_json():
+            return False
+        readers.discard(_VARIANT)
+        writers.discard(_VARIANT)
+    if protocol.min_reader_version == 2 or (protocol.min_reader_version == 1 and readers):
+        return False
+    if protocol.min_reader_version > 3 or not readers <= _READER_FEATURES:
         return False
     if protocol.min_writer_version == 7:
-        return set(protocol.writer_features or ()) <= _FEATURES
+        return writers <= _WRITER_FEATURES
     return protocol.min_writer_version <= 4
+
+
+def _may_hold_vectors(handle: DeltaTable) -> bool:
+    """The table's files may have deletion vectors (the reader feature is on)."""
+    return "deletionVectors" in (handle.protocol().reader_features or ())
+
+
+def _writes_vectors(handle: DeltaTable) -> bool:
+    """Commits to the table mark changed rows deleted instead of rewriting their files."""
+    enabled = handle.metadata().configuration.get("delta.enableDeletionVectors", "false").lower() == "true"
+    return enabled and "deletionVectors" in (handle.protocol().writer_features or ())
 
 
 def _metadata_fits(handle: DeltaTable, schema: pa.Schema) -> bool:
@@ -184,18 +215,28 @@ class _KeptRows:
 _KEPT = _KeptRows()
 
 
-def _read(root: str, files: list[DataFile], schema: pa.Schema) -> pa.Table:
-    """The rows of `files` in the table's schema (kept ones from memory), each with its file's index
-    (column `__file`)."""
-    parts = []
+def _read(root: str, files: list[DataFile], schema: pa.Schema) -> tuple[pa.Table, list[int]]:
+    """The live rows of `files` in the table's schema (kept ones from memory; those a file's deletion
+    vector marks left out), each with its file's index (`_FILE`) and its position in that file
+    (`_POSITION`); and each file's number of rows."""
+    parts, counts = [], []
     for index, file in enumerate(files):
         rows = _KEPT.get(root, file.path)
         if rows is None:
             rows = pq.read_table(os.path.join(root, unquote(file.path)), schema=schema)
-        parts.append(rows.append_column("__file", pa.array(np.full(rows.num_rows, index, np.int32))))
+        counts.append(rows.num_rows)
+        rows = rows.append_column(_FILE, pa.array(np.full(rows.num_rows, index, np.int32)))
+        rows = rows.append_column(_POSITION, pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+        if file.vector is not None:
+            live = np.ones(rows.num_rows, bool)
+            live[positions(root, file.vector)] = False
+            rows = rows.filter(pa.array(live))
+        parts.append(rows)
     if not parts:
-        return schema.empty_table().append_column("__file", pa.array([], pa.int32()))
-    return pa.concat_tables(parts)
+        empty = schema.empty_table().append_column(_FILE, pa.array([], pa.int32()))
+        return empty.append_column(_POSITION, pa.array([], pa.int64())), counts
+    # One chunk: the takes below would otherwise join every column of the chunks for each take.
+    return pa.concat_tables(parts).combine_chunks(), counts
 
 
 def _column_stats(column: pa.ChunkedArray) -> tuple[object, object] | None:
@@ -255,17 +296,31 @@ def _matches(stored: pa.Table, changes: pa.Table, primary_key: tuple[str, ...]) 
     return pairs.column(_CHANGE).to_numpy(), pairs.column(_ROW).to_numpy()
 
 
+@dataclass
+class _Changed:
+    """What one batch does to the files it touches."""
+
+    rows: pa.Table
+    """The new data file's rows: the updated and inserted rows (and, rewriting, the touched files' others)."""
+    feed: pa.Table
+    """The change-data rows."""
+    touched: set[int]
+    """The indexes of the files holding a key of the batch."""
+    gone: dict[int, np.ndarray]
+    """Per touched file, the positions of its rows the batch updates or deletes."""
+
+
 def _changed_rows(stored: pa.Table, changes: pa.Table, data: list[str], kept: dict[str, str],
-                  schema: pa.Schema, primary_key: tuple[str, ...]) -> tuple[pa.Table, pa.Table, set[int]]:
-    """(the new data file's rows: the touched files' other rows, the updated and the inserted rows;
-    the change-data rows; the indexes of the touched files, those holding a key of the batch)."""
+                  schema: pa.Schema, primary_key: tuple[str, ...], rewrite: bool) -> _Changed:
+    """The batch applied to the rows of the files it may touch (`_read`); with `rewrite`, the touched
+    files' rows the batch leaves alone go to the new data file too (copy-on-write)."""
     change_index, row_index = _matches(stored, changes, primary_key)
     deleted = pc.fill_null(changes.column(DELETE_FLAG), False).to_numpy(zero_copy_only=False).astype(bool)
     matched_deleted = deleted[change_index]
     upd_change, upd_row = change_index[~matched_deleted], row_index[~matched_deleted]
-    file_of = stored.column("__file").to_numpy()
+    file_of = stored.column(_FILE).to_numpy()
     touched = np.unique(file_of[row_index])
-    plain = stored.drop_columns(["__file"])
+    plain = stored.drop_columns([_FILE, _POSITION])
 
     before = plain.take(upd_row)
     after_columns = []
@@ -295,9 +350,14 @@ def _changed_rows(stored: pa.Table, changes: pa.Table, data: list[str], kept: di
         inserted_columns.append(values)
     inserted = pa.Table.from_arrays(inserted_columns, schema=schema)
 
-    untouched = np.isin(file_of, touched)
-    untouched[row_index] = False
-    rewritten = pa.concat_tables([plain.filter(pa.array(untouched)), after, inserted])
+    parts = [after, inserted]
+    if rewrite:
+        others = np.isin(file_of, touched)
+        others[row_index] = False
+        parts.insert(0, plain.filter(pa.array(others)))
+    gone_files = file_of[row_index]
+    gone_positions = stored.column(_POSITION).to_numpy()[row_index]
+    gone = {int(index): np.sort(gone_positions[gone_files == index]) for index in touched.tolist()}
 
     def typed(rows: pa.Table, kind: str) -> pa.Table:
         return rows.append_column(_CHANGE_TYPE, pa.array([kind] * rows.num_rows, pa.string()))
@@ -305,7 +365,46 @@ def _changed_rows(stored: pa.Table, changes: pa.Table, data: list[str], kept: di
     feed = pa.concat_tables([typed(plain.take(row_index[matched_deleted]), "delete"),
                              typed(before, "update_preimage"), typed(after, "update_postimage"),
                              typed(inserted, "insert")])
-    return rewritten, feed, set(touched.tolist())
+    return _Changed(pa.concat_tables(parts), feed, set(touched.tolist()), gone)
+
+
+def _key_bounds(rows: pa.Table, primary_key: tuple[str, ...]) -> dict[str, tuple[object, object]]:
+    bounds = {}
+    for name in primary_key:
+        if rows.column(name).null_count == 0:
+            low_high = pc.min_max(rows.column(name)).as_py()
+            bounds[name] = (low_high["min"], low_high["max"])
+    return bounds
+
+
+def _marked(root: str, files: list[DataFile], counts: list[int], gone: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """Per touched file keeping live rows, every position its new deletion vector marks (the earlier
+    vector's and the batch's); a file whose rows are all gone is removed instead, so it is left out."""
+    marked = {}
+    for index in sorted(gone):
+        rows = np.union1d(positions(root, files[index].vector), gone[index])
+        if len(rows) < counts[index]:
+            marked[index] = rows
+    return marked
+
+
+def _loose(stats: str | None) -> str | None:
+    """A file's statistics once rows of it are marked deleted: its bounds no longer tight."""
+    if stats is None:
+        return None
+    parsed = json.loads(stats)
+    parsed["tightBounds"] = False
+    return json.dumps(parsed, separators=(",", ":"))
+
+
+def _add_action(file: DataFile) -> dict:
+    add: dict = {"path": file.path, "partitionValues": {}, "size": file.size, "modificationTime": file.modified,
+                 "dataChange": True}
+    if file.stats is not None:
+        add["stats"] = file.stats
+    if file.vector is not None:
+        add["deletionVector"] = file.vector.action()
+    return add
 
 
 def _entry(actions: list[dict]) -> bytes:
@@ -334,6 +433,11 @@ class DataFile:
     path: str
     size: int
     bounds: dict[str, tuple[object, object]]
+    vector: Descriptor | None = None
+    """Its deletion vector."""
+    stats: str | None = None
+    """Its statistics as the log holds them (kept where a commit adds a deletion vector to it)."""
+    modified: int = 0
 
 
 def _data_files(actions: pa.Table) -> list[DataFile]:
@@ -361,15 +465,39 @@ class Snapshot:
     checkpoint_interval: int
     files: list[DataFile]
     transactions: dict[str, int | None] = field(default_factory=dict)
+    merge_on_read: bool = False
+    """Changed rows are marked deleted in their files (deletion vectors), not rewritten."""
 
     @classmethod
-    def of(cls, handle: DeltaTable) -> Snapshot:
-        """The snapshot of a delta-rs handle at its version."""
+    def of(cls, handle: DeltaTable, root: str) -> Snapshot:
+        """The snapshot of a delta-rs handle at its version (the table at local path `root`)."""
         schema = pa.schema(handle.schema().to_arrow())
         configuration = handle.metadata().configuration
-        return cls(handle.version(), schema, _protocol_fits(handle) and _metadata_fits(handle, schema),
-                   _cdf_enabled(handle), int(configuration.get("delta.checkpointInterval", "100")),
-                   _data_files(pa.table(handle.get_add_actions(flatten=True))))
+        fits = _protocol_fits(handle) and _metadata_fits(handle, schema)
+        files: list[DataFile] | None = _data_files(pa.table(handle.get_add_actions(flatten=True)))
+        if fits and files and _may_hold_vectors(handle):
+            files = _with_vectors(files, root, handle.version())
+            fits = files is not None
+        return cls(handle.version(), schema, fits, _cdf_enabled(handle),
+                   int(configuration.get("delta.checkpointInterval", "100")), files or [],
+                   merge_on_read=fits and _writes_vectors(handle))
+
+
+def _with_vectors(files: list[DataFile], root: str, version: int) -> list[DataFile] | None:
+    """`files` with their deletion vectors, statistics and times from the log (None: the log read here does
+    not list the same files as delta-rs, so no small commit is made on it)."""
+    try:
+        logged = live_files(root, version)
+    except (OSError, ValueError, KeyError, pa.ArrowException):
+        return None
+    if {unquote(file.path) for file in files} != set(logged):
+        return None
+    out = []
+    for file in files:
+        entry = logged[unquote(file.path)]
+        out.append(DataFile(file.path, file.size, file.bounds, entry.deletion_vector, entry.stats,
+                            entry.modification_time))
+    return out
 
 
 class SmallCommits:
@@ -401,7 +529,7 @@ class SmallCommits:
 
     def load(self, handle: DeltaTable) -> Snapshot:
         """Take the snapshot of `handle` (just refreshed)."""
-        self.snapshot = Snapshot.of(handle)
+        self.snapshot = Snapshot.of(handle, self.root)
         return self.snapshot
 
     def commit(self, changes: pa.Table, primary_key: tuple[str, ...], app_id: str, batch_id: int) -> bool:
@@ -420,14 +548,15 @@ class SmallCommits:
         if typed is None or not _unique_keys(typed, primary_key):
             return False
         files = _candidates(snapshot.files, typed, primary_key)
-        if sum(file.size for file in files) > MAX_REWRITE_BYTES:
+        if sum(file.size for file in files) > (MAX_READ_BYTES if snapshot.merge_on_read else MAX_REWRITE_BYTES):
             return False
         try:
-            stored = _read(self.root, files, schema)
-        except (OSError, pa.ArrowException):  # a file it cannot read here (a path outside the table...)
+            stored, counts = _read(self.root, files, schema)
+        except (OSError, ValueError, pa.ArrowException):  # a file it cannot read here (a path outside the table...)
             self.snapshot = None
             return False
-        rewritten, feed, touched = _changed_rows(stored, typed, data, kept, schema, primary_key)
+        changed = _changed_rows(stored, typed, data, kept, schema, primary_key, not snapshot.merge_on_read)
+        rewritten, feed, touched = changed.rows, changed.feed, changed.touched
         if any(not f.nullable and rewritten.column(f.name).null_count for f in schema):
             return False
         if feed.num_rows == 0:  # only deletes of absent keys: the MERGE commits an empty change
@@ -445,41 +574,50 @@ class SmallCommits:
         written = []
         if rewritten.num_rows:
             path, size = _write(self.root, "", rewritten)
-            added = (path, size)
+            added = DataFile(path, size, _key_bounds(rewritten, primary_key), stats=_stats(rewritten), modified=now)
             written.append(path)
-            actions.append({"add": {"path": path, "partitionValues": {}, "size": size, "modificationTime": now,
-                                    "dataChange": True, "stats": _stats(rewritten)}})
+            actions.append({"add": _add_action(added)})
         if snapshot.cdf:
             path, size = _write(self.root, "_change_data", feed)
             written.append(path)
             actions.append({"cdc": {"path": path, "partitionValues": {}, "size": size, "dataChange": False}})
-        removed = {files[index].path for index in touched}
+        marked = _marked(self.root, files, counts, changed.gone) if snapshot.merge_on_read else {}
+        if marked:
+            name, vectors = write_vectors(self.root, list(marked.values()))
+            written.append(name)
+            descriptors = dict(zip(marked, vectors))
+        removed, replaced = set(), {}
         for index in sorted(touched):
-            actions.append({"remove": {"path": files[index].path, "dataChange": True, "deletionTimestamp": now,
-                                       "extendedFileMetadata": True, "partitionValues": {},
-                                       "size": files[index].size}})
+            file = files[index]
+            remove = {"path": file.path, "dataChange": True, "deletionTimestamp": now, "extendedFileMetadata": True,
+                      "partitionValues": {}, "size": file.size}
+            if file.vector is not None:
+                remove["deletionVector"] = file.vector.action()
+            actions.append({"remove": remove})
+            if index in marked:
+                replaced[file.path] = DataFile(file.path, file.size, file.bounds, descriptors[index],
+                                               _loose(file.stats), file.modified)
+                actions.append({"add": _add_action(replaced[file.path])})
+            else:
+                removed.add(file.path)
         if not _create_if_absent(self.root, snapshot.version + 1, _entry(actions)):
             self.snapshot = None
             for path in written:  # no log entry names them
                 os.remove(os.path.join(self.root, path))
             return False
-        self._advance(snapshot, removed, added, rewritten, primary_key, app_id, batch_id)
+        self._advance(snapshot, removed, replaced, added, rewritten, primary_key, app_id, batch_id)
         return True
 
-    def _advance(self, snapshot: Snapshot, removed: set[str], added: tuple[str, int] | None, rows: pa.Table,
-                 primary_key: tuple[str, ...], app_id: str, batch_id: int) -> None:
+    def _advance(self, snapshot: Snapshot, removed: set[str], replaced: dict[str, DataFile],
+                 added: DataFile | None, rows: pa.Table, primary_key: tuple[str, ...], app_id: str,
+                 batch_id: int) -> None:
         """The snapshot after this module's commit: files, kept rows, the transaction, the version."""
-        files = [file for file in snapshot.files if file.path not in removed]
+        files = [replaced.get(file.path, file) for file in snapshot.files if file.path not in removed]
         for path in removed:
             _KEPT.drop(self.root, path)
         if added is not None:
-            bounds = {}
-            for name in primary_key:
-                if rows.column(name).null_count == 0:
-                    low_high = pc.min_max(rows.column(name)).as_py()
-                    bounds[name] = (low_high["min"], low_high["max"])
-            files.append(DataFile(added[0], added[1], bounds))
-            _KEPT.put(self.root, added[0], rows)
+            files.append(added)
+            _KEPT.put(self.root, added.path, rows)
         snapshot.files = files
         snapshot.transactions[app_id] = int(batch_id)
         snapshot.version += 1

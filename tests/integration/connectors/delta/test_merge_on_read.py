@@ -1,0 +1,173 @@
+"""Small commits on a table with deletion vectors enabled mark changed rows deleted instead of rewriting
+their files, and equal delta-rs's MERGE on a table without them (rows, change feed, transactions), batch
+after batch; delta-spark and delta-rs read the table and its feed back; vectors other writers made
+(delta-spark's DELETE, delta-rs's checkpoint) are honoured; a log this module cannot follow leaves the
+batch to the MERGE."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, QueryBuilder, write_deltalake
+
+from connectors.delta import log_replay
+from connectors.delta import small_commit as small
+from connectors.delta.deletion_vectors import (
+    Descriptor,
+    positions,
+    write_vectors,
+    z85_decode,
+    z85_encode,
+)
+from connectors.delta.delta_rs import CDF_ENABLED, DeltaRsTable
+from connectors.delta.merge_plan import DELETE_FLAG
+from tests.integration.connectors.delta.test_small_commit import (
+    APP,
+    SCHEMA,
+    SEEDS,
+    SMALL,
+    _batch,
+    _engines,
+    _feed,
+    _naive,
+    _values,
+)
+
+VECTORS = {**CDF_ENABLED, "delta.enableDeletionVectors": "true"}
+
+
+def _start(path: Path, rng: random.Random, configuration: dict[str, str]) -> None:
+    for first in range(0, rng.choice([20, 60, 120]), 20):
+        write_deltalake(str(path), pa.table(_values(rng, list(range(first, first + 20))), schema=SCHEMA),
+                        mode="append", configuration=configuration)
+
+
+def _rows(path: Path) -> list[dict]:
+    """The table's rows read by delta-rs's query engine (its pyarrow dataset refuses deletion vectors)."""
+    table = DeltaTable(str(path))
+    found = pa.table(QueryBuilder().register("t", table).execute("SELECT * FROM t").read_all())
+    return sorted(found.cast(pa.schema([found.schema.field(n).with_type(SCHEMA.field(n).type)
+                                        if n in SCHEMA.names else found.schema.field(n) for n in found.schema.names]))
+                  .to_pylist(), key=lambda row: row["id"])
+
+
+def _vectors(path: Path) -> list[dict]:
+    """Every deletion vector any log entry names."""
+    found = []
+    for entry in sorted((path / "_delta_log").glob("*.json")):
+        for line in entry.read_text().splitlines():
+            action = json.loads(line)
+            if "add" in action and action["add"].get("deletionVector"):
+                found.append(action["add"]["deletionVector"])
+    return found
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_marked_rows_equal_the_merge(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    if seed % 2:
+        monkeypatch.setattr(small, "KEPT_ROWS_BYTES", 0)
+    rng = random.Random(seed)
+    fast, reference = tmp_path / "fast", tmp_path / "reference"
+    _start(fast, random.Random(seed), VECTORS)
+    _start(reference, random.Random(seed), CDF_ENABLED)
+    start = DeltaTable(str(fast)).version()
+    fast_table, reference_table = DeltaRsTable(str(fast)), DeltaRsTable(str(reference), small_commits=False)
+    for batch_id in range(12):
+        batch = _batch(rng, 160)
+        for table in (fast_table, reference_table):
+            table.merge(batch, ("id",), APP, batch_id)
+        assert _rows(fast) == _rows(reference), f"seed {seed}, batch {batch_id}"
+    assert _feed(fast, start + 1) == _feed(reference, start + 1), f"seed {seed}"
+    assert DeltaTable(str(fast)).transaction_version(APP) == DeltaTable(str(reference)).transaction_version(APP)
+    assert _engines(DeltaTable(str(fast))).count(SMALL) >= 9
+    assert _vectors(fast), f"seed {seed}: no row was marked deleted"
+    before = len(list(fast.glob("*.parquet")))
+    assert DeltaRsTable(str(fast)).compact()[0] > 1  # OPTIMIZE honours the vectors
+    assert len(list(fast.glob("*.parquet"))) > before and _rows(fast) == _rows(reference), f"seed {seed}"
+
+
+def test_delta_spark_reads_marked_rows(tmp_path: Path, spark) -> None:  # noqa: ANN001 - the run's session
+    rng = random.Random(11)
+    path = tmp_path / "t"
+    _start(path, rng, VECTORS)
+    table = DeltaRsTable(str(path))
+    for batch_id in range(5):
+        table.merge(_batch(rng, 100), ("id",), APP, batch_id)
+    assert _vectors(path)
+    rows = [row.asDict(recursive=True) for row in spark.read.format("delta").load(str(path)).collect()]
+    assert sorted(rows, key=lambda row: row["id"]) == [_naive(row) for row in _rows(path)]
+    feed = spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 1).load(str(path))
+    spark_feed = sorted(
+        (tuple(sorted({k: v for k, v in row.asDict(recursive=True).items() if k != "_commit_timestamp"}.items(),
+                      key=lambda item: item[0])) for row in feed.collect()), key=repr)
+    assert spark_feed == sorted((tuple(_naive(dict(row)).items()) for row in _feed(path, 1)), key=repr)
+
+
+def test_vectors_of_other_writers_and_checkpoints_are_honoured(tmp_path: Path, spark) -> None:  # noqa: ANN001
+    """delta-spark marks rows deleted (its own vector files); the small commits continue from a log whose
+    newest state is in a checkpoint; the table equals delta-rs's MERGE on a copy of the same start."""
+    path, copy = tmp_path / "t", tmp_path / "copy"
+    rng = random.Random(5)
+    _start(path, rng, VECTORS)
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id % 7 = 0")
+    spark.sql(f"UPDATE delta.`{path}` SET name = 'spark' WHERE id % 5 = 1")
+    assert _vectors(path), "delta-spark wrote no deletion vector"
+    DeltaTable(str(path)).create_checkpoint()
+    shutil.copytree(path, copy)
+    fast, reference = DeltaRsTable(str(path)), DeltaRsTable(str(copy), small_commits=False)
+    for batch_id in range(6):
+        batch = _batch(rng, 140)
+        for table in (fast, reference):
+            table.merge(batch, ("id",), APP, batch_id)
+        assert _rows(path) == _rows(copy), f"batch {batch_id}"
+    assert _engines(DeltaTable(str(path))).count(SMALL) >= 4
+    rows = [row.asDict(recursive=True) for row in spark.read.format("delta").load(str(path)).collect()]
+    assert sorted(rows, key=lambda row: row["id"]) == [_naive(row) for row in _rows(path)]
+
+
+def test_a_log_it_cannot_follow_goes_to_the_merge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "t"
+    write_deltalake(str(path), pa.table({"id": [1, 2], "v": ["a", "b"]}), configuration=VECTORS)
+    commits = small.SmallCommits(str(path))
+    assert commits.load(DeltaTable(str(path))).merge_on_read
+    monkeypatch.setattr(small, "live_files", lambda root, version: {})
+    assert not commits.load(DeltaTable(str(path))).fits
+    assert not commits.commit(pa.table({"id": [1], "v": ["c"], DELETE_FLAG: [False]}), ("id",), APP, 0)
+    monkeypatch.undo()
+    assert commits.load(DeltaTable(str(path))).fits
+    assert commits.commit(pa.table({"id": [1], "v": ["c"], DELETE_FLAG: [False]}), ("id",), APP, 0)
+    assert _vectors(path) and len(list(path.glob("*.parquet"))) == 2  # marked, not rewritten
+
+
+def test_a_file_whose_rows_all_go_is_removed(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    write_deltalake(str(path), pa.table({"id": [1, 2], "v": ["a", "b"]}), configuration=VECTORS)
+    table = DeltaRsTable(str(path))
+    table.merge(pa.table({"id": [1], "v": ["A"], DELETE_FLAG: [False]}), ("id",), APP, 0)
+    table.merge(pa.table({"id": [2], "v": [None], DELETE_FLAG: [True]}), ("id",), APP, 1)
+    assert _engines(DeltaTable(str(path)))[:2] == [SMALL, SMALL]
+    live = log_replay.live_files(str(path), DeltaTable(str(path)).version())
+    assert len(live) == 1 and next(iter(live.values())).deletion_vector is None  # the first file is gone
+    found = pa.table(QueryBuilder().register("t", DeltaTable(str(path))).execute("SELECT * FROM t").read_all())
+    assert found.to_pylist() == [{"id": 1, "v": "A"}]
+
+
+def test_vectors_round_trip(tmp_path: Path) -> None:
+    data = bytes(range(256)) * 4
+    assert z85_decode(z85_encode(data)) == data
+    assert z85_encode(bytes.fromhex("864FD26FB559F75B")) == "HelloWorld"  # the Z85 specification's example
+    rng = np.random.default_rng(3)
+    vectors = [np.array([], np.int64), np.array([0], np.int64), np.array([5, (1 << 32) + 7, (3 << 32)], np.int64),
+               np.unique(rng.integers(0, 1 << 20, 50_000))]
+    name, descriptors = write_vectors(str(tmp_path), vectors)
+    assert (tmp_path / name).exists()
+    for rows, descriptor in zip(vectors, descriptors):
+        again = Descriptor.of(json.loads(json.dumps(descriptor.action())))
+        assert descriptor.cardinality == len(rows)
+        assert np.array_equal(positions(str(tmp_path), again), rows)
