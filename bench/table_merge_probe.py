@@ -6,9 +6,11 @@ net changes over its keys (updates of random stored keys, a twentieth inserts an
 deletes), committed by:
 
 - `small commit`: `DeltaRsTable.merge` (`connectors/delta/small_commit.py` where the batch fits);
+- `small commit, deletion vectors`: the same on a table with deletion vectors enabled: the changed rows
+  are marked deleted in their files, only the batch's rows are written;
 - `delta-rs MERGE`: the same batches with `small_commits=False`, the reference.
 
-Each on its own copy of the table; both tables are compared at the end (they must be equal).
+Each on its own copy of the table; the tables are compared at the end (they must be equal).
 Prints ms per commit (median and range over the rounds after the first) and the process's CPU.
 Nothing is asserted; the figures go to bench/README.md.
 
@@ -28,11 +30,13 @@ import tempfile
 import time
 
 import pyarrow as pa
+from deltalake import DeltaTable, QueryBuilder
 
-from connectors.delta.delta_rs import DeltaRsTable
+from connectors.delta.delta_rs import CDF_ENABLED, DeltaRsTable
 from connectors.delta.merge_plan import DELETE_FLAG
 
 APP = "probe"
+VECTORS = {**CDF_ENABLED, "delta.enableDeletionVectors": "true"}
 
 
 def _cpu() -> float:
@@ -71,9 +75,12 @@ def main() -> None:
     try:
         initial = _rows(rng, list(range(args.rows)), args.text_bytes)
         tables = {"small commit": DeltaRsTable(f"{root}/small"),
+                  "small commit, deletion vectors": DeltaRsTable(f"{root}/vectors"),
                   "delta-rs MERGE": DeltaRsTable(f"{root}/reference", small_commits=False)}
-        for table in tables.values():
+        for name, table in tables.items():
             table.create_with(initial, ("id",), APP, 0)
+            if "vectors" in name:
+                DeltaTable(table.uri).alter.set_table_properties(VECTORS)
         live, next_key = set(range(args.rows)), args.rows
         batches = []
         for _ in range(args.rounds):
@@ -91,14 +98,15 @@ def main() -> None:
                 table.merge(batch, ("id",), APP, batch_id)
                 times.append((time.perf_counter() - started) * 1000)
             steady = times[1:] or times
-            print(f"{name:16s} median {statistics.median(steady):7.1f} ms per commit "
+            print(f"{name:30s} median {statistics.median(steady):7.1f} ms per commit "
                   f"({min(steady):.0f}-{max(steady):.0f}), first {times[0]:.0f} ms, "
                   f"CPU {(_cpu() - cpu) / len(times) * 1000:.0f} ms per commit")
-        from deltalake import DeltaTable
-        small, reference = (DeltaTable(t.uri).to_pyarrow_table().sort_by("id") for t in tables.values())
-        if not small.equals(reference.select(small.column_names)):
-            raise SystemExit("FAILED: the two tables differ")
-        print(f"tables equal ({small.num_rows} rows)")
+        read = [pa.table(QueryBuilder().register("t", DeltaTable(t.uri)).execute("SELECT * FROM t ORDER BY id")
+                         .read_all()) for t in tables.values()]
+        for name, rows in zip(tables, read):
+            if not rows.cast(read[-1].schema).equals(read[-1]):
+                raise SystemExit(f"FAILED: {name}'s table differs from the MERGE's")
+        print(f"tables equal ({read[-1].num_rows} rows)")
     finally:
         if not args.root:
             shutil.rmtree(root, ignore_errors=True)

@@ -239,6 +239,62 @@ def _read(root: str, files: list[DataFile], schema: pa.Schema) -> tuple[pa.Table
     return pa.concat_tables(parts).combine_chunks(), counts
 
 
+def _hits(keys: pa.Table, changes: pa.Table, primary_key: tuple[str, ...]) -> np.ndarray:
+    """Whether each row of `keys` (a file's key columns) holds a key of the batch."""
+    if len(primary_key) == 1:
+        name = primary_key[0]
+        return pc.is_in(keys.column(name), value_set=changes.column(name)).to_numpy(zero_copy_only=False)
+    numbered = keys.append_column(_ROW, pa.array(np.arange(keys.num_rows)))
+    found = numbered.join(changes.select(list(primary_key)), keys=list(primary_key), join_type="inner")
+    hit = np.zeros(keys.num_rows, bool)
+    hit[found.column(_ROW).to_numpy()] = True
+    return hit
+
+
+def _file_rows(root: str, file: DataFile, schema: pa.Schema, wanted: np.ndarray) -> pa.Table:
+    """Rows `wanted` (sorted positions) of `file`, reading only the row groups that hold them."""
+    source = pq.ParquetFile(os.path.join(root, unquote(file.path)))
+    ends = np.cumsum([source.metadata.row_group(i).num_rows for i in range(source.metadata.num_row_groups)])
+    groups = np.unique(np.searchsorted(ends, wanted, side="right")).tolist()
+    starts = ends - [source.metadata.row_group(i).num_rows for i in range(len(ends))]
+    rows = source.read_row_groups(groups).cast(schema) if groups else schema.empty_table()
+    # Positions within the groups read: each group's rows follow the previous group's.
+    offset = np.zeros(len(ends), np.int64)
+    offset[groups] = np.cumsum([0] + [int(ends[g] - starts[g]) for g in groups[:-1]])
+    group_of = np.searchsorted(ends, wanted, side="right")
+    return rows.take(pa.array(wanted - starts[group_of] + offset[group_of]))
+
+
+def _matched(root: str, files: list[DataFile], schema: pa.Schema, changes: pa.Table,
+             primary_key: tuple[str, ...]) -> tuple[pa.Table, list[int], dict[int, np.ndarray]]:
+    """The live rows of `files` holding a key of the batch (with `_FILE` and `_POSITION` as `_read`'s),
+    each file's number of rows, and the positions its deletion vector marks. Only the key columns of a
+    file are read to find them, then the rows found (from memory where kept)."""
+    parts, counts, marked = [], [], {}
+    names = list(primary_key)
+    for index, file in enumerate(files):
+        rows = _KEPT.get(root, file.path)
+        if rows is not None:
+            keys = rows.select(names)
+        else:
+            keys = pq.read_table(os.path.join(root, unquote(file.path)), columns=names,
+                                 schema=pa.schema([schema.field(n) for n in names]))
+        counts.append(keys.num_rows)
+        hit = _hits(keys, changes, primary_key)
+        marked[index] = positions(root, file.vector)
+        hit[marked[index]] = False
+        wanted = np.flatnonzero(hit)
+        if not len(wanted):
+            continue
+        found = rows.take(pa.array(wanted)) if rows is not None else _file_rows(root, file, schema, wanted)
+        found = found.append_column(_FILE, pa.array(np.full(len(wanted), index, np.int32)))
+        parts.append(found.append_column(_POSITION, pa.array(wanted)))
+    if not parts:
+        empty = schema.empty_table().append_column(_FILE, pa.array([], pa.int32()))
+        return empty.append_column(_POSITION, pa.array([], pa.int64())), counts, marked
+    return pa.concat_tables(parts).combine_chunks(), counts, marked
+
+
 def _column_stats(column: pa.ChunkedArray) -> tuple[object, object] | None:
     """(min, max) as the log's statistics write them, or None where this module writes none."""
     kind = column.type
@@ -377,15 +433,30 @@ def _key_bounds(rows: pa.Table, primary_key: tuple[str, ...]) -> dict[str, tuple
     return bounds
 
 
-def _marked(root: str, files: list[DataFile], counts: list[int], gone: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+def _marked(earlier: dict[int, np.ndarray], counts: list[int], gone: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
     """Per touched file keeping live rows, every position its new deletion vector marks (the earlier
     vector's and the batch's); a file whose rows are all gone is removed instead, so it is left out."""
     marked = {}
     for index in sorted(gone):
-        rows = np.union1d(positions(root, files[index].vector), gone[index])
+        rows = np.union1d(earlier[index], gone[index])
         if len(rows) < counts[index]:
             marked[index] = rows
     return marked
+
+
+def _rest(root: str, files: list[DataFile], schema: pa.Schema, gone: dict[int, np.ndarray]) -> pa.Table:
+    """The rows of the files `gone` names that none of its positions marks: what stays of a file that is
+    rewritten instead of marked (most of its rows are gone), in the table's schema."""
+    parts = []
+    for index, positions_gone in gone.items():
+        file = files[index]
+        rows = _KEPT.get(root, file.path)
+        if rows is None:
+            rows = pq.read_table(os.path.join(root, unquote(file.path)), schema=schema)
+        live = np.ones(rows.num_rows, bool)
+        live[positions_gone] = False
+        parts.append(rows.filter(pa.array(live)))
+    return pa.concat_tables(parts)
 
 
 def _loose(stats: str | None) -> str | None:
@@ -551,12 +622,22 @@ class SmallCommits:
         if sum(file.size for file in files) > (MAX_READ_BYTES if snapshot.merge_on_read else MAX_REWRITE_BYTES):
             return False
         try:
-            stored, counts = _read(self.root, files, schema)
+            if snapshot.merge_on_read:
+                stored, counts, earlier = _matched(self.root, files, schema, typed, primary_key)
+            else:
+                stored, counts = _read(self.root, files, schema)
         except (OSError, ValueError, pa.ArrowException):  # a file it cannot read here (a path outside the table...)
             self.snapshot = None
             return False
         changed = _changed_rows(stored, typed, data, kept, schema, primary_key, not snapshot.merge_on_read)
         rewritten, feed, touched = changed.rows, changed.feed, changed.touched
+        marked: dict[int, np.ndarray] = {}
+        if snapshot.merge_on_read:
+            marked = _marked(earlier, counts, changed.gone)
+            folded = {index: marked.pop(index) for index in list(marked) if (counts[index] - len(marked[index])) * 2
+                      < counts[index]}
+            if folded:
+                rewritten = pa.concat_tables([rewritten, _rest(self.root, files, schema, folded)])
         if any(not f.nullable and rewritten.column(f.name).null_count for f in schema):
             return False
         if feed.num_rows == 0:  # only deletes of absent keys: the MERGE commits an empty change
@@ -581,7 +662,6 @@ class SmallCommits:
             path, size = _write(self.root, "_change_data", feed)
             written.append(path)
             actions.append({"cdc": {"path": path, "partitionValues": {}, "size": size, "dataChange": False}})
-        marked = _marked(self.root, files, counts, changed.gone) if snapshot.merge_on_read else {}
         if marked:
             name, vectors = write_vectors(self.root, list(marked.values()))
             written.append(name)

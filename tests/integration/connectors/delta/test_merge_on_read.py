@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, QueryBuilder, write_deltalake
 
@@ -87,6 +88,9 @@ def test_marked_rows_equal_the_merge(tmp_path: Path, seed: int, monkeypatch: pyt
     assert DeltaTable(str(fast)).transaction_version(APP) == DeltaTable(str(reference)).transaction_version(APP)
     assert _engines(DeltaTable(str(fast))).count(SMALL) >= 9
     assert _vectors(fast), f"seed {seed}: no row was marked deleted"
+    for file in log_replay.live_files(str(fast), DeltaTable(str(fast)).version()).values():
+        if file.deletion_vector is not None:  # a file most of whose rows are gone was rewritten instead
+            assert file.deletion_vector.cardinality * 2 <= json.loads(file.stats)["numRecords"], f"seed {seed}"
     before = len(list(fast.glob("*.parquet")))
     assert DeltaRsTable(str(fast)).compact()[0] > 1  # OPTIMIZE honours the vectors
     assert len(list(fast.glob("*.parquet"))) > before and _rows(fast) == _rows(reference), f"seed {seed}"
@@ -171,3 +175,14 @@ def test_vectors_round_trip(tmp_path: Path) -> None:
         again = Descriptor.of(json.loads(json.dumps(descriptor.action())))
         assert descriptor.cardinality == len(rows)
         assert np.array_equal(positions(str(tmp_path), again), rows)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_rows_found_reading_only_their_row_groups(tmp_path: Path, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    count = int(rng.integers(1, 400))
+    rows = pa.table({"id": pa.array(np.arange(count), pa.int64()), "v": [f"v{i}" for i in range(count)]})
+    pq.write_table(rows, tmp_path / "f.parquet", row_group_size=int(rng.integers(1, 60)))
+    wanted = np.unique(rng.integers(0, count, int(rng.integers(1, count + 1))))
+    found = small._file_rows(str(tmp_path), small.DataFile("f.parquet", 0, {}), rows.schema, wanted)
+    assert found.equals(rows.take(pa.array(wanted))), f"seed {seed}"
