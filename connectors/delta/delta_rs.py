@@ -24,6 +24,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from connectors.delta.arrow_types import plain_type, widens
 from connectors.delta.merge_plan import DELETE_FLAG, inserted_rows, plan_merge
 from connectors.delta.small_commit import SmallCommits, Snapshot
+from connectors.delta.table_scan import scan
 from vocabulary.errors import TerminalError, TransientError
 
 __all__ = ["DELETE_FLAG", "DeltaCommitConflict", "DeltaRsTable", "DeltaSchemaError", "DeltaWriteError"]
@@ -76,10 +77,13 @@ def rows_matching(keys: pa.Table) -> pc.Expression:
 class DeltaRsTable:
     """One Delta table written by delta-rs."""
 
-    def __init__(self, uri: str, storage_options: dict[str, str] | None = None, small_commits: bool = True) -> None:
+    def __init__(self, uri: str, storage_options: dict[str, str] | None = None, small_commits: bool = True,
+                 properties: dict[str, str] | None = None) -> None:
         """`small_commits`: a batch that fits is committed by `small_commit` instead of delta-rs's MERGE
-        (False: always the MERGE, the reference the tests hold it equal to)."""
+        (False: always the MERGE, the reference the tests hold it equal to). `properties`: table properties
+        the table is created with, besides the change feed's."""
         self.uri = uri
+        self._created_with = {**CDF_ENABLED, **(properties or {})}
         self.storage_options = storage_options or None
         self._small = SmallCommits.of(uri) if small_commits else None
         self._table: DeltaTable | None = None
@@ -159,7 +163,7 @@ class DeltaRsTable:
         table = self._open()
         if table is None:
             return pa.table({})
-        found = table.to_pyarrow_dataset().to_table(filter=rows_matching(keys))
+        found = scan(table, rows_matching(keys)).read_all()
         return found.join(keys.cast(found.select(keys.column_names).schema), keys=keys.column_names,
                           join_type="left semi") if found.num_rows else found
 
@@ -169,7 +173,7 @@ class DeltaRsTable:
         if cluster_by:
             raise DeltaSchemaError(f"table {self.uri}: delta-rs cannot create a table clustered by {list(cluster_by)}")
         DeltaTable.create(
-            self.uri, schema, mode="ignore", partition_by=list(partition_by) or None, configuration=CDF_ENABLED,
+            self.uri, schema, mode="ignore", partition_by=list(partition_by) or None, configuration=self._created_with,
             storage_options=self.storage_options,
         )
 
@@ -180,7 +184,7 @@ class DeltaRsTable:
         if self._open() is None:
             commit = CommitProperties(app_transactions=[Transaction(app_id, int(batch_id))])
             try:
-                write_deltalake(self.uri, inserted_rows(changes), mode="error", configuration=CDF_ENABLED,
+                write_deltalake(self.uri, inserted_rows(changes), mode="error", configuration=self._created_with,
                                 storage_options=self.storage_options, commit_properties=commit,
                                 post_commithook_properties=_POST_COMMIT)
                 return
@@ -259,7 +263,7 @@ class DeltaRsTable:
         if not wanted:
             return
         target = pa.schema([f.with_type(wanted.get(f.name, f.type)) for f in current])
-        scanned = table.to_pyarrow_dataset().scanner().to_reader()
+        scanned = scan(table)
         rows = pa.RecordBatchReader.from_batches(target, (batch.cast(target) for batch in scanned))
         commit = CommitProperties(custom_metadata=widen_info(wanted, app_id, batch_id))
         try:

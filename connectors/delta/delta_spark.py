@@ -211,7 +211,8 @@ def normalize_cdf(table: pa.Table) -> pa.Table:
 class DeltaSparkTable:
     """One Delta table written by delta-spark; the same public methods as `DeltaRsTable`."""
 
-    def __init__(self, spark: SparkSession, uri: str, storage_options: dict[str, str] | None = None) -> None:
+    def __init__(self, spark: SparkSession, uri: str, storage_options: dict[str, str] | None = None,
+                 properties: dict[str, str] | None = None) -> None:
         reason = missing_delta_reason(spark)
         if reason is not None:
             raise DeltaSparkUnavailable(f"cannot open {uri} with delta-spark: {reason}")
@@ -222,6 +223,7 @@ class DeltaSparkTable:
         # it before its two passes (a 2-row MERGE on a loaded 2-core machine: ~1 s less).
         self._session.conf.set(_MATERIALIZE_SOURCE, "none")
         self._log = DeltaRsTable(uri, storage_options)
+        self._properties = {**CDF_ENABLED, **NO_LOG_CLEANUP_ON_COMMIT, **(properties or {})}
         self._lock = threading.Lock()
         self._log_kept = False
 
@@ -246,6 +248,10 @@ class DeltaSparkTable:
         return self._run(f"read rows of {self.uri} by key",
                          lambda: stored.join(wanted, on=list(keys.column_names), how="left_semi").toArrow())
 
+    def configuration(self) -> dict[str, str]:
+        """The table's properties (empty when the table does not exist), from its log."""
+        return self._log.configuration()
+
     def create(self, schema: pa.Schema, partition_by: tuple[str, ...] = (), cluster_by: tuple[str, ...] = ()) -> None:
         """Create the table (change data feed on, partitioned by `partition_by` or liquid-clustered by
         `cluster_by`) unless it exists."""
@@ -256,7 +262,7 @@ class DeltaSparkTable:
             builder = builder.partitionedBy(*partition_by)
         if cluster_by:
             builder = builder.clusterBy(*cluster_by)
-        for key, value in {**CDF_ENABLED, **NO_LOG_CLEANUP_ON_COMMIT}.items():
+        for key, value in self._properties.items():
             builder = builder.property(key, value)
         self._run(f"create {self.uri}", builder.execute)
 

@@ -36,6 +36,9 @@ class DeltaEngineTable(Protocol):
     def version(self) -> int | None:
         """Current table version, or None when the table does not exist."""
 
+    def configuration(self) -> dict[str, str]:
+        """The table's properties (empty when the table does not exist)."""
+
     def rows_with_keys(self, keys: pa.Table) -> pa.Table:
         """The stored rows whose values of `keys`' columns are one of its rows (empty when the table
         does not exist)."""
@@ -98,16 +101,18 @@ def open_table(
     uri: str,
     storage_options: dict[str, str] | None = None,
     spark: "SparkSession | None" = None,
+    properties: dict[str, str] | None = None,
 ) -> EngineTable:
-    """The table at `uri` written by `engine`; delta-spark needs the running `spark` session."""
+    """The table at `uri` written by `engine`; delta-spark needs the running `spark` session. `properties`:
+    Delta table properties the table is created with (besides the change feed's)."""
     if engine == "delta-rs":
         from connectors.delta.delta_rs import DeltaRsTable
 
-        return DeltaRsTable(uri, storage_options)
+        return DeltaRsTable(uri, storage_options, properties=properties)
     if engine == "delta-spark":
         if spark is None:
             raise ConfigError(f"lakehouse.engine delta-spark needs a Spark session to open {uri}")
         from connectors.delta.delta_spark import DeltaSparkTable
 
-        return DeltaSparkTable(spark, uri, storage_options)
+        return DeltaSparkTable(spark, uri, storage_options, properties)
     raise ConfigError(f"lakehouse.engine {engine!r} is not one of {', '.join(ENGINES)}")

@@ -52,6 +52,7 @@ from deltalake import DeltaTable
 from connectors.delta.deletion_vectors import Descriptor, positions, write_vectors
 from connectors.delta.log_replay import live_files
 from connectors.delta.merge_plan import DELETE_FLAG, KEEP_FLAG_PREFIX
+from connectors.delta.table_scan import may_hold_deletion_vectors
 
 __all__ = ["MAX_READ_BYTES", "MAX_REWRITE_BYTES", "SmallCommits", "Snapshot"]
 
@@ -101,11 +102,6 @@ def _protocol_fits(handle: DeltaTable) -> bool:
     if protocol.min_writer_version == 7:
         return writers <= _WRITER_FEATURES
     return protocol.min_writer_version <= 4
-
-
-def _may_hold_vectors(handle: DeltaTable) -> bool:
-    """The table's files may have deletion vectors (the reader feature is on)."""
-    return "deletionVectors" in (handle.protocol().reader_features or ())
 
 
 def _writes_vectors(handle: DeltaTable) -> bool:
@@ -546,7 +542,7 @@ class Snapshot:
         configuration = handle.metadata().configuration
         fits = _protocol_fits(handle) and _metadata_fits(handle, schema)
         files: list[DataFile] | None = _data_files(pa.table(handle.get_add_actions(flatten=True)))
-        if fits and files and _may_hold_vectors(handle):
+        if fits and files and may_hold_deletion_vectors(handle):
             files = _with_vectors(files, root, handle.version())
             fits = files is not None
         return cls(handle.version(), schema, fits, _cdf_enabled(handle),

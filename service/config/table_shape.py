@@ -9,6 +9,11 @@ overwrite, and how the table is laid out.
   from the table); an insert stores its nulls (docs/design/table-shape.md).
 - `partition_by`: the table's partition columns, set when the table is created (both engines).
 - `cluster_by`: liquid clustering columns, set when the table is created (delta-spark only).
+- `deletion_vectors: true`: the table is created with Delta's deletion vectors enabled
+  (`delta.enableDeletionVectors`): a MERGE marks the rows it changes deleted in their files instead of
+  rewriting the files (both engines; delta-rs's through the small commits, connectors/delta/small_commit.py).
+  The table then needs readers that know deletion vectors (delta-spark 2.3+, delta-rs's query engine,
+  Trino, DuckDB; not deltalake's `to_pyarrow_table`), so it is off unless asked for.
 
 The partition and clustering columns must be columns of the table: validated against the pipeline's
 primary key and, once the table exists, its schema; changing any of these on a started pipeline is
@@ -26,6 +31,7 @@ from service.config.choices import DeleteMode
 from service.config.history import DELETED
 
 DELETED_AT = "__DELETED_AT"
+DELETION_VECTORS = "delta.enableDeletionVectors"
 SOFT_DELETE_COLUMNS = (DELETED, DELETED_AT)
 CLUSTERING_ENGINES = ("delta-spark",)
 NO_CLUSTERING_REASON = (
@@ -41,6 +47,7 @@ class TableShape(SettingsModel):
     ignore_null_updates: bool = False
     partition_by: Names = ()
     cluster_by: Names = ()
+    deletion_vectors: bool = False
 
     @model_validator(mode="after")
     def _layout(self) -> "TableShape":
@@ -77,6 +84,14 @@ class TableShape(SettingsModel):
         return None
 
     def plan_properties(self) -> dict[str, Any]:
-        """What the compiled plan records of the shape (the upgrade check compares it)."""
-        return {"deletes": self.deletes, "ignore_null_updates": self.ignore_null_updates,
-                "partition_by": list(self.partition_by), "cluster_by": list(self.cluster_by)}
+        """What the compiled plan records of the shape (the upgrade check compares it; `deletion_vectors`
+        only when on, so plans stored before it existed compare equal)."""
+        shown: dict[str, Any] = {"deletes": self.deletes, "ignore_null_updates": self.ignore_null_updates,
+                                 "partition_by": list(self.partition_by), "cluster_by": list(self.cluster_by)}
+        if self.deletion_vectors:
+            shown["deletion_vectors"] = True
+        return shown
+
+    def table_properties(self) -> dict[str, str]:
+        """The Delta table properties the table is created with, besides the change feed's."""
+        return {DELETION_VECTORS: "true"} if self.deletion_vectors else {}

@@ -115,8 +115,9 @@ class TableQuery(QueryIdentity, BatchPipeline):
         self._query_name = name
         self._table_name = table
         lakehouse = settings.lakehouse
-        self.table = open_table(lakehouse.engine, lakehouse.table_uri(table), lakehouse.storage_options, spark)
         shape = next((p.table_shape for p in settings.pipelines if (p.name, p.table) == (name, table)), None)
+        self.table = open_table(lakehouse.engine, lakehouse.table_uri(table), lakehouse.storage_options, spark,
+                                None if shape is None else shape.table_properties())
         self.sink = MergeSink(self.table, primary_key, schema_changes, shape=shape)
         columns = next((p for p in settings.pipelines if (p.name, p.table) == (name, table) and p.columns), None)
         if columns is not None:  # a pipeline's `columns:` (column_rules)

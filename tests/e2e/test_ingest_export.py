@@ -6,7 +6,9 @@ as Debezium envelopes (no tombstones) and as flat records. An independent read_c
 consumer replays each output topic (upsert by key, delete on the delete code), checking
 every record against the replayed state: a create or insert only for an absent key, an
 update's and a delete's before image equal to the key's current row. The replay ends
-exactly equal to the Delta table read back with deltalake. A second run publishes nothing.
+exactly equal to the Delta table read back with deltalake. A second run publishes nothing. The ingested
+table is created with deletion vectors (`table_shape: {deletion_vectors: true}`): its MERGEs mark changed
+rows deleted, and the exports read its change feed all the same.
 
 In until-idle mode the runner starts the exports after the ingests finished, so one run
 publishes everything it ingested: the first run alone must reproduce the table.
@@ -167,7 +169,7 @@ def _produce_shaped(bootstrap: str, topic: str) -> dict[int, dict]:
 
 def _config(workdir, bootstrap: str, source: str, unique: str, engine: str):
     pipeline = {"name": f"ingest-{unique}", "topics": [source], "table": TABLE, "primary_key": ["id"],
-                "max_offsets_per_trigger": 1_500}
+                "max_offsets_per_trigger": 1_500, "table_shape": {"deletion_vectors": True}}
     shaped = {"name": f"shaped-{unique}", "topics": [f"db.shaped.{unique}"], "table": SHAPED, "primary_key": ["id"],
               "max_offsets_per_trigger": ROUND, "table_shape": SHAPE}
     exports = [
@@ -201,6 +203,8 @@ def test_one_process_ingests_and_exports_exactly_once(kafka_bootstrap, unique, w
     table = table_rows(uri)
     assert table == workload.expected_rows()
     assert DeltaTable(str(uri)).version() >= 2, "several ingest batches, so the exports span several versions"
+    assert any("deletionVector" in entry.read_text() for entry in (uri / "_delta_log").glob("*.json")), \
+        "no MERGE marked rows deleted"
     expected = {row["id"]: json_form(row) for row in table}
 
     dbz = consume_committed(kafka_bootstrap, dbz_topic, OUTPUT_PARTITIONS)

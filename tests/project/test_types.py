@@ -34,6 +34,9 @@ class HalfEngine:
     def version(self) -> int | None:
         return None
 
+    def configuration(self) -> dict[str, str]:
+        return {}
+
     def rows_with_keys(self, keys: pa.Table) -> pa.Table:
         return keys
 

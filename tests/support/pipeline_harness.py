@@ -14,6 +14,8 @@ import yaml
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from deltalake import DeltaTable
 
+from connectors.delta.table_scan import scan
+
 CLI = str(Path(sys.executable).with_name("cdc-lakehouse"))
 
 
@@ -55,7 +57,7 @@ def kill_group(process: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
 
 def table_rows(uri: str | Path, order_by: str = "id") -> list[dict]:
     """The Delta table read back with a Delta reader, sorted."""
-    return sorted(DeltaTable(str(uri)).to_pyarrow_table().to_pylist(), key=lambda r: r[order_by])
+    return sorted(scan(DeltaTable(str(uri))).read_all().to_pylist(), key=lambda r: r[order_by])
 
 
 def table_version(uri: str | Path) -> int:

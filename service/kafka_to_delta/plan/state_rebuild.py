@@ -46,6 +46,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
+from connectors.delta.table_scan import scan
 from connectors.kafka import offsets as om
 from service.config.settings import PipelineSettings, Settings
 from service.kafka_to_delta.formats.debezium_json import canonical_key
@@ -247,7 +248,7 @@ def tombstone_states(old: OldState, touched_ms: int, counts: SeedCounts) -> dict
 
 
 def _table_rows(table: DeltaTable) -> Iterator[list[dict[str, Any]]]:
-    for batch in table.to_pyarrow_dataset().to_batches():
+    for batch in scan(table):
         yield batch.to_pylist()
 
 

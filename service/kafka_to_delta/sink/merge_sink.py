@@ -82,6 +82,20 @@ class MergeSink:
         self.schema_changes = schema_changes
         self.one_commit_create = one_commit_create
         self.shape = shape or TableShape()
+        self._properties_checked = False
+
+    def _check_properties(self) -> None:
+        """An existing table has the properties the shape creates a table with (deletion vectors), or the
+        pipeline stops saying how to enable them: they are never turned on silently (readers must know them)."""
+        stored = self.table.configuration()
+        missing = {k: v for k, v in self.shape.table_properties().items() if stored.get(k, "").lower() != v}
+        if missing:
+            settings = ", ".join(f"'{key}' = {value}" for key, value in missing.items())
+            raise DeltaSchemaError(
+                f"table {self.table.uri}: table_shape.deletion_vectors is set but the table was created without "
+                f"them; enable them with ALTER TABLE ... SET TBLPROPERTIES ({settings}) (every reader of the table "
+                "must then know deletion vectors), or leave the option out")
+        self._properties_checked = True
 
     def already_committed(self, app_id: str, batch_id: int) -> bool:
         """True when this batch's commit is already in the table (a replay)."""
@@ -138,6 +152,8 @@ class MergeSink:
         if self.shape.soft_deletes:
             data = with_soft_delete_columns(data, deletes, delete_times(timestamps, data.num_rows))
         existing = self.table.schema()
+        if existing is not None and not self._properties_checked:
+            self._check_properties()
         conformed = conform(data, existing, self.table.uri, self.schema_changes, meta)
         typed = conformed.batch
         if existing is None and not self.one_commit_create:

@@ -14,6 +14,8 @@ from deltalake import DeltaTable
 
 from connectors.delta.delta_rs import DeltaRsTable, DeltaSchemaError
 from connectors.delta.delta_spark import DeltaSparkTable
+from connectors.delta.engines import open_table
+from connectors.delta.table_scan import scan
 from connectors.kafka.range_reader import SOURCE_SCHEMA
 from service.config.settings import PipelineSettings
 from service.config.table_shape import DELETED, DELETED_AT, TableShape
@@ -236,3 +238,38 @@ def test_cluster_by_clusters_the_new_table_on_delta_spark(spark, tmp_path):
     detail = spark.sql(f"DESCRIBE DETAIL delta.`{uri}`").collect()[0]
     assert list(detail["clusteringColumns"]) == ["rev"]
     assert DeltaTable(uri).to_pyarrow_table().to_pylist() == [{"id": 1, "body": "a", "rev": 1}]
+
+
+@pytest.mark.parametrize("engine_name", ["delta-rs", "delta-spark"])
+def test_deletion_vectors_mark_the_changed_rows_of_a_new_table(engine_name, tmp_path, request):
+    """`deletion_vectors: true` creates the table with them on; the second batch's MERGE (delta-rs through
+    the small commits, delta-spark its own) marks the changed rows deleted; both readers see the rows."""
+    uri = str(tmp_path / "t")
+    shape = TableShape(deletion_vectors=True)
+    spark = request.getfixturevalue("spark") if engine_name == "delta-spark" else None
+    sink = MergeSink(open_table(engine_name, uri, None, spark, shape.table_properties()), ("id",), shape=shape)
+    sink.apply_typed(_typed([(ChangeKind.INSERT, {"id": i, "body": f"b{i}", "rev": 1}, T0, None)
+                             for i in range(10)]), APP, 0)
+    sink.apply_typed(_typed([(ChangeKind.UPDATE_AFTER, {"id": 1, "body": "new", "rev": 2}, T1, None),
+                             (ChangeKind.DELETE, {"id": 4}, T1, None)], 10), APP, 1)
+    table = DeltaTable(uri)
+    assert "deletionVectors" in table.protocol().reader_features
+    assert table.metadata().configuration["delta.enableDeletionVectors"] == "true"
+    assert any("deletionVector" in entry.read_text() for entry in (tmp_path / "t" / "_delta_log").glob("*.json"))
+    expected = [{"id": i, "body": "new" if i == 1 else f"b{i}", "rev": 2 if i == 1 else 1} for i in range(10) if i != 4]
+    assert sorted(scan(table).read_all().to_pylist(), key=lambda r: r["id"]) == expected
+    if spark is not None:
+        assert sorted(spark.read.format("delta").load(uri).toArrow().to_pylist(), key=lambda r: r["id"]) == expected
+
+
+def test_deletion_vectors_are_never_turned_on_silently(tmp_path):
+    """A table created without them stops a pipeline that asks for them, saying how to enable them."""
+    uri = str(tmp_path / "t")
+    MergeSink(DeltaRsTable(uri), ("id",)).apply_typed(
+        _typed([(ChangeKind.INSERT, {"id": 1, "body": "a", "rev": 1}, T0, None)]), APP, 0)
+    shape = TableShape(deletion_vectors=True)
+    sink = MergeSink(DeltaRsTable(uri, properties=shape.table_properties()), ("id",), shape=shape)
+    with pytest.raises(DeltaSchemaError, match=r"t: table_shape.deletion_vectors is set .* SET TBLPROPERTIES "
+                                               r"\('delta.enableDeletionVectors' = true\)"):
+        sink.apply_typed(_typed([(ChangeKind.INSERT, {"id": 2, "body": "b", "rev": 1}, T1, None)], 1), APP, 1)
+    assert DeltaTable(uri).version() == 1

@@ -66,3 +66,16 @@ def test_changing_deletes_or_the_layout_of_a_started_pipeline_is_refused_with_th
 def test_ignore_null_updates_may_change_and_the_same_shape_restarts(tmp_path, before, after):
     start_pipeline(tmp_path, _pipeline(table_shape=before))
     check_and_store_pipeline(_pipeline(table_shape=after), str(tmp_path / "people"))
+
+
+def test_deletion_vectors_are_shown_and_may_be_turned_on_for_a_started_pipeline(tmp_path):
+    """Shown in the plan when on (a plan stored before the option existed compares equal when off); the
+    upgrade check lets it change (the table's own properties decide: the sink refuses a table without them)."""
+    pipeline = _pipeline(table_shape={"deletion_vectors": True})
+    [operator] = pipeline_operators(pipeline)
+    assert operator.properties["deletion_vectors"] is True
+    assert pipeline.table_shape.table_properties() == {"delta.enableDeletionVectors": "true"}
+    assert _pipeline(table_shape={"deletion_vectors": False}).table_shape.table_properties() == {}
+    assert pipeline_operators(_pipeline(table_shape={"deletion_vectors": False})) == []
+    start_pipeline(tmp_path, _pipeline())
+    check_and_store_pipeline(pipeline, str(tmp_path / "people"))
