@@ -56,6 +56,7 @@ from materializer_benchmark import write_config as variant_config
 from perf_freshness import Service, UpsertStream, phase, wait_drained, warm_up
 from perf_naive import SCHEMA, run_naive
 
+from connectors.delta.table_scan import scan
 from connectors.kafka.local_broker import LocalBroker
 from service.config.history import DELETED, END_AT, HISTORY_TABLE_SUFFIX
 from service.config.settings import DEFAULT_MAX_OFFSETS_PER_TRIGGER
@@ -118,7 +119,7 @@ def load() -> dict[str, float | str]:
 
 def check_replay(uri: str, workload: DebeziumWorkload) -> int:
     """Fail loudly unless the Delta table equals the replay of the workload (rows and values)."""
-    table = DeltaTable(uri).to_pyarrow_table(columns=SCHEMA.names).sort_by("id")
+    table = scan(DeltaTable(uri)).read_all().select(SCHEMA.names).sort_by("id")
     if table.to_pylist() != workload.expected_rows():
         raise SystemExit(f"FAILED: {uri} ({table.num_rows} rows) differs from the replay "
                          f"({len(workload.table)} live keys)")

@@ -29,6 +29,10 @@ Per row (`--sections`):
   `--warm-up-events` before it starts, then `--rate` events/s for `--rate-seconds`; p50/p95 event-to-Delta
   latency (perf_freshness.py: the clock is the revision in each row image's `email`).
 
+`--deletion-vectors`: the steady and materializer runs create their tables with `table_shape:
+{deletion_vectors: true}` (MERGEs mark changed rows deleted instead of rewriting files); the naive
+pipeline and the freshness runs are unchanged.
+
     .venv/bin/python bench/realistic_benchmark.py --changes 20000 --rate-seconds 10      # a quick look
     .venv/bin/python bench/realistic_benchmark.py --json /tmp/realistic.json             # the defaults
 """
@@ -67,6 +71,7 @@ from performance_benchmark import (
 )
 from realistic_naive import AvroPayloads, json_payload, run_naive_changes
 
+from connectors.delta.table_scan import scan
 from connectors.kafka.local_broker import LocalBroker, free_port
 from connectors.schema_registry.client import SchemaRegistryClient
 from service.config.settings import DEFAULT_MAX_OFFSETS_PER_TRIGGER
@@ -96,6 +101,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--keys", type=int, default=100_000, help="the workload's distinct keys")
     parser.add_argument("--naive-window", type=int, default=50_000, help="records per MERGE of the naive pipeline")
     parser.add_argument("--materializer-batch", type=int, default=10_000, help="max_offsets_per_trigger")
+    parser.add_argument("--deletion-vectors", action="store_true",
+                        help="the service's tables (steady and materializer) with `table_shape: {deletion_vectors: true}`")
     parser.add_argument("--rate", type=float, default=5_000, help="freshness: steady input events/s")
     parser.add_argument("--rate-seconds", type=float, default=30, help="freshness: seconds of steady input")
     parser.add_argument("--warm-up-events", type=int, default=1_000, help="freshness: the small first input")
@@ -133,7 +140,7 @@ class Input:
                 return None
             except SystemExit as failure:
                 return str(failure)[:300]
-        rows = DeltaTable(uri).to_pyarrow_table().to_pylist()
+        rows = scan(DeltaTable(uri)).read_all().to_pylist()
         return compare_with_source(rows, self.source_rows)
 
     @staticmethod
@@ -243,9 +250,13 @@ def capture_inputs(args, bootstrap: str, rows: list[str], tmp: Path, registry: s
 
 # --- the service ------------------------------------------------------------------------------
 
-def configure(path: Path, row: Input, registry: str | None, metrics_port: int | None, **top) -> None:
-    """Set the pipeline's format (and the registry), the metrics port and top-level keys of a config."""
+def configure(path: Path, row: Input, registry: str | None, metrics_port: int | None, shape: dict | None = None,
+              **top) -> None:
+    """Set the pipeline's format (and the registry), its table shape, the metrics port and top-level keys of a
+    config."""
     config = yaml.safe_load(path.read_text())
+    if shape:
+        config["pipelines"][0]["table_shape"] = shape
     if row.format == "avro":
         config["pipelines"][0]["format"] = "avro-confluent"
         config["schema_registry"] = {"url": registry}
@@ -283,7 +294,7 @@ def decode_statistics(scraper: RangeScraper, log: Path) -> dict:
 
 
 def service_run(row: Input, bootstrap: str, registry: str | None, workdir: Path, variant: dict | None = None,
-                max_offsets: int | None = None) -> dict:
+                max_offsets: int | None = None, shape: dict | None = None) -> dict:
     """`cdc-lakehouse run --until-idle` on the row's topic; figures, decode statistics, table check."""
     workdir.mkdir()
     if variant is None:
@@ -291,7 +302,7 @@ def service_run(row: Input, bootstrap: str, registry: str | None, workdir: Path,
     else:
         config = variant_config(workdir, bootstrap, row.topic, variant, max_offsets)
     port = free_port()
-    configure(config, row, registry, port)
+    configure(config, row, registry, port, shape)
     scraper = RangeScraper(port)
     scraper.start()
     try:
@@ -473,6 +484,7 @@ def main(argv: list[str] | None = None) -> None:
             for row_name in args.row_list:  # every row's steady figures first, then the materializer, ...
                 results["rows"][row_name] = {"records": inputs[row_name].records, "topic": inputs[row_name].topic,
                                              "bytes_per_record": inputs[row_name].bytes_per_record}
+            shape = {"deletion_vectors": True} if args.deletion_vectors else None
             for section in [s for s in SECTIONS if s in args.section_list]:
                 for row_name in args.row_list:
                     row, out = inputs[row_name], results["rows"][row_name]
@@ -480,11 +492,11 @@ def main(argv: list[str] | None = None) -> None:
                     if section == "steady":
                         attempt(out, "naive", lambda: naive_run(row, bootstrap, registry, tmp, args.naive_window))
                         attempt(out, "service", lambda: service_run(row, bootstrap, registry,
-                                                                    tmp / uuid.uuid4().hex[:8]))
+                                                                    tmp / uuid.uuid4().hex[:8], shape=shape))
                     elif section == "materializer":
                         attempt(out, "materializer", lambda: service_run(
                             row, bootstrap, registry, tmp / uuid.uuid4().hex[:8], {"upsert_materialize": "force"},
-                            args.materializer_batch))
+                            args.materializer_batch, shape))
                     else:
                         attempt(out, "freshness", lambda: freshness_run(args, row, bootstrap, registry, tmp))
                     save(results, args.json)
