@@ -38,6 +38,8 @@ from tests.integration.connectors.delta.test_small_commit import (
     _feed,
     _naive,
     _values,
+    merge_both,
+    spark_reads_as,
 )
 
 VECTORS = {**CDF_ENABLED, "delta.enableDeletionVectors": "true"}
@@ -78,12 +80,7 @@ def test_marked_rows_equal_the_merge(tmp_path: Path, seed: int, monkeypatch: pyt
     _start(fast, random.Random(seed), VECTORS)
     _start(reference, random.Random(seed), CDF_ENABLED)
     start = DeltaTable(str(fast)).version()
-    fast_table, reference_table = DeltaRsTable(str(fast)), DeltaRsTable(str(reference), small_commits=False)
-    for batch_id in range(12):
-        batch = _batch(rng, 160)
-        for table in (fast_table, reference_table):
-            table.merge(batch, ("id",), APP, batch_id)
-        assert _rows(fast) == _rows(reference), f"seed {seed}, batch {batch_id}"
+    merge_both(fast, reference, rng, 12, 160, _rows)
     assert _feed(fast, start + 1) == _feed(reference, start + 1), f"seed {seed}"
     assert DeltaTable(str(fast)).transaction_version(APP) == DeltaTable(str(reference)).transaction_version(APP)
     assert _engines(DeltaTable(str(fast))).count(SMALL) >= 9
@@ -104,13 +101,7 @@ def test_delta_spark_reads_marked_rows(tmp_path: Path, spark) -> None:  # noqa: 
     for batch_id in range(5):
         table.merge(_batch(rng, 100), ("id",), APP, batch_id)
     assert _vectors(path)
-    rows = [row.asDict(recursive=True) for row in spark.read.format("delta").load(str(path)).collect()]
-    assert sorted(rows, key=lambda row: row["id"]) == [_naive(row) for row in _rows(path)]
-    feed = spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 1).load(str(path))
-    spark_feed = sorted(
-        (tuple(sorted({k: v for k, v in row.asDict(recursive=True).items() if k != "_commit_timestamp"}.items(),
-                      key=lambda item: item[0])) for row in feed.collect()), key=repr)
-    assert spark_feed == sorted((tuple(_naive(dict(row)).items()) for row in _feed(path, 1)), key=repr)
+    spark_reads_as(spark, path, _rows)
 
 
 def test_vectors_of_other_writers_and_checkpoints_are_honoured(tmp_path: Path, spark) -> None:  # noqa: ANN001
@@ -124,12 +115,7 @@ def test_vectors_of_other_writers_and_checkpoints_are_honoured(tmp_path: Path, s
     assert _vectors(path), "delta-spark wrote no deletion vector"
     DeltaTable(str(path)).create_checkpoint()
     shutil.copytree(path, copy)
-    fast, reference = DeltaRsTable(str(path)), DeltaRsTable(str(copy), small_commits=False)
-    for batch_id in range(6):
-        batch = _batch(rng, 140)
-        for table in (fast, reference):
-            table.merge(batch, ("id",), APP, batch_id)
-        assert _rows(path) == _rows(copy), f"batch {batch_id}"
+    merge_both(path, copy, rng, 6, 140, _rows)
     assert _engines(DeltaTable(str(path))).count(SMALL) >= 4
     rows = [row.asDict(recursive=True) for row in spark.read.format("delta").load(str(path)).collect()]
     assert sorted(rows, key=lambda row: row["id"]) == [_naive(row) for row in _rows(path)]

@@ -10,6 +10,7 @@ import json
 import os
 import random
 from pathlib import Path
+from typing import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -78,6 +79,18 @@ def _feed(path: Path, first: int) -> list[tuple]:
     return sorted((tuple(sorted(row.items(), key=lambda item: item[0])) for row in feed.to_pylist()), key=repr)
 
 
+def merge_both(fast: Path, reference: Path, rng: random.Random, batches: int, universe: int,
+               rows: Callable[[Path], list[dict]]) -> None:
+    """`batches` generated batches into both tables (`fast` through small commits, `reference` through
+    delta-rs's MERGE), the tables' `rows` equal after each."""
+    tables = DeltaRsTable(str(fast)), DeltaRsTable(str(reference), small_commits=False)
+    for batch_id in range(batches):
+        batch = _batch(rng, universe)
+        for table in tables:
+            table.merge(batch, ("id",), APP, batch_id)
+        assert rows(fast) == rows(reference), f"batch {batch_id}"
+
+
 def _engines(table: DeltaTable) -> list[str]:
     return [entry.get("engineInfo", "") for entry in table.history()]
 
@@ -91,12 +104,7 @@ def test_small_commits_equal_the_merge(tmp_path: Path, seed: int, monkeypatch: p
     _start(fast, random.Random(seed))
     _start(reference, random.Random(seed))
     start = DeltaTable(str(fast)).version()
-    fast_table, reference_table = DeltaRsTable(str(fast)), DeltaRsTable(str(reference), small_commits=False)
-    for batch_id in range(12):
-        batch = _batch(rng, 160)
-        for table in (fast_table, reference_table):
-            table.merge(batch, ("id",), APP, batch_id)
-        assert _rows(fast) == _rows(reference), f"seed {seed}, batch {batch_id}"
+    merge_both(fast, reference, rng, 12, 160, _rows)
     assert _feed(fast, start + 1) == _feed(reference, start + 1), f"seed {seed}"
     assert DeltaTable(str(fast)).version() == DeltaTable(str(reference)).version()
     # The last batch's id, unless it changed nothing (deletes of absent keys): neither engine commits then.
@@ -231,9 +239,14 @@ def test_delta_spark_reads_a_small_commit(tmp_path: Path, spark) -> None:  # noq
     for batch_id in range(4):
         table.merge(_batch(rng, 80), ("id",), APP, batch_id)
     assert SMALL in _engines(DeltaTable(str(path)))
-    rows = [row.asDict(recursive=True) for row in spark.read.format("delta").load(str(path)).collect()]
     assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
-    assert sorted(rows, key=lambda row: row["id"]) == [_naive(row) for row in _rows(path)]
+    spark_reads_as(spark, path, _rows)
+
+
+def spark_reads_as(spark, path: Path, rows: Callable[[Path], list[dict]]) -> None:  # noqa: ANN001 - a session
+    """delta-spark reads the table at `path` as `rows` reads it, and its change feed from version 1 as delta-rs."""
+    found = [row.asDict(recursive=True) for row in spark.read.format("delta").load(str(path)).collect()]
+    assert sorted(found, key=lambda row: row["id"]) == [_naive(row) for row in rows(path)]
     feed = spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 1).load(str(path))
     spark_feed = sorted(
         (tuple(sorted({k: v for k, v in row.asDict(recursive=True).items() if k != "_commit_timestamp"}.items(),
