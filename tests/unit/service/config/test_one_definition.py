@@ -56,6 +56,8 @@ NOT_CONFIGURATION: dict[tuple[str, str], str] = {
     ("service/kafka_to_delta/plan/rebuilt_seed.py", "file"): "the seed info written by rebuild-state",
     ("connectors/kafka/watermarks.py", "file"): "the per-partition event-time progress file (state)",
     ("connectors/delta/small_commit.py", "file"): "a Delta table's log entry it writes (table data)",
+    ("connectors/delta/deletion_vectors.py", "file"): "a Delta table's deletion vector files (table data)",
+    ("connectors/delta/log_replay.py", "file"): "a Delta table's log: checkpoint and entries (table data)",
     ("connectors/kafka/apache_broker.py", "file"):
         "the local broker's own server.properties (written by it) and its log file",
     ("connectors/kafka/local_broker.py", "file"): "the local broker's log file (written)",
