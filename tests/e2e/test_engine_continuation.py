@@ -35,10 +35,11 @@ def _run(bootstrap: str, workdir: Path, topic: str, engine: str) -> None:
 
 
 def _writers(uri: Path) -> set[str]:
-    """Which engines committed to the table: delta-rs writes `clientVersion`, Delta `engineInfo`."""
+    """Which engines committed to the table: delta-rs writes `clientVersion` (the delta-rs engine's own
+    small commits name themselves, connectors/delta/small_commit.py), Delta `engineInfo`."""
     found = set()
     for commit in DeltaTable(str(uri)).history():
-        if str(commit.get("clientVersion", "")).startswith("delta-rs"):
+        if str(commit.get("clientVersion", "")).startswith(("delta-rs", "cdc-lakehouse small commit")):
             found.add("delta-rs")
         if "Delta-Lake" in str(commit.get("engineInfo", "")):
             found.add("delta-spark")
