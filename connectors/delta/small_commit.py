@@ -247,13 +247,20 @@ def _hits(keys: pa.Table, changes: pa.Table, primary_key: tuple[str, ...]) -> np
     return hit
 
 
+def _conformed(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """A data file's rows in the table's schema: a column added after the file was written is null."""
+    columns = [rows.column(f.name).cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
+               for f in schema]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
 def _file_rows(root: str, file: DataFile, schema: pa.Schema, wanted: np.ndarray) -> pa.Table:
     """Rows `wanted` (sorted positions) of `file`, reading only the row groups that hold them."""
     source = pq.ParquetFile(os.path.join(root, unquote(file.path)))
     ends = np.cumsum([source.metadata.row_group(i).num_rows for i in range(source.metadata.num_row_groups)])
     groups = np.unique(np.searchsorted(ends, wanted, side="right")).tolist()
     starts = ends - [source.metadata.row_group(i).num_rows for i in range(len(ends))]
-    rows = source.read_row_groups(groups).cast(schema) if groups else schema.empty_table()
+    rows = _conformed(source.read_row_groups(groups), schema) if groups else schema.empty_table()
     # Positions within the groups read: each group's rows follow the previous group's.
     offset = np.zeros(len(ends), np.int64)
     offset[groups] = np.cumsum([0] + [int(ends[g] - starts[g]) for g in groups[:-1]])
@@ -282,7 +289,8 @@ def _matched(root: str, files: list[DataFile], schema: pa.Schema, changes: pa.Ta
         wanted = np.flatnonzero(hit)
         if not len(wanted):
             continue
-        found = rows.take(pa.array(wanted)) if rows is not None else _file_rows(root, file, schema, wanted)
+        found = _conformed(rows.take(pa.array(wanted)), schema) if rows is not None else _file_rows(
+            root, file, schema, wanted)
         found = found.append_column(_FILE, pa.array(np.full(len(wanted), index, np.int32)))
         parts.append(found.append_column(_POSITION, pa.array(wanted)))
     if not parts:
@@ -448,10 +456,10 @@ def _rest(root: str, files: list[DataFile], schema: pa.Schema, gone: dict[int, n
         file = files[index]
         rows = _KEPT.get(root, file.path)
         if rows is None:
-            rows = pq.read_table(os.path.join(root, unquote(file.path)), schema=schema)
+            rows = pq.read_table(os.path.join(root, unquote(file.path)))
         live = np.ones(rows.num_rows, bool)
         live[positions_gone] = False
-        parts.append(rows.filter(pa.array(live)))
+        parts.append(_conformed(rows.filter(pa.array(live)), schema))
     return pa.concat_tables(parts)
 
 

@@ -172,3 +172,30 @@ def test_rows_found_reading_only_their_row_groups(tmp_path: Path, seed: int) -> 
     wanted = np.unique(rng.integers(0, count, int(rng.integers(1, count + 1))))
     found = small._file_rows(str(tmp_path), small.DataFile("f.parquet", 0, {}), rows.schema, wanted)
     assert found.equals(rows.take(pa.array(wanted))), f"seed {seed}"
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_a_file_older_than_an_added_column_is_read_marking_rows(tmp_path: Path, kept: bool,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch with a new column goes to the MERGE (schema evolution), which rewrites only the file it
+    touches; the next small commit marks a row of the other file, written without that column by a small
+    commit (its rows kept in memory, or read back)."""
+    if not kept:
+        monkeypatch.setattr(small, "KEPT_ROWS_BYTES", 0)
+    path = tmp_path / "t"
+    write_deltalake(str(path), pa.table({"tenant": ["a"] * 10, "id": list(range(10)),
+                                         "v": [f"a{i}" for i in range(10)]}), configuration=VECTORS)
+    table = DeltaRsTable(str(path))
+    table.merge(pa.table({"tenant": ["b"] * 10, "id": list(range(10)), "v": [f"b{i}" for i in range(10)],
+                          DELETE_FLAG: [False] * 10}), ("tenant", "id"), APP, 0)
+    table.merge(pa.table({"tenant": ["a"], "id": [2], "v": ["w"], "extra": [7], DELETE_FLAG: [False]}),
+                ("tenant", "id"), APP, 1)
+    table.merge(pa.table({"tenant": ["b", "a"], "id": [5, 3], "v": ["B5", "A3"], DELETE_FLAG: [False, False]}),
+                ("tenant", "id"), APP, 2)
+    assert _engines(DeltaTable(str(path)))[:3] == [SMALL, "delta-rs:py-1.6.6", SMALL] and _vectors(path)
+    found = {(r["tenant"], r["id"]): (r["v"], r["extra"])
+             for r in pa.table(QueryBuilder().register("t", DeltaTable(str(path))).execute("SELECT * FROM t")
+                               .read_all()).to_pylist()}
+    assert len(found) == 20
+    assert found[("b", 5)] == ("B5", None) and found[("a", 3)] == ("A3", None) and found[("a", 2)] == ("w", 7)
+    assert found[("b", 4)] == ("b4", None)
