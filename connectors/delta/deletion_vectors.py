@@ -26,7 +26,8 @@ from urllib.parse import unquote, urlparse
 import numpy as np
 from pyroaring import BitMap
 
-__all__ = ["DeletionVectorError", "Descriptor", "positions", "write_vectors", "z85_decode", "z85_encode"]
+__all__ = ["DeletionVectorError", "Descriptor", "positions", "vector_file", "write_vectors", "z85_decode",
+           "z85_encode"]
 
 MAGIC = 1681511377
 _VERSION = 1
@@ -124,6 +125,11 @@ def _parsed(data: bytes, where: str) -> np.ndarray:
         parts.append(np.asarray(bitmap.to_array(), np.int64) + (high << 32))
         at += 4 + size
     return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+
+def vector_file(root: str, descriptor: Descriptor) -> str | None:
+    """The path of the file holding `descriptor`'s vector (None: it is inline)."""
+    return None if descriptor.storage_type == "i" else _file_of(root, descriptor)
 
 
 def _file_of(root: str, descriptor: Descriptor) -> str:

@@ -9,6 +9,8 @@ together even when the process dies between the two.
 from __future__ import annotations
 
 import json
+import os
+import time
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -22,9 +24,10 @@ from deltalake import (
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from connectors.delta.arrow_types import plain_type, widens
+from connectors.delta.log_replay import obsolete_vector_files
 from connectors.delta.merge_plan import DELETE_FLAG, inserted_rows, plan_merge
-from connectors.delta.small_commit import SmallCommits, Snapshot
-from connectors.delta.table_scan import scan
+from connectors.delta.small_commit import SmallCommits, Snapshot, local_root
+from connectors.delta.table_scan import may_hold_deletion_vectors, scan
 from vocabulary.errors import TerminalError, TransientError
 
 __all__ = ["DELETE_FLAG", "DeltaCommitConflict", "DeltaRsTable", "DeltaSchemaError", "DeltaWriteError"]
@@ -303,7 +306,13 @@ class DeltaRsTable:
         """Delete data files removed more than `retention_hours` ago (no floor: the caller checked the
         readers); returns how many were deleted."""
         table = self._existing("VACUUM")
-        return len(table.vacuum(retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False))
+        deleted = len(table.vacuum(retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False))
+        root = local_root(self.uri)
+        if root is not None and may_hold_deletion_vectors(table):
+            for path in obsolete_vector_files(root, table.version(), retention_hours, int(time.time() * 1000)):
+                os.remove(path)
+                deleted += 1
+        return deleted
 
     def _existing(self, what: str) -> DeltaTable:
         table = self._open()

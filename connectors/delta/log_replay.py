@@ -17,9 +17,9 @@ from urllib.parse import unquote
 
 import pyarrow.parquet as pq
 
-from connectors.delta.deletion_vectors import Descriptor
+from connectors.delta.deletion_vectors import Descriptor, vector_file
 
-__all__ = ["LogFile", "live_files"]
+__all__ = ["LogFile", "live_files", "obsolete_vector_files", "vectors_in_use"]
 
 
 @dataclass(frozen=True)
@@ -76,3 +76,48 @@ def live_files(root: str, version: int) -> dict[str, LogFile]:
                 file = _of(action["add"])
                 files[file.path] = file
     return files
+
+
+def vectors_in_use(root: str, version: int, since_ms: int) -> set[Descriptor]:
+    """The deletion vectors a reader of the table at `root` may still need: those of its live files at
+    `version`, and those of files removed at or after `since_ms` (a reader of an older version within the
+    retention needs them), as the last checkpoint's tombstones and every log entry still present list them."""
+    log = os.path.join(root, "_delta_log")
+    used = {file.deletion_vector for file in live_files(root, version).values() if file.deletion_vector}
+
+    def removed(action: dict | None) -> None:
+        if action and int(action.get("deletionTimestamp") or 0) >= since_ms:
+            descriptor = Descriptor.of(action.get("deletionVector"))
+            if descriptor is not None:
+                used.add(descriptor)
+
+    start, _ = _checkpoint(log, version)
+    if start >= 0:
+        for part in sorted(os.listdir(log)):
+            if part.startswith(f"{start:020d}.checkpoint.") and part.endswith(".parquet"):
+                names = pq.read_schema(os.path.join(log, part)).names
+                if "remove" in names:
+                    for action in pq.read_table(os.path.join(log, part), columns=["remove"]).column("remove").to_pylist():
+                        removed(action)
+    for name in sorted(os.listdir(log)):
+        if len(name) == 25 and name.endswith(".json") and name[:20].isdigit() and int(name[:20]) <= version:
+            with open(os.path.join(log, name)) as source:
+                for line in source:
+                    if line.strip():
+                        removed(json.loads(line).get("remove"))
+    return used
+
+
+def obsolete_vector_files(root: str, version: int, retention_hours: float, now_ms: int) -> list[str]:
+    """The deletion vector files in the table's root that no reader within `retention_hours` needs: none of
+    `vectors_in_use` is in them and they were written before the retention began (a file a commit still
+    under way wrote is younger). delta-rs's VACUUM leaves every such file in place."""
+    since_ms = now_ms - int(retention_hours * 3_600_000)
+    used = {vector_file(root, descriptor) for descriptor in vectors_in_use(root, version, since_ms)}
+    found = []
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        if name.startswith("deletion_vector_") and name.endswith(".bin") and path not in used:
+            if os.path.getmtime(path) * 1000 < since_ms:
+                found.append(path)
+    return sorted(found)

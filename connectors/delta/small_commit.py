@@ -80,7 +80,7 @@ _VARIANT = "variantType"
 _ENGINE = "cdc-lakehouse small commit"
 
 
-def _local_root(uri: str) -> str | None:
+def local_root(uri: str) -> str | None:
     parsed = urlparse(uri)
     if parsed.scheme in ("", "file"):
         return unquote(parsed.path) if parsed.scheme else uri
@@ -587,7 +587,7 @@ class SmallCommits:
     @classmethod
     def of(cls, uri: str) -> SmallCommits | None:
         """For a table on a local filesystem; None elsewhere (no create-if-absent for the log there)."""
-        root = _local_root(uri)
+        root = local_root(uri)
         return None if root is None else cls(root)
 
     def _log(self, version: int) -> str:

@@ -7,8 +7,10 @@ batch to the MERGE."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +24,7 @@ from connectors.delta import small_commit as small
 from connectors.delta.deletion_vectors import (
     Descriptor,
     positions,
+    vector_file,
     write_vectors,
     z85_decode,
     z85_encode,
@@ -199,3 +202,30 @@ def test_a_file_older_than_an_added_column_is_read_marking_rows(tmp_path: Path, 
     assert len(found) == 20
     assert found[("b", 5)] == ("B5", None) and found[("a", 3)] == ("A3", None) and found[("a", 2)] == ("w", 7)
     assert found[("b", 4)] == ("b4", None)
+
+
+def test_vacuum_deletes_the_vector_files_no_reader_needs(tmp_path: Path) -> None:
+    """delta-rs's VACUUM leaves vector files in place; the table's VACUUM deletes those neither a live file
+    nor a file removed within the retention names, once older than the retention."""
+    rng = random.Random(8)
+    path = tmp_path / "t"
+    _start(path, rng, VECTORS)
+    table = DeltaRsTable(str(path))
+    for batch_id in range(8):
+        table.merge(_batch(rng, 120), ("id",), APP, batch_id)
+    live = {vector_file(str(path), file.deletion_vector)
+            for file in log_replay.live_files(str(path), DeltaTable(str(path)).version()).values()
+            if file.deletion_vector is not None}
+    written = {str(p) for p in path.glob("deletion_vector_*.bin")}
+    assert live and written - live, "some vector was replaced by a later one"
+    rows = _rows(path)
+    table.vacuum(1)  # every vector file is younger than an hour
+    assert {str(p) for p in path.glob("deletion_vector_*.bin")} == written
+    two_hours_ago = time.time() - 7200
+    for name in written:
+        os.utime(name, (two_hours_ago, two_hours_ago))
+    table.vacuum(1)  # old files, but each replaced vector's file was removed within the hour: still needed
+    assert {str(p) for p in path.glob("deletion_vector_*.bin")} == written
+    table.vacuum(0)
+    assert {str(p) for p in path.glob("deletion_vector_*.bin")} == live
+    assert _rows(path) == rows
