@@ -37,7 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="worker counts to run, in order")
     parser.add_argument("--worker-memory", default="1g", help="memory of each worker (and its executor)")
     parser.add_argument("--max-offsets-per-trigger", type=int, default=25_000)
-    parser.add_argument("--bootstrap", help="use this broker instead of starting a LocalBroker")
+    parser.add_argument("--bootstrap", help="use this broker instead of starting Apache Kafka for the run")
     return parser.parse_args(argv)
 
 

@@ -50,7 +50,7 @@ from confluent_kafka.admin import AdminClient
 from deltalake import DeltaTable, write_deltalake
 from export_tables import SHAPES
 
-from connectors.kafka.local_broker import LocalBroker
+from connectors.kafka.apache_broker import ApacheKafkaBroker
 from service.config.exports import DEFAULT_MAX_ROWS_PER_TRIGGER
 from service.config.settings import SparkSettings, settings_from_mapping
 from service.delta_to_kafka.exports import export_pipeline
@@ -61,7 +61,6 @@ from service.runtime.planner_workers import stop_idle_planner_workers
 from service.runtime.spark_session import build_spark
 
 TABLE = "bench_export"
-BROKER_COMMAND = "noida-db"
 UPDATE_COMMITS = 3
 INSERT_SHARE = 0.4
 _RSS_SAMPLE_S = 0.5
@@ -84,7 +83,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="upsert: the export keeps every key's last image in state (a stateful flush)")
     parser.add_argument("--registry", help="a running Confluent-compatible registry for --format avro "
                                            "(default: Apicurio started for the run)")
-    parser.add_argument("--bootstrap", help="use this broker instead of starting a LocalBroker")
+    parser.add_argument("--bootstrap", help="use this broker instead of starting Apache Kafka for the run")
     parser.add_argument("--max-rows", type=int, default=DEFAULT_MAX_ROWS_PER_TRIGGER,
                         help="the export's max_rows_per_trigger (feed rows per micro-batch)")
     return parser.parse_args(argv)
@@ -92,12 +91,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 @contextmanager
 def broker(bootstrap: str | None, workdir: Path) -> Iterator[tuple[str, int | None]]:
-    """(bootstrap servers, broker pid or None): the given broker, or a LocalBroker for the run."""
+    """(bootstrap servers, broker pid or None): the given broker, or Apache Kafka started for the run."""
     if bootstrap:
         yield bootstrap, None
         return
-    with LocalBroker(workdir / "broker") as local:
-        yield local.bootstrap_servers, _child_named(os.getpid(), BROKER_COMMAND)
+    with ApacheKafkaBroker(workdir / "broker") as local:
+        yield local.bootstrap_servers, local.pid
 
 
 def _child_named(parent: int, command: str) -> int | None:
@@ -373,7 +372,7 @@ def report(plan: dict[str, int], build_s: float, run: dict[str, float], records:
             f"{name} {mib:,.0f}" for name, mib in sorted(sampler.peaks.items(), key=lambda item: -item[1]) if mib >= 1)),
     ]
     if sampler.broker_pid:  # a broker given with --bootstrap is not this run's to measure
-        figures.append(("broker peak RSS", f"{sampler.broker_peak:,.0f} MiB", "embedded noida-db"))
+        figures.append(("broker peak RSS", f"{sampler.broker_peak:,.0f} MiB", "Apache Kafka started for the run"))
     for name, figure, note in figures:
         print(f"{name:<20}{figure:>20}   {note}")
 

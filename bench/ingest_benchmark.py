@@ -31,7 +31,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from deltalake import DeltaTable
 
-from connectors.kafka.local_broker import LocalBroker
+from connectors.kafka.apache_broker import ApacheKafkaBroker
 from service.operations.workload import DebeziumWorkload, create_topics, produce
 
 TABLE = "bench_customers"
@@ -54,7 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--events", type=int, default=200_000, help="records to produce (about)")
     parser.add_argument("--keys", type=int, default=20_000, help="distinct primary keys")
     parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--bootstrap", help="use this broker instead of starting a LocalBroker")
+    parser.add_argument("--bootstrap", help="use this broker instead of starting Apache Kafka for the run")
     parser.add_argument("--schema", choices=["always", "never"], default="never",
                         help="envelopes with a JSON schema part?")
     parser.add_argument("--max-offsets-per-trigger", type=int, default=None)
@@ -63,11 +63,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 @contextmanager
 def broker(bootstrap: str | None, workdir: Path) -> Iterator[str]:
-    """The given bootstrap servers, or a LocalBroker started (and stopped) for the run."""
+    """The given bootstrap servers, or Apache Kafka started (and stopped) for the run."""
     if bootstrap:
         yield bootstrap
         return
-    with LocalBroker(workdir / "broker") as local:
+    with ApacheKafkaBroker(workdir / "broker") as local:
         yield local.bootstrap_servers
 
 
@@ -171,7 +171,7 @@ def consume_all(bootstrap: str, topic: str, partitions: int) -> tuple[int, float
 
 
 def delete_topic(bootstrap: str, topic: str) -> None:
-    """Delete the benchmark topic (noida-db keeps all data in memory)."""
+    """Delete the benchmark topic (its data need not outlive the run)."""
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 5})  # no notice about purged events
     for future in admin.delete_topics([topic], operation_timeout=30).values():
         future.result()

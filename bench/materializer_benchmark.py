@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-offsets-per-trigger", type=int, default=10_000,
                         help="records per micro-batch (steady state is measured over batches 2..N)")
     parser.add_argument("--state-keys", type=int, default=20_000, help="keys for the state-bytes figures")
-    parser.add_argument("--bootstrap", help="use this broker instead of starting a LocalBroker")
+    parser.add_argument("--bootstrap", help="use this broker instead of starting Apache Kafka for the run")
     parser.add_argument("--state-only", action="store_true", help="only the state-bytes figures (no Spark)")
     return parser.parse_args(argv)
 

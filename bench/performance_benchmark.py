@@ -57,7 +57,7 @@ from perf_freshness import Service, UpsertStream, phase, wait_drained, warm_up
 from perf_naive import SCHEMA, run_naive
 
 from connectors.delta.table_scan import scan
-from connectors.kafka.local_broker import LocalBroker
+from connectors.kafka.apache_broker import ApacheKafkaBroker
 from service.config.history import DELETED, END_AT, HISTORY_TABLE_SUFFIX
 from service.config.settings import DEFAULT_MAX_OFFSETS_PER_TRIGGER
 from service.operations.workload import DebeziumWorkload, create_topics, produce
@@ -447,7 +447,7 @@ def main(argv: list[str] | None = None) -> None:
     results: dict = {"load_start": load(), "args": vars(args)}
     main_sections = [s for s in ("consumer", "naive", "service", "materializer", "history") if s in args.sections]
     whole_sections = [s for s in ("consumer", "naive", "service") if "whole" in args.sections and args.whole_events]
-    with tempfile.TemporaryDirectory(prefix="cdc-perf-") as name, LocalBroker(Path(name) / "broker") as broker:
+    with tempfile.TemporaryDirectory(prefix="cdc-perf-") as name, ApacheKafkaBroker(Path(name) / "broker") as broker:
         tmp, bootstrap = Path(name), broker.bootstrap_servers
         if main_sections:
             results["main"] = topic_sections(args, bootstrap, tmp, args.events, main_sections)

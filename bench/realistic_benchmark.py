@@ -72,7 +72,8 @@ from performance_benchmark import (
 from realistic_naive import AvroPayloads, json_payload, run_naive_changes
 
 from connectors.delta.table_scan import scan
-from connectors.kafka.local_broker import LocalBroker, free_port
+from connectors.kafka.apache_broker import ApacheKafkaBroker
+from connectors.kafka.local_broker import free_port
 from connectors.schema_registry.client import SchemaRegistryClient
 from service.config.settings import DEFAULT_MAX_OFFSETS_PER_TRIGGER
 from service.operations.workload import DebeziumWorkload, Event, create_topics, produce
@@ -108,7 +109,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warm-up-events", type=int, default=1_000, help="freshness: the small first input")
     parser.add_argument("--drain-seconds", type=float, default=180, help="freshness: wait for the table at most")
     parser.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP"),
-                        help="a running broker (default $KAFKA_BOOTSTRAP; else an embedded LocalBroker)")
+                        help="a running broker (default $KAFKA_BOOTSTRAP; else Apache Kafka started for the run)")
     parser.add_argument("--registry", default=os.environ.get("SCHEMA_REGISTRY_URL"),
                         help="a running Confluent-compatible registry (default: Apicurio started here)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON (after each row and section)")
@@ -467,7 +468,7 @@ def main(argv: list[str] | None = None) -> None:
     topics: list[str] = []
     with tempfile.TemporaryDirectory(prefix="cdc-realistic-") as name, ExitStack() as stack:
         tmp = Path(name)
-        bootstrap = args.bootstrap or stack.enter_context(LocalBroker(tmp / "broker")).bootstrap_servers
+        bootstrap = args.bootstrap or stack.enter_context(ApacheKafkaBroker(tmp / "broker")).bootstrap_servers
         registry = args.registry
         if registry is None and any("avro" in r for r in capture_rows):
             from tests.support.registry.apicurio import ApicurioRegistry
