@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 import uuid
 from pathlib import Path
@@ -78,6 +79,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     stack = contextlib.ExitStack()
     directory = Path(tempfile.mkdtemp(prefix="cdc-test-broker-"))
+    stack.callback(shutil.rmtree, directory, ignore_errors=True)  # after the broker stops (the stack unwinds)
     os.environ["KAFKA_BOOTSTRAP"] = stack.enter_context(_broker(directory))
     os.environ["CDC_TEST_RUN_BROKER"] = "1"  # the broker is the run's own, not one the user chose
     config.stash[_RUN_BROKER] = stack
