@@ -1,4 +1,4 @@
-"""A small MERGE as one copy-on-write commit computed in Arrow: the fast path of `DeltaRsTable.merge`.
+"""A small MERGE as one commit computed in Arrow: the fast path of `DeltaRsTable.merge`.
 
 delta-rs's MERGE costs about 29 ms of CPU however few rows it touches (planning and running a
 DataFusion join, its writers, its commit); a database source commits each of its tables every
@@ -19,17 +19,24 @@ the log has no entry after its version (one `stat`); any other commit (another w
 the MERGE) makes it load again. The rows of the data files it wrote are kept too (`KEPT_ROWS_BYTES`
 in all), so the next batch does not read them back.
 
-The MERGE stays the reference: `tests/integration/connectors/delta/test_small_commit.py` holds the
-two equal (table, change feed, transactions) over generated batches, and reads a small commit back
-with delta-spark.
+On a table with deletion vectors enabled the commit is merge-on-read (docs/design/merge-on-read.md):
+only the key columns of the files a batch may touch are read, then the rows found; the changed rows
+are marked deleted in their files (a new deletion vector per touched file) instead of rewritten, and
+the new data file holds the batch's rows, plus the rest of any touched file most of whose rows are then
+gone. The files' existing vectors and statistics come from the log (`log_replay`).
+
+The MERGE stays the reference: `tests/integration/connectors/delta/test_small_commit.py` and
+`test_merge_on_read.py` hold the two equal (table, change feed, transactions) over generated batches,
+and read a small commit back with delta-spark.
 
 A batch fits when:
 - the table lives on a local filesystem (an object store has no create-if-absent here);
-- the table is unpartitioned, its protocol is reader 1 / writer <= 4 (or writer 7 with no feature
-  but `changeDataFeed`), it is not append-only, and has no constraints, invariants or generated
-  columns;
+- the table is unpartitioned, its protocol is reader 1 / writer <= 4, or reader 3 / writer 7 with no
+  features but the change feed, deletion vectors, appendOnly, invariants (and a variantType no column
+  uses), it is not append-only, and has no constraints, invariants or generated columns; on a table
+  with deletion vectors, the log lists the files delta-rs does;
 - the batch brings no new column, its values convert to the table's types, and no key twice;
-- the files it may touch hold at most `MAX_REWRITE_BYTES`.
+- the files it may touch hold at most `MAX_REWRITE_BYTES` (`MAX_READ_BYTES` marking rows).
 """
 
 from __future__ import annotations
@@ -38,9 +45,7 @@ import json
 import os
 import time
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass, field
-from threading import Lock
 from urllib.parse import unquote, urlparse
 
 import numpy as np
@@ -49,26 +54,31 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from connectors.delta.deletion_vectors import Descriptor, positions, write_vectors
+from connectors.delta.data_file_rows import (
+    FILE,
+    KEPT,
+    POSITION,
+    DataFile,
+    candidates,
+    matched_rows,
+    read_rows,
+    remaining_rows,
+)
+from connectors.delta.deletion_vectors import write_vectors
 from connectors.delta.log_replay import live_files
 from connectors.delta.merge_plan import DELETE_FLAG, KEEP_FLAG_PREFIX
 from connectors.delta.table_scan import may_hold_deletion_vectors
 
-__all__ = ["MAX_READ_BYTES", "MAX_REWRITE_BYTES", "SmallCommits", "Snapshot"]
+__all__ = ["MAX_READ_BYTES", "MAX_REWRITE_BYTES", "DataFile", "SmallCommits", "Snapshot", "local_root"]
 
 MAX_REWRITE_BYTES = 16 * 1024 * 1024
 """Above this many bytes of data files to rewrite, the commit's own cost no longer dominates: MERGE."""
 MAX_READ_BYTES = 256 * 1024 * 1024
 """Marking rows deleted (deletion vectors) rewrites nothing, but the files a batch may touch are still read
 whole (the stored rows of updated keys): above this many bytes of them, MERGE."""
-KEPT_ROWS_BYTES = 64 * 1024 * 1024
-"""The rows of data files this module wrote are kept for the next batch up to this much memory in all
-(the process's tables together), those written last first."""
 _CHANGE_TYPE = "_change_type"
 _ROW = "__small_commit_row"
 _CHANGE = "__small_commit_change"
-_FILE = "__file"
-_POSITION = "__position"
 _STATS_TYPES = (pa.types.is_integer, pa.types.is_date32, pa.types.is_string, pa.types.is_large_string)
 _STRING_STATS_CHARS = 32
 _WRITER_FEATURES = {"changeDataFeed", "deletionVectors", "appendOnly", "invariants"}
@@ -155,148 +165,20 @@ def _unique_keys(changes: pa.Table, primary_key: tuple[str, ...]) -> bool:
     return changes.group_by(list(primary_key)).aggregate([]).num_rows == changes.num_rows
 
 
-def _candidates(files: list[DataFile], changes: pa.Table, primary_key: tuple[str, ...]) -> list[DataFile]:
-    """The table's files whose key statistics do not rule out every key of the batch."""
-    bounds = {name: pc.min_max(changes.column(name)).as_py() for name in primary_key}
-
-    def may_hold(file: DataFile) -> bool:
-        for name, (low, high) in file.bounds.items():
-            wanted = bounds.get(name)
-            if wanted is None or wanted["min"] is None:
-                continue
-            try:
-                if high < wanted["min"] or low > wanted["max"]:
-                    return False
-            except TypeError:  # statistics this module cannot compare (e.g. zoned and plain times)
-                continue
-        return True
-
-    return [file for file in files if may_hold(file)]
 
 
-class _KeptRows:
-    """Rows of written data files by (table root, path), at most `KEPT_ROWS_BYTES` in all, least
-    recently used out first. A data file never changes, so an entry is never stale; one no table
-    lists any more ages out."""
-
-    def __init__(self) -> None:
-        self._rows: OrderedDict[tuple[str, str], pa.Table] = OrderedDict()
-        self._bytes = 0
-        self._lock = Lock()
-
-    def get(self, root: str, path: str) -> pa.Table | None:
-        with self._lock:
-            rows = self._rows.get((root, path))
-            if rows is not None:
-                self._rows.move_to_end((root, path))
-            return rows
-
-    def put(self, root: str, path: str, rows: pa.Table) -> None:
-        if rows.nbytes > KEPT_ROWS_BYTES:
-            return
-        with self._lock:
-            self._rows[(root, path)] = rows
-            self._bytes += rows.nbytes
-            while self._bytes > KEPT_ROWS_BYTES:
-                _, dropped = self._rows.popitem(last=False)
-                self._bytes -= dropped.nbytes
-
-    def drop(self, root: str, path: str) -> None:
-        with self._lock:
-            rows = self._rows.pop((root, path), None)
-            if rows is not None:
-                self._bytes -= rows.nbytes
 
 
-_KEPT = _KeptRows()
 
 
-def _read(root: str, files: list[DataFile], schema: pa.Schema) -> tuple[pa.Table, list[int]]:
-    """The live rows of `files` in the table's schema (kept ones from memory; those a file's deletion
-    vector marks left out), each with its file's index (`_FILE`) and its position in that file
-    (`_POSITION`); and each file's number of rows."""
-    parts, counts = [], []
-    for index, file in enumerate(files):
-        rows = _KEPT.get(root, file.path)
-        if rows is None:
-            rows = pq.read_table(os.path.join(root, unquote(file.path)), schema=schema)
-        counts.append(rows.num_rows)
-        rows = rows.append_column(_FILE, pa.array(np.full(rows.num_rows, index, np.int32)))
-        rows = rows.append_column(_POSITION, pa.array(np.arange(rows.num_rows, dtype=np.int64)))
-        if file.vector is not None:
-            live = np.ones(rows.num_rows, bool)
-            live[positions(root, file.vector)] = False
-            rows = rows.filter(pa.array(live))
-        parts.append(rows)
-    if not parts:
-        empty = schema.empty_table().append_column(_FILE, pa.array([], pa.int32()))
-        return empty.append_column(_POSITION, pa.array([], pa.int64())), counts
-    # One chunk: the takes below would otherwise join every column of the chunks for each take.
-    return pa.concat_tables(parts).combine_chunks(), counts
 
 
-def _hits(keys: pa.Table, changes: pa.Table, primary_key: tuple[str, ...]) -> np.ndarray:
-    """Whether each row of `keys` (a file's key columns) holds a key of the batch."""
-    if len(primary_key) == 1:
-        name = primary_key[0]
-        return pc.is_in(keys.column(name), value_set=changes.column(name)).to_numpy(zero_copy_only=False)
-    numbered = keys.append_column(_ROW, pa.array(np.arange(keys.num_rows)))
-    found = numbered.join(changes.select(list(primary_key)), keys=list(primary_key), join_type="inner")
-    hit = np.zeros(keys.num_rows, bool)
-    hit[found.column(_ROW).to_numpy()] = True
-    return hit
 
 
-def _conformed(rows: pa.Table, schema: pa.Schema) -> pa.Table:
-    """A data file's rows in the table's schema: a column added after the file was written is null."""
-    columns = [rows.column(f.name).cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
-               for f in schema]
-    return pa.Table.from_arrays(columns, schema=schema)
 
 
-def _file_rows(root: str, file: DataFile, schema: pa.Schema, wanted: np.ndarray) -> pa.Table:
-    """Rows `wanted` (sorted positions) of `file`, reading only the row groups that hold them."""
-    source = pq.ParquetFile(os.path.join(root, unquote(file.path)))
-    ends = np.cumsum([source.metadata.row_group(i).num_rows for i in range(source.metadata.num_row_groups)])
-    groups = np.unique(np.searchsorted(ends, wanted, side="right")).tolist()
-    starts = ends - [source.metadata.row_group(i).num_rows for i in range(len(ends))]
-    rows = _conformed(source.read_row_groups(groups), schema) if groups else schema.empty_table()
-    # Positions within the groups read: each group's rows follow the previous group's.
-    offset = np.zeros(len(ends), np.int64)
-    offset[groups] = np.cumsum([0] + [int(ends[g] - starts[g]) for g in groups[:-1]])
-    group_of = np.searchsorted(ends, wanted, side="right")
-    return rows.take(pa.array(wanted - starts[group_of] + offset[group_of]))
 
 
-def _matched(root: str, files: list[DataFile], schema: pa.Schema, changes: pa.Table,
-             primary_key: tuple[str, ...]) -> tuple[pa.Table, list[int], dict[int, np.ndarray]]:
-    """The live rows of `files` holding a key of the batch (with `_FILE` and `_POSITION` as `_read`'s),
-    each file's number of rows, and the positions its deletion vector marks. Only the key columns of a
-    file are read to find them, then the rows found (from memory where kept)."""
-    parts, counts, marked = [], [], {}
-    names = list(primary_key)
-    for index, file in enumerate(files):
-        rows = _KEPT.get(root, file.path)
-        if rows is not None:
-            keys = rows.select(names)
-        else:
-            keys = pq.read_table(os.path.join(root, unquote(file.path)), columns=names,
-                                 schema=pa.schema([schema.field(n) for n in names]))
-        counts.append(keys.num_rows)
-        hit = _hits(keys, changes, primary_key)
-        marked[index] = positions(root, file.vector)
-        hit[marked[index]] = False
-        wanted = np.flatnonzero(hit)
-        if not len(wanted):
-            continue
-        found = _conformed(rows.take(pa.array(wanted)), schema) if rows is not None else _file_rows(
-            root, file, schema, wanted)
-        found = found.append_column(_FILE, pa.array(np.full(len(wanted), index, np.int32)))
-        parts.append(found.append_column(_POSITION, pa.array(wanted)))
-    if not parts:
-        empty = schema.empty_table().append_column(_FILE, pa.array([], pa.int32()))
-        return empty.append_column(_POSITION, pa.array([], pa.int64())), counts, marked
-    return pa.concat_tables(parts).combine_chunks(), counts, marked
 
 
 def _column_stats(column: pa.ChunkedArray) -> tuple[object, object] | None:
@@ -372,15 +254,15 @@ class _Changed:
 
 def _changed_rows(stored: pa.Table, changes: pa.Table, data: list[str], kept: dict[str, str],
                   schema: pa.Schema, primary_key: tuple[str, ...], rewrite: bool) -> _Changed:
-    """The batch applied to the rows of the files it may touch (`_read`); with `rewrite`, the touched
+    """The batch applied to the rows of the files it may touch (`read_rows`); with `rewrite`, the touched
     files' rows the batch leaves alone go to the new data file too (copy-on-write)."""
     change_index, row_index = _matches(stored, changes, primary_key)
     deleted = pc.fill_null(changes.column(DELETE_FLAG), False).to_numpy(zero_copy_only=False).astype(bool)
     matched_deleted = deleted[change_index]
     upd_change, upd_row = change_index[~matched_deleted], row_index[~matched_deleted]
-    file_of = stored.column(_FILE).to_numpy()
+    file_of = stored.column(FILE).to_numpy()
     touched = np.unique(file_of[row_index])
-    plain = stored.drop_columns([_FILE, _POSITION])
+    plain = stored.drop_columns([FILE, POSITION])
 
     before = plain.take(upd_row)
     after_columns = []
@@ -416,7 +298,7 @@ def _changed_rows(stored: pa.Table, changes: pa.Table, data: list[str], kept: di
         others[row_index] = False
         parts.insert(0, plain.filter(pa.array(others)))
     gone_files = file_of[row_index]
-    gone_positions = stored.column(_POSITION).to_numpy()[row_index]
+    gone_positions = stored.column(POSITION).to_numpy()[row_index]
     gone = {int(index): np.sort(gone_positions[gone_files == index]) for index in touched.tolist()}
 
     def typed(rows: pa.Table, kind: str) -> pa.Table:
@@ -448,19 +330,6 @@ def _marked(earlier: dict[int, np.ndarray], counts: list[int], gone: dict[int, n
     return marked
 
 
-def _rest(root: str, files: list[DataFile], schema: pa.Schema, gone: dict[int, np.ndarray]) -> pa.Table:
-    """The rows of the files `gone` names that none of its positions marks: what stays of a file that is
-    rewritten instead of marked (most of its rows are gone), in the table's schema."""
-    parts = []
-    for index, positions_gone in gone.items():
-        file = files[index]
-        rows = _KEPT.get(root, file.path)
-        if rows is None:
-            rows = pq.read_table(os.path.join(root, unquote(file.path)))
-        live = np.ones(rows.num_rows, bool)
-        live[positions_gone] = False
-        parts.append(_conformed(rows.filter(pa.array(live)), schema))
-    return pa.concat_tables(parts)
 
 
 def _loose(stats: str | None) -> str | None:
@@ -501,18 +370,6 @@ def _create_if_absent(root: str, version: int, body: bytes) -> bool:
         os.unlink(temporary)
 
 
-@dataclass(frozen=True)
-class DataFile:
-    """One data file of the table: its log path, size, and (min, max) of the columns with statistics."""
-
-    path: str
-    size: int
-    bounds: dict[str, tuple[object, object]]
-    vector: Descriptor | None = None
-    """Its deletion vector."""
-    stats: str | None = None
-    """Its statistics as the log holds them (kept where a commit adds a deletion vector to it)."""
-    modified: int = 0
 
 
 def _data_files(actions: pa.Table) -> list[DataFile]:
@@ -622,14 +479,14 @@ class SmallCommits:
         typed = _typed_changes(changes, schema, data)
         if typed is None or not _unique_keys(typed, primary_key):
             return False
-        files = _candidates(snapshot.files, typed, primary_key)
+        files = candidates(snapshot.files, typed, primary_key)
         if sum(file.size for file in files) > (MAX_READ_BYTES if snapshot.merge_on_read else MAX_REWRITE_BYTES):
             return False
         try:
             if snapshot.merge_on_read:
-                stored, counts, earlier = _matched(self.root, files, schema, typed, primary_key)
+                stored, counts, earlier = matched_rows(self.root, files, schema, typed, primary_key)
             else:
-                stored, counts = _read(self.root, files, schema)
+                stored, counts = read_rows(self.root, files, schema)
         except (OSError, ValueError, pa.ArrowException):  # a file it cannot read here (a path outside the table...)
             self.snapshot = None
             return False
@@ -641,7 +498,7 @@ class SmallCommits:
             folded = {index: marked.pop(index) for index in list(marked) if (counts[index] - len(marked[index])) * 2
                       < counts[index]}
             if folded:
-                rewritten = pa.concat_tables([rewritten, _rest(self.root, files, schema, folded)])
+                rewritten = pa.concat_tables([rewritten, remaining_rows(self.root, files, schema, folded)])
         if any(not f.nullable and rewritten.column(f.name).null_count for f in schema):
             return False
         if feed.num_rows == 0:  # only deletes of absent keys: the MERGE commits an empty change
@@ -698,10 +555,10 @@ class SmallCommits:
         """The snapshot after this module's commit: files, kept rows, the transaction, the version."""
         files = [replaced.get(file.path, file) for file in snapshot.files if file.path not in removed]
         for path in removed:
-            _KEPT.drop(self.root, path)
+            KEPT.drop(self.root, path)
         if added is not None:
             files.append(added)
-            _KEPT.put(self.root, added.path, rows)
+            KEPT.put(self.root, added.path, rows)
         snapshot.files = files
         snapshot.transactions[app_id] = int(batch_id)
         snapshot.version += 1

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, QueryBuilder, write_deltalake
 
-from connectors.delta import log_replay
+from connectors.delta import data_file_rows, log_replay
 from connectors.delta import small_commit as small
 from connectors.delta.deletion_vectors import (
     Descriptor,
@@ -77,7 +77,7 @@ def _vectors(path: Path) -> list[dict]:
 @pytest.mark.parametrize("seed", SEEDS)
 def test_marked_rows_equal_the_merge(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     if seed % 2:
-        monkeypatch.setattr(small, "KEPT_ROWS_BYTES", 0)
+        monkeypatch.setattr(data_file_rows, "KEPT_ROWS_BYTES", 0)
     rng = random.Random(seed)
     fast, reference = tmp_path / "fast", tmp_path / "reference"
     _start(fast, random.Random(seed), VECTORS)
@@ -173,7 +173,7 @@ def test_rows_found_reading_only_their_row_groups(tmp_path: Path, seed: int) -> 
     rows = pa.table({"id": pa.array(np.arange(count), pa.int64()), "v": [f"v{i}" for i in range(count)]})
     pq.write_table(rows, tmp_path / "f.parquet", row_group_size=int(rng.integers(1, 60)))
     wanted = np.unique(rng.integers(0, count, int(rng.integers(1, count + 1))))
-    found = small._file_rows(str(tmp_path), small.DataFile("f.parquet", 0, {}), rows.schema, wanted)
+    found = data_file_rows.file_rows(str(tmp_path), data_file_rows.DataFile("f.parquet", 0, {}), rows.schema, wanted)
     assert found.equals(rows.take(pa.array(wanted))), f"seed {seed}"
 
 
@@ -184,7 +184,7 @@ def test_a_file_older_than_an_added_column_is_read_marking_rows(tmp_path: Path, 
     touches; the next small commit marks a row of the other file, written without that column by a small
     commit (its rows kept in memory, or read back)."""
     if not kept:
-        monkeypatch.setattr(small, "KEPT_ROWS_BYTES", 0)
+        monkeypatch.setattr(data_file_rows, "KEPT_ROWS_BYTES", 0)
     path = tmp_path / "t"
     write_deltalake(str(path), pa.table({"tenant": ["a"] * 10, "id": list(range(10)),
                                          "v": [f"a{i}" for i in range(10)]}), configuration=VECTORS)

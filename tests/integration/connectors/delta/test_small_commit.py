@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from connectors.delta import data_file_rows
 from connectors.delta import small_commit as small
 from connectors.delta.delta_rs import CDF_ENABLED, DeltaRsTable
 from connectors.delta.merge_plan import DELETE_FLAG, keep_flag
@@ -98,7 +99,7 @@ def _engines(table: DeltaTable) -> list[str]:
 @pytest.mark.parametrize("seed", SEEDS)
 def test_small_commits_equal_the_merge(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     if seed % 2:  # every file read back from storage, no rows kept in memory
-        monkeypatch.setattr(small, "KEPT_ROWS_BYTES", 0)
+        monkeypatch.setattr(data_file_rows, "KEPT_ROWS_BYTES", 0)
     rng = random.Random(seed)
     fast, reference = tmp_path / "fast", tmp_path / "reference"
     _start(fast, random.Random(seed))
