@@ -63,6 +63,16 @@ def _rows(path: Path) -> list[dict]:
                   .to_pylist(), key=lambda row: row["id"])
 
 
+def _marked_table(path: Path, seed: int, batches: int, universe: int) -> DeltaRsTable:
+    """A table with deletion vectors after `batches` generated batches of small commits."""
+    rng = random.Random(seed)
+    _start(path, rng, VECTORS)
+    table = DeltaRsTable(str(path))
+    for batch_id in range(batches):
+        table.merge(_batch(rng, universe), ("id",), APP, batch_id)
+    return table
+
+
 def _vectors(path: Path) -> list[dict]:
     """Every deletion vector any log entry names."""
     found = []
@@ -97,12 +107,8 @@ def test_marked_rows_equal_the_merge(tmp_path: Path, seed: int, monkeypatch: pyt
 
 
 def test_delta_spark_reads_marked_rows(tmp_path: Path, spark) -> None:  # noqa: ANN001 - the run's session
-    rng = random.Random(11)
     path = tmp_path / "t"
-    _start(path, rng, VECTORS)
-    table = DeltaRsTable(str(path))
-    for batch_id in range(5):
-        table.merge(_batch(rng, 100), ("id",), APP, batch_id)
+    _marked_table(path, 11, 5, 100)
     assert _vectors(path)
     spark_reads_as(spark, path, _rows)
 
@@ -207,12 +213,8 @@ def test_a_file_older_than_an_added_column_is_read_marking_rows(tmp_path: Path, 
 def test_vacuum_deletes_the_vector_files_no_reader_needs(tmp_path: Path) -> None:
     """delta-rs's VACUUM leaves vector files in place; the table's VACUUM deletes those neither a live file
     nor a file removed within the retention names, once older than the retention."""
-    rng = random.Random(8)
     path = tmp_path / "t"
-    _start(path, rng, VECTORS)
-    table = DeltaRsTable(str(path))
-    for batch_id in range(8):
-        table.merge(_batch(rng, 120), ("id",), APP, batch_id)
+    table = _marked_table(path, 8, 8, 120)
     live = {vector_file(str(path), file.deletion_vector)
             for file in log_replay.live_files(str(path), DeltaTable(str(path)).version()).values()
             if file.deletion_vector is not None}
