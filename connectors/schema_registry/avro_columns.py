@@ -69,6 +69,7 @@ iterator is never advanced a second time.
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import os
@@ -146,6 +147,9 @@ class SchemaColumns:
     table: pa.Table
     column_types: dict[str, str]
     is_envelope: bool
+    json_form: pa.Table | None = None
+    """With `decode(json_forms=True)`: the same rows as the reference decoder's document holds them (the
+    raw Avro values, bytes and fixed as base64 text), None where a column needs another conversion."""
 
 
 @dataclass(frozen=True)
@@ -345,6 +349,8 @@ class _Plan:
     is_envelope: bool
     column_types: dict[str, str]
     reference: AvroRecordCodec
+    forms: dict[str, Callable[[pa.Array], pa.Array | None]] = field(default_factory=dict)
+    """Per field, its raw column -> the document's JSON form (`json_form`)."""
 
     def refused(self, framed: Sequence[bytes], start: int, end: int) -> int | None:
         """The first of `framed[start:end]` the reference reader refuses, None if it reads them all."""
@@ -405,6 +411,52 @@ class _Plan:
         arrays = [convert(raw.column(name).combine_chunks()) for name, convert in self.fields]
         return pa.Table.from_arrays(arrays, names=[name for name, _ in self.fields])
 
+    def json_form(self, raw: pa.Table) -> pa.Table | None:
+        """The raw columns as the reference decoder's document holds them; None where one needs a
+        conversion other than bytes to base64 (then only its typed columns are there)."""
+        arrays = []
+        for name, _ in self.fields:
+            form = self.forms.get(name)
+            array = None if form is None else form(raw.column(name).combine_chunks())
+            if array is None:
+                return None
+            arrays.append(array)
+        return pa.Table.from_arrays(arrays, names=[name for name, _ in self.fields])
+
+
+def _json_form(avro: Any, named: dict[str, Any]) -> Callable[[pa.Array], pa.Array | None] | None:
+    """How a raw column of Avro type `avro` becomes its JSON form: as it is (what `avro_values.reader` leaves
+    alone), bytes and fixed as base64 text; None for any other conversion (timestamps rescaled, bytes
+    inside records or arrays, unions of several types)."""
+    reader = values.reader(avro, named)
+    if reader is None:
+        return _plain
+    base = non_null(avro, named)
+    if base_type(resolve(base, named)) in BINARY_TYPES:
+        return _base64_texts
+    return None
+
+
+def _record_form(record: dict, named: dict[str, Any]) -> Callable[[pa.Array], pa.Array | None] | None:
+    forms = [(item["name"], _json_form(item["type"], named)) for item in record["fields"]]
+    if any(form is None for _, form in forms):
+        return None
+
+    def convert(raw: pa.Array) -> pa.Array | None:
+        children = [form(child) for (_, form), child in zip(forms, raw.flatten())]  # type: ignore[misc]
+        if any(child is None for child in children):
+            return None
+        mask = raw.is_null() if raw.null_count else None
+        return pa.StructArray.from_arrays(children, names=[name for name, _ in forms], mask=mask)
+
+    return convert
+
+
+def _base64_texts(raw: pa.Array) -> pa.Array:
+    raw = _plain(raw)
+    return pa.array([None if value is None else base64.b64encode(value).decode("ascii") for value in raw.to_pylist()],
+                    pa.string())
+
 
 def _image_converter(record: dict, named: dict[str, Any], types: dict[str, str]) -> Callable[[pa.Array], pa.Array]:
     columns = [_Column(item["name"], types[item["name"]], item["type"], named) for item in record["fields"]]
@@ -425,6 +477,7 @@ def _plan(codec: AvroRecordCodec) -> _Plan:
     named: dict[str, Any] = {}
     parsed: Any = fastavro.parse_schema(codec.definition, named)
     fields: list[tuple[str, Callable[[pa.Array], pa.Array]]] = []
+    forms: dict[str, Any] = {}
     images: list[str] = []
     checked: list[str] = []  # every field the reader decodes (the rest it skips, unchecked)
     for item in parsed["fields"]:
@@ -441,7 +494,9 @@ def _plan(codec: AvroRecordCodec) -> _Plan:
         if isinstance(image, dict) and image.get("type") == "record":
             images.append(image["name"])
             fields.append((name, _image_converter(image, named, codec.column_types)))
+            forms[name] = _record_form(image, named)
         else:
+            forms[name] = _json_form(item["type"], named)
             type_name = codec.column_types[name] if not codec.is_envelope else column_type(item["type"], named)
             fields.append((name, _Column(name, type_name, item["type"], named).typed))
     if len(set(images)) > 1:
@@ -461,7 +516,8 @@ def _plan(codec: AvroRecordCodec) -> _Plan:
     header = CONTAINER_MAGIC + _zigzag(len(metadata))
     header += b"".join(_avro_bytes(key.encode()) + _avro_bytes(value) for key, value in metadata.items())
     header += b"\x00" + sync
-    return _Plan(header, sync, [*checked, SENTINEL_FIELD], fields, codec.is_envelope, codec.column_types, codec)
+    return _Plan(header, sync, [*checked, SENTINEL_FIELD], fields, codec.is_envelope, codec.column_types, codec,
+                 {name: form for name, form in forms.items() if form is not None})
 
 
 _SKIP_EXCEPTIONS = (KeyboardInterrupt, SystemExit, GeneratorExit)
@@ -495,8 +551,9 @@ class BulkAvroDecoder:
         self._plans[schema_id] = plan
         return plan
 
-    def decode(self, framed: Sequence[bytes | None]) -> BulkDecoded:
-        """Groups, fallback positions and tombstone positions of `framed` (see the module docstring)."""
+    def decode(self, framed: Sequence[bytes | None], json_forms: bool = False) -> BulkDecoded:
+        """Groups, fallback positions and tombstone positions of `framed` (see the module docstring);
+        `json_forms`: each group also holds its rows in the document's JSON form (`SchemaColumns.json_form`)."""
         result = BulkDecoded()
         headers = [None if value is None else value[:HEADER_SIZE] for value in framed]
         by_header: dict[bytes | None, list[int]] = {}
@@ -519,15 +576,18 @@ class BulkAvroDecoder:
                 continue
             group: list[Any] = list(framed) if len(by_header) == 1 else [framed[p] for p in positions]
             good, bad = _read_all(plan, group)  # no None in a group: the header is not None
+            raw = pa.Table.from_batches([batch for _, batch in good]) if good else None
             try:
-                table = plan.typed(pa.Table.from_batches([batch for _, batch in good])) if good else None
+                table = plan.typed(raw) if raw is not None else None
             except _Unfit:
                 result.fallback.extend(positions)
                 continue
             result.fallback.extend(positions[index] for index in bad)
-            if table is not None:
+            if table is not None and raw is not None:
                 kept = positions if not bad else [positions[index] for indices, _ in good for index in indices.tolist()]
-                result.groups[schema_id] = SchemaColumns(schema_id, kept, table, plan.column_types, plan.is_envelope)
+                form = plan.json_form(raw) if json_forms else None
+                result.groups[schema_id] = SchemaColumns(schema_id, kept, table, plan.column_types, plan.is_envelope,
+                                                         form)
         result.tombstones.sort()
         result.fallback.sort()
         return result

@@ -146,12 +146,12 @@ class IngestPipeline(TableQuery):
     def _decoded_source(self, config: StageConfig | None) -> DataFrame:
         """The changes decoded where read: packed per key bucket when the bucket stage reads them
         directly, else one row per change through the stateful FROM_CHANGELOG stage (if any)."""
-        decoded = DecodedRanges(self.pipeline, self.event_times)
         name = changes_source_name(self.pipeline.name)
         if config is not None and self.shape.packed_buckets:
-            packed = PackedBuckets(decoded, config.key_buckets)
+            packed = PackedBuckets(DecodedRanges(self.pipeline, self.event_times, bulk=True), config.key_buckets)
             self.spark.dataSource.register(changes_source(self.pipeline.name, packed, PACKED_SPARK_SCHEMA))
             return self._source(name, watermarked=True)
+        decoded = DecodedRanges(self.pipeline, self.event_times)
         self.spark.dataSource.register(changes_source(self.pipeline.name, decoded, STREAM_SPARK_SCHEMA))
         stream = self._source(name, watermarked=True)
         if not self.shape.changelog_stage:

@@ -1,7 +1,8 @@
 """One workload, two wire formats: Debezium JSON (with its Connect schema block) into one topic and
 Confluent-framed Avro (schemas in a Schema Registry) into another; `cdc-lakehouse run --until-idle`
 with a `format: json` and a `format: avro-confluent` pipeline gives two identical Delta tables,
-both equal to the workload's replay.
+both equal to the workload's replay; a third pipeline reads the Avro topic through the materializer
+(`upsert_materialize: force`, whose decode stage decodes Avro in bulk) into a third identical table.
 
 Registry: Apicurio Registry's ccompat API (`apicurio_registry_url`), a real Confluent-compatible
 server: the producer side registers, the service's executors fetch the schemas by id."""
@@ -42,6 +43,9 @@ def test_json_and_avro_of_one_workload_give_identical_tables(kafka_bootstrap, ap
         {"name": "p_json", "topics": [workload.topic], "format": "json", "table": "t_json", "primary_key": ["id"]},
         {"name": "p_avro", "topics": [avro_topic], "format": "avro-confluent",
          "schema_registry": {"url": apicurio_registry_url}, "table": "t_avro", "primary_key": ["id"]},
+        {"name": "p_avro_materialized", "topics": [avro_topic], "format": "avro-confluent",
+         "schema_registry": {"url": apicurio_registry_url}, "table": "t_avro_materialized", "primary_key": ["id"],
+         "upsert_materialize": "force"},
     ]
     result = run_cli(write_config(workdir / "config.yaml", kafka_bootstrap, workdir, pipelines), "--until-idle")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -50,4 +54,6 @@ def test_json_and_avro_of_one_workload_give_identical_tables(kafka_bootstrap, ap
     avro_schema, avro_rows = _table(workdir, "t_avro")
     assert avro_schema == json_schema, f"{avro_schema} != {json_schema}"
     assert json_schema.names == ["id", "name", "email", "balance", "active", "updated_at"]
-    assert avro_rows == json_rows == workload.expected_rows()
+    materialized_schema, materialized_rows = _table(workdir, "t_avro_materialized")
+    assert materialized_schema == json_schema, f"{materialized_schema} != {json_schema}"
+    assert avro_rows == json_rows == materialized_rows == workload.expected_rows()

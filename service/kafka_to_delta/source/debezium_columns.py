@@ -78,6 +78,7 @@ from service.kafka_to_delta.formats.debezium_json import (
     UNAVAILABLE_VALUE,
     JsonDocuments,
 )
+from service.kafka_to_delta.formats.row_text import row_texts, unchanged_texts
 from service.kafka_to_delta.materialize.last_change import last_rows
 from service.kafka_to_delta.source.wrapper_layouts import BARE, ODD, Layout, Layouts
 from vocabulary.changes import ChangeKind
@@ -87,6 +88,9 @@ _META = ("__vec_key", "__vec_retract", "__vec_group", "__vec_image", "__vec_topi
 _KEY, _RETRACT, _GROUP, _IMAGE, _TOPIC, _PARTITION, _OFFSET, _CHANGE_INDEX, _TIMESTAMP, _UNCHANGED = _META
 GROUP_COLUMN, KEY_COLUMN = _GROUP, _KEY
 """The net rows' schema version (a `Layouts` index, or `wrapper_layouts.BARE`)."""
+TEXT_COLUMNS = ("__vec_row_text", "__vec_kind", "__vec_unchanged_text")
+ROW_TEXT, KIND, UNCHANGED_TEXT = TEXT_COLUMNS
+"""The columns `RangeColumns.with_texts` adds to each changelog row."""
 _FLAG = "__vec_kept__"
 """Prefix of the per-column flag of a value left unchanged (the placeholder)."""
 _RECORD = "__record"
@@ -123,6 +127,8 @@ class _Side:
     image: bool = True
     nulls_unchanged: bool = False
     """Its nulls are unchanged markers (`ignore_null_updates`, an update's image)."""
+    kind: str = ""
+    """The change kind of its rows (`ChangeKind`'s text)."""
 
 
 @dataclass(frozen=True)
@@ -142,7 +148,7 @@ def vector_plan(decoder: ChangelogBatchDecoder, primary_key: tuple[str, ...]) ->
     if isinstance(decoder.decode_value, JsonDocuments):
         if decoder.decode_value.layout.passthrough:
             return None
-    elif not _is_avro(decoder.decode_value):
+    elif not is_avro(decoder.decode_value):
         return None
     if (settings.op is None or settings.before is None or settings.after is None or settings.before == settings.after
             or settings.stateful or settings.order_by is not None or settings.sequence_by or settings.passthrough
@@ -157,12 +163,15 @@ def vector_plan(decoder: ChangelogBatchDecoder, primary_key: tuple[str, ...]) ->
             return None
         nulls = stage.ignore_null_updates and grouping not in (Grouping.INSERT, Grouping.DELETE)
         if grouping in _RETRACTING:
-            codes[code] = (_Side(retract=True, image=grouping is Grouping.UPDATE_BEFORE, nulls_unchanged=nulls), None)
+            kind = ChangeKind.UPDATE_BEFORE if grouping is Grouping.UPDATE_BEFORE else ChangeKind.DELETE
+            codes[code] = (_Side(retract=True, image=grouping is Grouping.UPDATE_BEFORE, nulls_unchanged=nulls,
+                                 kind=kind.value), None)
         elif grouping is Grouping.UPDATE:
-            codes[code] = (_Side(retract=True, optional=True, nulls_unchanged=nulls),
-                           _Side(retract=False, nulls_unchanged=nulls))
+            codes[code] = (_Side(retract=True, optional=True, nulls_unchanged=nulls, kind=ChangeKind.UPDATE_BEFORE.value),
+                           _Side(retract=False, nulls_unchanged=nulls, kind=ChangeKind.UPDATE_AFTER.value))
         else:
-            codes[code] = (None, _Side(retract=False, nulls_unchanged=nulls))
+            kind = ChangeKind.INSERT if grouping is Grouping.INSERT else ChangeKind.UPDATE_AFTER
+            codes[code] = (None, _Side(retract=False, nulls_unchanged=nulls, kind=kind.value))
     return VectorPlan(settings.op, settings.before, settings.after, codes, tuple(primary_key))
 
 
@@ -200,6 +209,10 @@ class RangeColumns:
     held: dict[str, pa.Table] = field(default_factory=dict)
     """Per column a placeholder stood for: the key's latest image value of the range holding it,
     null where a delete came after it (`_track_placeholders`), once `_held_pending` is folded in."""
+    with_texts: bool = False
+    """Whether each changelog row also carries its image as the text the record-by-record way writes
+    (`ROW_TEXT`, from the values in the reference document's form), its change kind (`KIND`) and its
+    unchanged columns (`UNCHANGED_TEXT`): the decode stage's rows (`changelog_columns`)."""
     _pending: list[pa.Table] = field(default_factory=list)
     """Changelog rows of chunks added since the last `reduced`."""
     _held_pending: dict[str, list[pa.Table]] = field(default_factory=dict)
@@ -216,13 +229,25 @@ class RangeColumns:
 
     def add(self, chunk: ValueChunk) -> None:
         """Decode and fold in one chunk of the range's records; raises `NotVectorisable`."""
+        rows = self.changelog_rows(chunk)
+        if rows is None:
+            return
+        self.changes += rows.num_rows
+        self._track_placeholders(rows)
+        self._pending.append(rows)
+        if _due(self._pending, self.net):
+            self.reduced()
+
+    def changelog_rows(self, chunk: ValueChunk) -> pa.Table | None:
+        """The changelog rows of one chunk's records decoded here, in source order, with their source
+        columns (None: none); the odd records' offsets go to `odd`. Raises `NotVectorisable`."""
         assert self.layouts is not None
         self.topic, self.partition = chunk.topic, chunk.partition
         parts, odd = self._avro_parts(chunk) if self.avro is not None else self._json_parts(chunk)
         offsets = pa.array(chunk.offsets, pa.int64())
         self.odd.extend(offsets.take(pa.array(odd, pa.int64())).to_pylist())
         if not parts:
-            return
+            return None
         try:
             rows = pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
@@ -235,12 +260,7 @@ class RangeColumns:
                                   if chunk.partitions is None else pa.array(chunk.partitions, pa.int32()).take(source))
         rows = rows.append_column(_OFFSET, offsets.take(source))
         rows = rows.append_column(_TIMESTAMP, pa.array(chunk.timestamps, pa.int64()).take(source))
-        rows = self._conformed(rows)
-        self.changes += rows.num_rows
-        self._track_placeholders(rows)
-        self._pending.append(rows)
-        if _due(self._pending, self.net):
-            self.reduced()
+        return self._conformed(rows)
 
     def reduced(self) -> pa.Table | None:
         """The last change per key of every chunk added so far (`net`): the chunks waiting are folded in.
@@ -278,7 +298,7 @@ class RangeColumns:
     def _avro_parts(self, chunk: ValueChunk) -> tuple[list[pa.Table], np.ndarray]:
         """The same for Confluent-framed Avro values, decoded per schema id by `avro_columns`."""
         assert self.avro is not None and self.layouts is not None
-        decoded = self.avro.decode(chunk.values)
+        decoded = self.avro.decode(chunk.values, json_forms=self.with_texts)
         odd = list(decoded.fallback)
         parts = []
         for schema_id, columns in decoded.groups.items():
@@ -292,7 +312,12 @@ class RangeColumns:
                 self.typed_groups.add(group)
             if {self.plan.op, self.plan.before, self.plan.after} - set(columns.table.column_names):
                 raise NotVectorisable("Avro envelopes without the configured op and image fields")
-            rows, kept = self._changelog(columns.table, group)
+            table = columns.table
+            if self.with_texts:
+                if columns.json_form is None:
+                    raise NotVectorisable("Avro columns whose document form needs a conversion")
+                table = columns.json_form
+            rows, kept = self._changelog(table, group)
             indices = np.asarray(columns.indices, np.int64)
             odd.extend(indices[~kept].tolist())
             if rows.num_rows:
@@ -480,13 +505,17 @@ class RangeColumns:
             index = np.flatnonzero(emits)
             if not len(index):
                 continue
-            retract, is_image = self._flags(op.take(pa.array(index)), position)
+            codes = op.take(pa.array(index))
+            retract, is_image = self._flags(codes, position)
             change_index = (pa.array(emitted_before[index].astype(np.int32)) if position == 1 and emitted_before
                             is not None else pa.array(np.zeros(len(index), np.int32)))
-            tables.append(rows.take(pa.array(index)).append_column(_RETRACT, retract).append_column(_IMAGE, is_image)
-                          .append_column(_GROUP, pa.array(np.full(len(index), group, np.int32)))
-                          .append_column(_CHANGE_INDEX, change_index)
-                          .append_column(_RECORD, pa.array(index)))
+            taken = (rows.take(pa.array(index)).append_column(_RETRACT, retract).append_column(_IMAGE, is_image)
+                     .append_column(_GROUP, pa.array(np.full(len(index), group, np.int32)))
+                     .append_column(_CHANGE_INDEX, change_index)
+                     .append_column(_RECORD, pa.array(index)))
+            if self.with_texts:
+                taken = taken.append_column(KIND, self._kinds(codes, position))
+            tables.append(taken)
         if not tables:
             return self._empty(), keep
         try:
@@ -499,12 +528,15 @@ class RangeColumns:
         text), a `_FLAG` column per column holding the unavailable-value placeholder (its value
         null) or, in the images at `nulls` (`ignore_null_updates`), a null outside the primary key;
         the images holding a value only the record-by-record way can judge: one their declared
-        type does not take (`bulk_values`))."""
+        type does not take (`bulk_values`)). With `with_texts`, the rows are the key text and the texts
+        alone: they stand for the values."""
         layout = self._layout(group) if group != BARE else None
         misfits = np.zeros(len(image), np.bool_)
         arrays, names, flags = [], [], []
+        raw: list[tuple[pa.Array, np.ndarray]] = []  # each column as parsed, with the rows leaving it out
         for child, column in zip(image.type, image.flatten()):
             kept = np.zeros(len(image), np.bool_)
+            raw.append((column, kept))
             if pa.types.is_string(column.type):
                 kept = _mask(pc.equal(column, UNAVAILABLE_VALUE))
                 if kept.any():
@@ -517,6 +549,9 @@ class RangeColumns:
                 kept |= absent
             if kept.any():
                 flags.append((_FLAG + child.name, kept))
+                raw[-1] = (raw[-1][0], kept)
+            if self.with_texts and group in self.typed_groups:
+                continue  # typed values, written as the text (`row_texts`): nothing to judge
             if layout is not None and child.name in layout.nested:
                 column, misfit = json_text(column, fixed_key_order=True)
                 misfits |= misfit
@@ -530,12 +565,25 @@ class RangeColumns:
                 misfits |= misfit
             arrays.append(column)
             names.append(child.name)
+        if self.with_texts:
+            columns = [f.name for f in image.type]
+            texts = row_texts(len(image), columns, [column for column, _ in raw], [kept for _, kept in raw])
+            if texts is None:
+                raise NotVectorisable("a row column of a type the changelog text does not take")
+            omitted = unchanged_texts(len(image), columns, [kept for _, kept in raw])
+            return pa.table({_KEY: self._key_text(image), ROW_TEXT: texts, UNCHANGED_TEXT: omitted}), misfits
         arrays.append(self._key_text(image))
         names.append(_KEY)
         for name, kept in flags:
             arrays.append(pa.array(kept))
             names.append(name)
         return pa.Table.from_arrays(arrays, names=names), misfits
+
+    def _kinds(self, codes: pa.Array, position: int) -> pa.Array:
+        """The change kind of each row emitted from side `position` for its op code."""
+        sides = [(code, pair[position]) for code, pair in self.plan.codes.items() if pair[position] is not None]
+        kinds = pa.array([side.kind for _, side in sides if side is not None], pa.string())
+        return kinds.take(pc.index_in(codes, value_set=pa.array([code for code, _ in sides], pa.string())))
 
     def _flags(self, codes: pa.Array, position: int) -> tuple[pa.Array, pa.Array]:
         """(retraction?, image?) of each row emitted from side `position` for its op code."""
@@ -580,7 +628,8 @@ class RangeColumns:
 
     def _conformed(self, rows: pa.Table) -> pa.Table:
         """Rows with the range's row columns in order of first appearance, flags after them."""
-        self.order.update(dict.fromkeys(n for n in rows.column_names if n not in _META and not n.startswith(_FLAG)))
+        self.order.update(dict.fromkeys(n for n in rows.column_names
+                                        if n not in _META and n not in TEXT_COLUMNS and not n.startswith(_FLAG)))
         names = [n for n in self.order if n in rows.column_names]
         return rows.select(names + [n for n in rows.column_names if n not in self.order])
 
@@ -751,7 +800,7 @@ def _has_list(data_type: pa.DataType) -> bool:
     return pa.types.is_struct(data_type) and any(_has_list(f.type) for f in data_type)
 
 
-def _is_avro(decode_value: Any) -> bool:
+def is_avro(decode_value: Any) -> bool:
     """Whether a value decoder is the Confluent Avro one (imported only where Avro is in use)."""
     return type(decode_value).__name__ == "ConfluentAvroDecoder"
 

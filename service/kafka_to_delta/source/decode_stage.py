@@ -20,6 +20,7 @@ from service.kafka_to_delta.changelog.changelog_batch import ChangelogBatchDecod
 from service.kafka_to_delta.formats.debezium_json import DocumentDecoder
 from service.kafka_to_delta.rows.arrow import STREAM_SCHEMA
 from service.kafka_to_delta.rows.names import Column
+from service.kafka_to_delta.source.changelog_columns import BulkChangelog
 from service.kafka_to_delta.source.event_time_progress import EventTimeMaxima, PartitionWatermark
 from vocabulary.errors import ConfigError
 
@@ -59,15 +60,16 @@ class _Decode:
     """The `mapInArrow` function (a picklable callable): changelog rows plus each row's watermark
     candidate; the largest event time per partition goes to `maxima`."""
 
-    def __init__(self, decoder: ChangelogBatchDecoder, scope_by_topic: bool, maxima: EventTimeMaxima | None) -> None:
+    def __init__(self, decoder: BulkChangelog, scope_by_topic: bool, maxima: EventTimeMaxima | None) -> None:
         self.decoder = decoder
         self.scope_by_topic = scope_by_topic
         self.maxima = maxima
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         watermark = PartitionWatermark()
+        decode = self.decoder.range_decoder()
         for batch in batches:
-            decoded = self.decoder(batch)
+            decoded = decode(batch)
             if self.scope_by_topic:
                 decoded = _topic_scoped(decoded)
             candidates = watermark.candidates(batch, decoded)
@@ -79,10 +81,15 @@ class _Decode:
 class DecodedRanges:
     """What a Kafka range becomes where it is read on the stateful paths (`changes_source` with
     `STREAM_SPARK_SCHEMA`): its changelog rows and watermark candidates, decoded in the reading task,
-    so the raw records never cross to the JVM and back to a second Python stage. Picklable."""
+    so the raw records never cross to the JVM and back to a second Python stage. Picklable.
 
-    def __init__(self, pipeline: PipelineSettings, maxima: EventTimeMaxima | None) -> None:
-        self.decode = _Decode(batch_decoder(pipeline), len(pipeline.topics) > 1, maxima)
+    `bulk`: the rows go to the bucket stage, which reads `STAGE_FIELDS` only: Avro values are decoded in
+    bulk where they can be (`changelog_columns`, `snapshot` left null); otherwise record by record."""
+
+    def __init__(self, pipeline: PipelineSettings, maxima: EventTimeMaxima | None, bulk: bool = False) -> None:
+        decoder = batch_decoder(pipeline)
+        ranges = BulkChangelog(decoder, tuple(pipeline.primary_key) if bulk else None)
+        self.decode = _Decode(ranges, len(pipeline.topics) > 1, maxima)
 
     def __call__(self, read: Callable[[], Iterable[pa.RecordBatch]], read_values: object = None) -> Iterator[pa.RecordBatch]:
         """The range's changelog batches (`read` yields its record batches)."""

@@ -36,11 +36,9 @@ def _with_key(schema: dict) -> dict:
     return schema
 
 
-@settings(max_examples=60, derandomize=True, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                 HealthCheck.function_scoped_fixture])
-@given(data=st.data())
-def test_avro_ranges_decode_in_bulk_as_record_by_record(client, data) -> None:  # noqa: F811
+def avro_range(client, data) -> list[tuple[bytes | None, bytes | None]]:  # noqa: F811
+    """A drawn range: (Kafka key, Confluent-framed value) pairs of inserts, updates and deletes of a few keys
+    under two schema ids (the second adds a column), tombstones after deletes, and one damaged record."""
     first, columns = data.draw(debezium_schemas("db.public.a"), label="schema")
     first = _with_key(first)
     second = copy.deepcopy(first)  # the next version: a column added by DDL
@@ -77,7 +75,15 @@ def test_avro_ranges_decode_in_bulk_as_record_by_record(client, data) -> None:  
         at = data.draw(st.integers(5, len(value) - 1), label="at")
         byte = data.draw(st.sampled_from([0x03, 0x04, 0x06, 0x80, 0xFF]) | st.integers(0, 255), label="byte")
         pairs[position] = (key_bytes, value[:at] + bytes([byte]) + value[at + 1:])
+    return pairs
 
+
+@settings(max_examples=60, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                 HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_avro_ranges_decode_in_bulk_as_record_by_record(client, data) -> None:  # noqa: F811
+    pairs = avro_range(client, data)
     ignore_nulls = data.draw(st.booleans(), label="ignore_null_updates")  # nulls of updates as unchanged markers
 
     def decoder() -> ChangelogBatchDecoder:

@@ -1,0 +1,137 @@
+"""The bucket stage's changes decoded in bulk: a Kafka range's Confluent Avro record batches -> the changelog
+rows `ChangelogBatchDecoder` gives for them, without a Python object per record where it can.
+
+The materializer's bucket stage takes every change of a range, not its net rows, so its decode stage cannot
+use the plain path's reduction, and it decoded record by record: on Avro about 40 us a record (fastavro, the
+document's JSON forms, FROM_CHANGELOG, the row's text, the fit check) against about 3 us for the bulk Avro
+reader. Here each batch goes through the plain path's vectorised decode (`debezium_columns.RangeColumns`
+with `with_texts`) up to its changelog rows: the bulk reader's columns in the reference document's form (the
+raw Avro values, bytes as base64: `avro_columns.SchemaColumns.json_form`) give each image's text exactly as
+the record-by-record way writes it (`formats.row_text`), and the rows are laid out as `CHANGELOG_SCHEMA`. The
+records that decode does not vouch for (`RangeColumns.odd`: frames, schema ids or bodies the bulk reader
+refuses, unknown op codes, truncates and messages, missing images or keys, values their column type does
+not take...) are decoded record by record, alone, and put in their place by (offset, change index). A batch
+holding something the bulk way cannot take at all (`NotVectorisable`: a schema whose document form needs
+another conversion, an image column of a type the text does not take) and every later batch of its range
+go record by record.
+
+JSON values are decoded record by record here: measured on a real capture, the bulk way with texts was no
+faster than orjson record by record (docs/design/materializer-state.md, "Avro's decode stage in bulk").
+Settings that are not the plain path's (`vector_plan`) go record by record as well.
+
+The rows hold what the bucket stage reads (`STAGE_FIELDS`) exactly as the record-by-record way gives them;
+of the others, `snapshot` is left null (the bucket stage does not read it). An image's columns are written
+in its schema's field order, the order the Avro record holds them in.
+`tests/unit/service/kafka_to_delta/source/test_changelog_columns.py` holds the two ways equal.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from connectors.kafka.range_reader import ValueChunk
+from service.kafka_to_delta.changelog.changelog_batch import ChangelogBatchDecoder
+from service.kafka_to_delta.formats.debezium_json import compact_json
+from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
+from service.kafka_to_delta.rows.names import Column, KafkaColumn
+from service.kafka_to_delta.source.debezium_columns import (
+    GROUP_COLUMN,
+    KEY_COLUMN,
+    KIND,
+    ROW_TEXT,
+    UNCHANGED_TEXT,
+    NotVectorisable,
+    RangeColumns,
+    VectorPlan,
+    is_avro,
+    vector_plan,
+)
+from service.kafka_to_delta.source.wrapper_layouts import BARE
+
+_SOURCE = {Column.TOPIC: "__vec_topic", Column.PARTITION: "__vec_partition", Column.OFFSET: "__vec_offset",
+           Column.CHANGE_INDEX: "__vec_change_index", Column.TIMESTAMP: "__vec_timestamp"}
+_FROM_TEXTS = {Column.KIND: KIND, Column.KEY: KEY_COLUMN, Column.UPSERT_KEY: KEY_COLUMN,
+               Column.PARTITION_KEY: KEY_COLUMN, Column.ROW: ROW_TEXT, Column.UNCHANGED: UNCHANGED_TEXT}
+
+
+class BulkChangelog:
+    """The changelog rows of a pipeline's Kafka ranges (`range_decoder` per range). Picklable."""
+
+    def __init__(self, decoder: ChangelogBatchDecoder, primary_key: tuple[str, ...] | None) -> None:
+        """`primary_key` None: every batch record by record."""
+        self.decoder = decoder
+        self.plan: VectorPlan | None = None
+        if primary_key is not None and is_avro(decoder.decode_value):
+            self.plan = vector_plan(decoder, primary_key)
+
+    def range_decoder(self) -> "RangeChangelog":
+        """A decoder for the record batches of one range, in order."""
+        return RangeChangelog(self.decoder, self.plan)
+
+
+class RangeChangelog:
+    """One range's record batches (`RAW_SCHEMA`, one topic partition, in order) -> their changelog
+    batches (`CHANGELOG_SCHEMA`); `bulk` says how many went the bulk way."""
+
+    def __init__(self, decoder: ChangelogBatchDecoder, plan: VectorPlan | None) -> None:
+        self.decoder = decoder
+        self.columns = None if plan is None else RangeColumns(plan, decoder.decode_value, with_texts=True)
+        self.bulk = 0
+        self.fallback: str | None = None
+
+    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        if self.columns is not None and batch.num_rows:
+            try:
+                decoded = self._bulk(self.columns, batch)
+            except NotVectorisable as exc:
+                self.columns, self.fallback = None, str(exc)  # this batch and the rest of the range
+            else:
+                self.bulk += 1
+                return decoded
+        return self.decoder(batch)
+
+    def _bulk(self, columns: RangeColumns, batch: pa.RecordBatch) -> pa.RecordBatch:
+        seen = len(columns.odd)
+        rows = columns.changelog_rows(ValueChunk.of_batch(batch))
+        odd = columns.odd[seen:]
+        del columns.odd[seen:]
+        parts = [] if rows is None else [self._laid_out(columns, rows)]
+        if odd:
+            chosen = pc.is_in(batch.column(KafkaColumn.OFFSET), value_set=pa.array(odd, pa.int64()))
+            parts.append(pa.Table.from_batches([self.decoder(batch.filter(chosen))]))
+        if not parts:
+            return _empty_batch()
+        joined = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        if len(parts) > 1:
+            joined = joined.sort_by([(Column.OFFSET, "ascending"), (Column.CHANGE_INDEX, "ascending")])
+        return joined.combine_chunks().to_batches()[0] if joined.num_rows else _empty_batch()
+
+    @staticmethod
+    def _laid_out(columns: RangeColumns, rows: pa.Table) -> pa.Table:
+        """The bulk way's rows as `CHANGELOG_SCHEMA`."""
+        assert columns.layouts is not None
+        groups = rows.column(GROUP_COLUMN)
+        texts: list[Any] = []
+        known = pc.unique(groups).to_pylist()
+        for group in known:
+            texts.append(None if group == BARE else compact_json(columns.layouts.known[group].types))
+        types = pa.array(texts, pa.string()).take(pc.index_in(groups, value_set=pa.array(known, groups.type)))
+        arrays = []
+        for field in CHANGELOG_SCHEMA:
+            if field.name in _SOURCE:
+                array = rows.column(_SOURCE[field.name])
+            elif field.name in _FROM_TEXTS:
+                array = rows.column(_FROM_TEXTS[field.name])
+            elif field.name == Column.TYPES:
+                array = types
+            else:
+                array = pa.nulls(rows.num_rows, field.type)
+            arrays.append(array.cast(field.type) if array.type != field.type else array)
+        return pa.Table.from_arrays(arrays, schema=CHANGELOG_SCHEMA)
+
+
+def _empty_batch() -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist([], schema=CHANGELOG_SCHEMA)

@@ -1,0 +1,173 @@
+"""The bucket stage's changes decoded in bulk (`changelog_columns`) equal the record-by-record reference
+(`ChangelogBatchDecoder`), batch by batch, in every column the bucket stage reads.
+
+Hypothesis draws Avro ranges as `test_avro_ranges` does (every logical type `test_avro_columns` covers,
+two schema ids, deletes and tombstones, one damaged record, `ignore_null_updates` on or off) and cuts them
+into batches; `derandomize=True`. Fixed cases: a schema of the kinds a Debezium capture of PostgreSQL
+holds goes the bulk way in every batch, TOAST placeholders included; a schema whose document form needs a
+conversion goes record by record, saying why; JSON values go record by record.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from connectors.schema_registry.avro_codec import ConfluentAvroDecoder
+from connectors.schema_registry.wire_format import frame
+from service.config.settings import PipelineSettings
+from service.kafka_to_delta.changelog.changelog_batch import ChangelogBatchDecoder
+from service.kafka_to_delta.formats.debezium_json import UNAVAILABLE_VALUE
+from service.kafka_to_delta.rows.names import Column
+from service.kafka_to_delta.source.changelog_columns import BulkChangelog
+from service.kafka_to_delta.source.decode_stage import batch_decoder
+from tests.unit.connectors.schema_registry.test_avro_columns import (  # noqa: F401
+    DECIMAL,
+    _body,
+    _unscaled_bytes,
+    client,
+)
+from tests.unit.service.kafka_to_delta.source.test_avro_ranges import avro_range
+from tests.unit.service.kafka_to_delta.source.test_debezium_columns import _batches
+
+_PIPELINE = PipelineSettings(name="p", topics=["t"], table="t", primary_key=["id"])
+_COMPARED = [name for name in (Column.TOPIC, Column.PARTITION, Column.OFFSET, Column.CHANGE_INDEX, Column.TIMESTAMP,
+                               Column.KIND, Column.KEY, Column.UPSERT_KEY, Column.PARTITION_KEY, Column.ROW,
+                               Column.TYPES, Column.UNCHANGED, Column.INTENT, Column.SEQUENCE, Column.EVENT_TIME,
+                               Column.ERROR, Column.HANDLING, Column.STAGE, Column.RAW_KEY, Column.RAW_VALUE,
+                               Column.HEADERS)]
+"""Every `CHANGELOG_SCHEMA` column but `snapshot`, which the bulk way leaves null."""
+
+
+def _decoder(client, ignore_nulls: bool = False) -> ChangelogBatchDecoder:  # noqa: F811
+    return ChangelogBatchDecoder(_PIPELINE.changelog_settings, _PIPELINE.primary_key, _PIPELINE.effective_upsert_key,
+                                 value_decoder=ConfluentAvroDecoder(client), ignore_null_updates=ignore_nulls)
+
+
+def _both_ways(decoder: ChangelogBatchDecoder, batches: list[pa.RecordBatch]):
+    """Assert the two ways give the same rows for each batch; the bulk way's range decoder."""
+    decode = BulkChangelog(decoder, ("id",)).range_decoder()
+    for batch in batches:
+        exact = decoder(batch).select(_COMPARED)
+        fast = decode(batch).select(_COMPARED)
+        assert fast.schema == exact.schema
+        for name in _COMPARED:
+            assert fast.column(name).equals(exact.column(name)), (name, fast.column(name), exact.column(name))
+    return decode
+
+
+@settings(max_examples=60, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                 HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_avro_changes_decode_in_bulk_as_record_by_record(client, data) -> None:  # noqa: F811
+    pairs = avro_range(client, data)
+    ignore_nulls = data.draw(st.booleans(), label="ignore_null_updates")
+    batches = _batches(pairs, random.Random(data.draw(st.integers(0, 2**16))))
+    decode = _both_ways(_decoder(client, ignore_nulls), batches)
+    # Every batch goes the bulk way, unless a column's document form needs a conversion (timestamp-millis and
+    # -nanos are read as microseconds, records holding bytes): then from that batch on record by record.
+    assert decode.bulk == len(batches) or "document form needs a conversion" in (decode.fallback or ""), \
+        decode.fallback
+
+
+_CAPTURE_ROW = {"type": "record", "name": "Value", "fields": [
+    {"name": "id", "type": "long"},
+    {"name": "email", "type": ["null", "string"], "default": None},
+    {"name": "balance", "type": ["null", {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2,
+                                          "connect.name": DECIMAL,
+                                          "connect.parameters": {"scale": "2", "connect.decimal.precision": "12"}}],
+     "default": None},
+    {"name": "updated_at", "type": ["null", {"type": "string", "connect.name": "io.debezium.time.ZonedTimestamp"}],
+     "default": None},
+    {"name": "seen_at", "type": ["null", {"type": "long", "connect.name": "io.debezium.time.MicroTimestamp"}],
+     "default": None},
+    {"name": "birthday", "type": ["null", {"type": "int", "connect.name": "io.debezium.time.Date"}], "default": None},
+    {"name": "profile", "type": ["null", {"type": "string", "connect.name": "io.debezium.data.Json"}],
+     "default": None},
+    {"name": "external_id", "type": ["null", {"type": "string", "connect.name": "io.debezium.data.Uuid"}],
+     "default": None},
+    {"name": "status", "type": ["null", {"type": "string", "connect.name": "io.debezium.data.Enum"}],
+     "default": None},
+    {"name": "score", "type": ["null", "double"], "default": None},
+    {"name": "tags", "type": ["null", {"type": "array", "items": ["null", "string"]}], "default": None},
+    {"name": "notes", "type": ["null", "string"], "default": None},
+]}
+
+
+def _envelope(row: dict) -> dict:
+    return {"type": "record", "name": "Envelope", "namespace": "cap.public.accounts", "fields": [
+        {"name": "before", "type": ["null", row], "default": None},
+        {"name": "after", "type": ["null", "Value"], "default": None},
+        {"name": "source", "type": {"type": "record", "name": "Source", "fields": [
+            {"name": "snapshot", "type": ["null", "string"], "default": None}]}},
+        {"name": "op", "type": "string"},
+        {"name": "ts_ms", "type": ["null", "long"], "default": None}]}
+
+
+def _capture(client, count: int, seed: int) -> list[tuple[bytes | None, bytes | None]]:  # noqa: F811
+    """A capture's changes: a snapshot of `count` rows, then updates (half leaving `notes` to a TOAST
+    placeholder), deletes with their tombstones, a truncate and a message."""
+    rng = random.Random(seed)
+    schema = _envelope(_CAPTURE_ROW)
+    schema_id = client.register("cap-value", schema)
+    pairs: list[tuple[bytes | None, bytes | None]] = []
+
+    def row(key: int) -> dict:
+        return {"id": key, "email": f"u{key}.{rng.randrange(9)}@example.com",
+                "balance": _unscaled_bytes(rng.randrange(-10**9, 10**9)),
+                "updated_at": f"2026-11-{1 + key % 28:02d}T10:00:0{key % 10}.{rng.randrange(10**6):06d}Z",
+                "seen_at": rng.randrange(-10**15, 10**15), "birthday": rng.randrange(-20_000, 20_000),
+                "profile": '{"city": "São Paulo", "n": %d}' % key, "external_id": f"{key:08d}-0000-4000-8000-0000",
+                "status": rng.choice(["new", "active", None]), "score": rng.choice([None, 0.5, 2.0, -1e300]),
+                "tags": rng.choice([None, [], ["a", None, "é\"x"]]), "notes": "n\n\t\\ " * rng.randrange(40)}
+
+    def put(key: int, record: dict | None) -> None:
+        pairs.append((b'{"id":%d}' % key, None if record is None else frame(schema_id, _body(schema, record))))
+
+    live: dict[int, dict] = {}
+    for key in range(count):
+        live[key] = row(key)
+        put(key, {"before": None, "after": live[key], "op": "r", "source": {"snapshot": "true"}})
+    for _ in range(2 * count):
+        key = rng.randrange(count + 5)
+        if key in live and rng.random() < 0.1:
+            put(key, {"before": live.pop(key), "after": None, "op": "d", "source": {"snapshot": None}})
+            put(key, None)
+            continue
+        after, op = row(key), "u" if key in live else "c"
+        if op == "u" and rng.random() < 0.5:
+            after["notes"] = UNAVAILABLE_VALUE
+        live[key] = after
+        put(key, {"before": None, "after": after, "op": op, "source": {"snapshot": None}})
+        if rng.random() < 0.01:
+            put(key, {"before": None, "after": None, "op": rng.choice("tm"), "source": {"snapshot": None}})
+    return pairs
+
+
+def test_a_capture_goes_the_bulk_way_in_every_batch(client) -> None:  # noqa: F811
+    for seed in (1, 2, 3, random.randrange(2**16)):
+        pairs = _capture(client, 300, seed)
+        batches = _batches(pairs, random.Random(seed))
+        decode = _both_ways(_decoder(client), batches)
+        assert (decode.bulk, decode.fallback) == (len(batches), None), f"seed {seed}"
+
+
+def test_a_document_form_needing_a_conversion_goes_record_by_record(client) -> None:  # noqa: F811
+    row = {"type": "record", "name": "Value", "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}}]}  # read as microseconds
+    schema = _envelope(row)
+    schema_id = client.register("millis-value", schema)
+    pairs = [(b'{"id":%d}' % key, frame(schema_id, _body(schema, {
+        "before": None, "after": {"id": key, "at": 1_700_000_000_123 + key}, "op": "c", "source": {"snapshot": None}})))
+        for key in range(20)]
+    decode = _both_ways(_decoder(client), _batches(pairs, random.Random(4)))
+    assert decode.bulk == 0 and "conversion" in (decode.fallback or "")
+
+
+def test_json_values_go_record_by_record() -> None:
+    assert BulkChangelog(batch_decoder(_PIPELINE), ("id",)).plan is None
