@@ -78,9 +78,13 @@ def avro_range(client, data) -> list[tuple[bytes | None, bytes | None]]:  # noqa
     return pairs
 
 
-@settings(max_examples=60, derandomize=True, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                 HealthCheck.function_scoped_fixture])
+AVRO_RANGES = settings(max_examples=60, derandomize=True, deadline=None,
+                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                              HealthCheck.function_scoped_fixture])
+"""The hypothesis settings of the tests drawing `avro_range`s."""
+
+
+@AVRO_RANGES
 @given(data=st.data())
 def test_avro_ranges_decode_in_bulk_as_record_by_record(client, data) -> None:  # noqa: F811
     pairs = avro_range(client, data)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 
 import pyarrow as pa
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from connectors.schema_registry.avro_codec import ConfluentAvroDecoder
@@ -30,7 +30,7 @@ from tests.unit.connectors.schema_registry.test_avro_columns import (  # noqa: F
     _unscaled_bytes,
     client,
 )
-from tests.unit.service.kafka_to_delta.source.test_avro_ranges import avro_range
+from tests.unit.service.kafka_to_delta.source.test_avro_ranges import AVRO_RANGES, avro_range
 from tests.unit.service.kafka_to_delta.source.test_debezium_columns import _batches
 
 _PIPELINE = PipelineSettings(name="p", topics=["t"], table="t", primary_key=["id"])
@@ -59,9 +59,7 @@ def _both_ways(decoder: ChangelogBatchDecoder, batches: list[pa.RecordBatch]):
     return decode
 
 
-@settings(max_examples=60, derandomize=True, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                 HealthCheck.function_scoped_fixture])
+@AVRO_RANGES
 @given(data=st.data())
 def test_avro_changes_decode_in_bulk_as_record_by_record(client, data) -> None:  # noqa: F811
     pairs = avro_range(client, data)
