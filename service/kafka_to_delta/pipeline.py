@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import time
+from dataclasses import replace
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -49,6 +50,7 @@ from service.kafka_to_delta.sink.merge_sink import MergeOutcome
 from service.kafka_to_delta.source.batch_changes import BatchChanges, batch_changes
 from service.kafka_to_delta.source.bucket_packing import PackedBuckets
 from service.kafka_to_delta.source.changes_source import changes_source, changes_source_name
+from service.kafka_to_delta.source.decode_report import DecodeWays
 from service.kafka_to_delta.source.decode_stage import DecodedRanges, batch_decoder
 from service.kafka_to_delta.source.event_time_progress import EventTimeMaxima
 from service.kafka_to_delta.source.piece_reducer import PieceReducer
@@ -105,6 +107,7 @@ class IngestPipeline(TableQuery):
             self.dead_letters = lambda rows, batch_id: sink.store(rows, batch_id, app_id=self.app_id)
         self.materializer_totals: dict[str, int] = {}
         self.event_times = EventTimeMaxima(spark.sparkContext, self.progress_path)
+        self.decode_ways = DecodeWays(spark.sparkContext)
         self._query: StreamingQuery | None = None
         self.shape: Shape = pipeline_shape(pipeline)  # the checkpoint's key bucket count is known at start
         self.seed: Seed | None = None
@@ -148,7 +151,8 @@ class IngestPipeline(TableQuery):
         directly, else one row per change through the stateful FROM_CHANGELOG stage (if any)."""
         name = changes_source_name(self.pipeline.name)
         if config is not None and self.shape.packed_buckets:
-            packed = PackedBuckets(DecodedRanges(self.pipeline, self.event_times, bulk=True), config.key_buckets)
+            decoded = DecodedRanges(self.pipeline, self.event_times, bulk=True, ways=self.decode_ways)
+            packed = PackedBuckets(decoded, config.key_buckets)
             self.spark.dataSource.register(changes_source(self.pipeline.name, packed, PACKED_SPARK_SCHEMA))
             return self._source(name, watermarked=True)
         decoded = DecodedRanges(self.pipeline, self.event_times)
@@ -172,6 +176,11 @@ class IngestPipeline(TableQuery):
         found = batch_changes(payloads.toArrow())
         self.event_times.flush()
         self._count_materializer(found.counters)
+        if self.shape.packed_buckets:  # how the bucket stage's decode tasks went (`decode_report`)
+            ways = self.decode_ways.take()
+            found = replace(found, fallbacks=ways.get("fallbacks", []), vectorised=ways.get("vectorised", 0),
+                            record_by_record=ways.get("record_by_record", 0), odd_records=ways.get("odd_records", 0))
+            self._count_ranges(found)
         return found
 
     def _process_batch(self, batch: DataFrame, batch_id: int) -> None:

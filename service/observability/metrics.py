@@ -22,8 +22,9 @@ BAD_RECORDS = Counter(
     "cdc_bad_records", "Records dropped or dead-lettered by policy", PIPELINE + ("handling", "stage")
 )
 RANGES = Counter(
-    "cdc_ranges", "Kafka ranges read by the plain path, by decode: vectorised or record_by_record "
-    "(a range holding something only the record-by-record decode decides)", PIPELINE + ("decode",)
+    "cdc_ranges", "Kafka ranges read by the plain path, and Avro ranges read for the materializer's bucket "
+    "stage, by decode: vectorised or record_by_record (a range holding something only the record-by-record "
+    "decode decides)", PIPELINE + ("decode",)
 )
 ODD_RECORDS = Counter(
     "cdc_odd_records", "Records of vectorised Kafka ranges decoded record by record (truncates, messages, "

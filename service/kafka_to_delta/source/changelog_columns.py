@@ -74,12 +74,15 @@ class BulkChangelog:
 
 class RangeChangelog:
     """One range's record batches (`RAW_SCHEMA`, one topic partition, in order) -> their changelog
-    batches (`CHANGELOG_SCHEMA`); `bulk` says how many went the bulk way."""
+    batches (`CHANGELOG_SCHEMA`). How it went: `applies` (the bulk way could take the range), `bulk` (batches
+    that went the bulk way), `odd` (records of those decoded record by record), `fallback` (why the rest of
+    the range went record by record)."""
 
     def __init__(self, decoder: ChangelogBatchDecoder, plan: VectorPlan | None) -> None:
         self.decoder = decoder
         self.columns = None if plan is None else RangeColumns(plan, decoder.decode_value, with_texts=True)
-        self.bulk = 0
+        self.applies = plan is not None
+        self.bulk = self.odd = 0
         self.fallback: str | None = None
 
     def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -98,6 +101,7 @@ class RangeChangelog:
         rows = columns.changelog_rows(ValueChunk.of_batch(batch))
         odd = columns.odd[seen:]
         del columns.odd[seen:]
+        self.odd += len(odd)
         parts = [] if rows is None else [self._laid_out(columns, rows)]
         if odd:
             chosen = pc.is_in(batch.column(KafkaColumn.OFFSET), value_set=pa.array(odd, pa.int64()))

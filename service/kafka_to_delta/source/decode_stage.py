@@ -21,6 +21,7 @@ from service.kafka_to_delta.formats.debezium_json import DocumentDecoder
 from service.kafka_to_delta.rows.arrow import STREAM_SCHEMA
 from service.kafka_to_delta.rows.names import Column
 from service.kafka_to_delta.source.changelog_columns import BulkChangelog
+from service.kafka_to_delta.source.decode_report import DecodeWays
 from service.kafka_to_delta.source.event_time_progress import EventTimeMaxima, PartitionWatermark
 from vocabulary.errors import ConfigError
 
@@ -60,10 +61,12 @@ class _Decode:
     """The `mapInArrow` function (a picklable callable): changelog rows plus each row's watermark
     candidate; the largest event time per partition goes to `maxima`."""
 
-    def __init__(self, decoder: BulkChangelog, scope_by_topic: bool, maxima: EventTimeMaxima | None) -> None:
+    def __init__(self, decoder: BulkChangelog, scope_by_topic: bool, maxima: EventTimeMaxima | None,
+                 ways: DecodeWays | None = None) -> None:
         self.decoder = decoder
         self.scope_by_topic = scope_by_topic
         self.maxima = maxima
+        self.ways = ways
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         watermark = PartitionWatermark()
@@ -76,6 +79,8 @@ class _Decode:
             yield pa.RecordBatch.from_arrays([*decoded.columns, candidates], schema=STREAM_SCHEMA)
         if self.maxima is not None:
             self.maxima.report(watermark.maxima)
+        if self.ways is not None:
+            self.ways.report(decode)
 
 
 class DecodedRanges:
@@ -84,12 +89,14 @@ class DecodedRanges:
     so the raw records never cross to the JVM and back to a second Python stage. Picklable.
 
     `bulk`: the rows go to the bucket stage, which reads `STAGE_FIELDS` only: Avro values are decoded in
-    bulk where they can be (`changelog_columns`, `snapshot` left null); otherwise record by record."""
+    bulk where they can be (`changelog_columns`, `snapshot` left null), and how each range went is
+    reported to `ways`; otherwise record by record."""
 
-    def __init__(self, pipeline: PipelineSettings, maxima: EventTimeMaxima | None, bulk: bool = False) -> None:
+    def __init__(self, pipeline: PipelineSettings, maxima: EventTimeMaxima | None, bulk: bool = False,
+                 ways: DecodeWays | None = None) -> None:
         decoder = batch_decoder(pipeline)
         ranges = BulkChangelog(decoder, tuple(pipeline.primary_key) if bulk else None)
-        self.decode = _Decode(ranges, len(pipeline.topics) > 1, maxima)
+        self.decode = _Decode(ranges, len(pipeline.topics) > 1, maxima, ways)
 
     def __call__(self, read: Callable[[], Iterable[pa.RecordBatch]], read_values: object = None) -> Iterator[pa.RecordBatch]:
         """The range's changelog batches (`read` yields its record batches)."""

@@ -23,6 +23,7 @@ from service.kafka_to_delta.changelog.changelog_batch import ChangelogBatchDecod
 from service.kafka_to_delta.formats.debezium_json import UNAVAILABLE_VALUE
 from service.kafka_to_delta.rows.names import Column
 from service.kafka_to_delta.source.changelog_columns import BulkChangelog
+from service.kafka_to_delta.source.decode_report import DecodeWays
 from service.kafka_to_delta.source.decode_stage import batch_decoder
 from tests.unit.connectors.schema_registry.test_avro_columns import (  # noqa: F401
     DECIMAL,
@@ -169,3 +170,25 @@ def test_a_document_form_needing_a_conversion_goes_record_by_record(client) -> N
 
 def test_json_values_go_record_by_record() -> None:
     assert BulkChangelog(batch_decoder(_PIPELINE), ("id",)).plan is None
+
+
+def test_the_driver_learns_how_each_range_was_decoded(spark, client) -> None:  # noqa: F811
+    ways = DecodeWays(spark.sparkContext)
+    clean = _capture(client, 40, 5)
+    damaged = list(clean)
+    damaged[7] = (damaged[7][0], b"\x00\x00\x00\x00\x01")  # a schema id the registry does not know
+    millis = _envelope({"type": "record", "name": "Value", "fields": [
+        {"name": "id", "type": "long"}, {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}}]})
+    schema_id = client.register("ways-value", millis)
+    converted = [(b'{"id":1}', frame(schema_id, _body(millis, {
+        "before": None, "after": {"id": 1, "at": 5}, "op": "c", "source": {"snapshot": None}})))]
+    decoded = [_both_ways(_decoder(client), _batches(pairs, random.Random(6))) for pairs in (clean, damaged, converted)]
+    assert decoded[1].odd == decoded[0].odd + 1  # the damaged record alone went record by record
+    for one in decoded:
+        ways.report(one)
+    ways.report(BulkChangelog(batch_decoder(_PIPELINE), ("id",)).range_decoder())  # JSON: not counted
+    reported = ways.take()
+    assert {name: reported[name] for name in ("vectorised", "record_by_record", "odd_records")} == {
+        "vectorised": 2, "record_by_record": 1, "odd_records": sum(one.odd for one in decoded)}
+    assert len(reported["fallbacks"]) == 1 and "conversion" in reported["fallbacks"][0]
+    assert ways.take() == {}
