@@ -112,6 +112,8 @@ def read_rows(root: str, files: list[DataFile], schema: pa.Schema) -> tuple[pa.T
         rows = KEPT.get(root, file.path)
         if rows is None:
             rows = pq.read_table(os.path.join(root, unquote(file.path)), schema=schema)
+        elif rows.schema != schema:  # kept in the schema of its commit, before a column was added
+            rows = conformed(rows, schema)
         counts.append(rows.num_rows)
         rows = rows.append_column(FILE, pa.array(np.full(rows.num_rows, index, np.int32)))
         rows = rows.append_column(POSITION, pa.array(np.arange(rows.num_rows, dtype=np.int64)))
