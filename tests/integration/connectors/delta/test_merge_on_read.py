@@ -183,17 +183,19 @@ def test_rows_found_reading_only_their_row_groups(tmp_path: Path, seed: int) -> 
     assert found.equals(rows.take(pa.array(wanted))), f"seed {seed}"
 
 
+@pytest.mark.parametrize("vectors", [True, False])
 @pytest.mark.parametrize("kept", [True, False])
-def test_a_file_older_than_an_added_column_is_read_marking_rows(tmp_path: Path, kept: bool,
+def test_a_file_older_than_an_added_column_is_read_marking_rows(tmp_path: Path, kept: bool, vectors: bool,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """A batch with a new column goes to the MERGE (schema evolution), which rewrites only the file it
-    touches; the next small commit marks a row of the other file, written without that column by a small
-    commit (its rows kept in memory, or read back)."""
+    touches; the next small commit marks a row of the other file (without vectors: rewrites it), written
+    without that column by a small commit (its rows kept in memory in their schema, or read back)."""
     if not kept:
         monkeypatch.setattr(data_file_rows, "KEPT_ROWS_BYTES", 0)
     path = tmp_path / "t"
     write_deltalake(str(path), pa.table({"tenant": ["a"] * 10, "id": list(range(10)),
-                                         "v": [f"a{i}" for i in range(10)]}), configuration=VECTORS)
+                                         "v": [f"a{i}" for i in range(10)]}),
+                   configuration=VECTORS if vectors else CDF_ENABLED)
     table = DeltaRsTable(str(path))
     table.merge(pa.table({"tenant": ["b"] * 10, "id": list(range(10)), "v": [f"b{i}" for i in range(10)],
                           DELETE_FLAG: [False] * 10}), ("tenant", "id"), APP, 0)
@@ -201,7 +203,8 @@ def test_a_file_older_than_an_added_column_is_read_marking_rows(tmp_path: Path, 
                 ("tenant", "id"), APP, 1)
     table.merge(pa.table({"tenant": ["b", "a"], "id": [5, 3], "v": ["B5", "A3"], DELETE_FLAG: [False, False]}),
                 ("tenant", "id"), APP, 2)
-    assert _engines(DeltaTable(str(path)))[:3] == [SMALL, "delta-rs:py-1.6.6", SMALL] and _vectors(path)
+    assert _engines(DeltaTable(str(path)))[:3] == [SMALL, "delta-rs:py-1.6.6", SMALL]
+    assert bool(_vectors(path)) == vectors
     found = {(r["tenant"], r["id"]): (r["v"], r["extra"])
              for r in pa.table(QueryBuilder().register("t", DeltaTable(str(path))).execute("SELECT * FROM t")
                                .read_all()).to_pylist()}

@@ -254,27 +254,3 @@ def spark_reads_as(spark, path: Path, rows: Callable[[Path], list[dict]]) -> Non
                       key=lambda item: item[0])) for row in feed.collect()), key=repr)
     assert spark_feed == sorted((tuple(_naive(dict(row)).items()) for row in _feed(path, 1)), key=repr)
 
-
-@pytest.mark.parametrize("kept", [True, False])
-def test_a_file_older_than_an_added_column_is_rewritten_by_a_small_commit(tmp_path: Path, kept: bool,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A batch with a new column goes to the MERGE, which rewrites only the file it touches; the next
-    small commit rewrites the other file too, written without that column by a small commit (its rows kept
-    in memory in their schema, or read back), its rows null in the new column."""
-    if not kept:
-        monkeypatch.setattr(data_file_rows, "KEPT_ROWS_BYTES", 0)
-    path = tmp_path / "t"
-    write_deltalake(str(path), pa.table({"tenant": ["a"] * 10, "id": list(range(10)),
-                                         "v": [f"a{i}" for i in range(10)]}), configuration=CDF_ENABLED)
-    table = DeltaRsTable(str(path))
-    table.merge(pa.table({"tenant": ["b"] * 10, "id": list(range(10)), "v": [f"b{i}" for i in range(10)],
-                          DELETE_FLAG: [False] * 10}), ("tenant", "id"), APP, 0)
-    table.merge(pa.table({"tenant": ["a"], "id": [2], "v": ["w"], "extra": [7], DELETE_FLAG: [False]}),
-                ("tenant", "id"), APP, 1)
-    table.merge(pa.table({"tenant": ["b", "a"], "id": [5, 3], "v": ["B5", "A3"], DELETE_FLAG: [False, False]}),
-                ("tenant", "id"), APP, 2)
-    assert _engines(DeltaTable(str(path)))[:3] == [SMALL, "delta-rs:py-1.6.6", SMALL]
-    found = {(r["tenant"], r["id"]): (r["v"], r["extra"]) for r in DeltaTable(str(path)).to_pyarrow_table().to_pylist()}
-    assert len(found) == 20
-    assert found[("b", 5)] == ("B5", None) and found[("a", 3)] == ("A3", None) and found[("a", 2)] == ("w", 7)
-    assert found[("b", 4)] == ("b4", None)
