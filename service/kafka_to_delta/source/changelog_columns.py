@@ -44,6 +44,7 @@ from service.kafka_to_delta.source.debezium_columns import (
     ROW_TEXT,
     UNCHANGED_TEXT,
     NotVectorisable,
+    SOURCE_COLUMNS,
     RangeColumns,
     VectorPlan,
     is_avro,
@@ -51,8 +52,6 @@ from service.kafka_to_delta.source.debezium_columns import (
 )
 from service.kafka_to_delta.source.wrapper_layouts import BARE
 
-_SOURCE = {Column.TOPIC: "__vec_topic", Column.PARTITION: "__vec_partition", Column.OFFSET: "__vec_offset",
-           Column.CHANGE_INDEX: "__vec_change_index", Column.TIMESTAMP: "__vec_timestamp"}
 _FROM_TEXTS = {Column.KIND: KIND, Column.KEY: KEY_COLUMN, Column.UPSERT_KEY: KEY_COLUMN,
                Column.PARTITION_KEY: KEY_COLUMN, Column.ROW: ROW_TEXT, Column.UNCHANGED: UNCHANGED_TEXT}
 
@@ -125,8 +124,8 @@ class RangeChangelog:
         types = pa.array(texts, pa.string()).take(pc.index_in(groups, value_set=pa.array(known, groups.type)))
         arrays = []
         for field in CHANGELOG_SCHEMA:
-            if field.name in _SOURCE:
-                array = rows.column(_SOURCE[field.name])
+            if field.name in SOURCE_COLUMNS:
+                array = rows.column(SOURCE_COLUMNS[field.name])
             elif field.name in _FROM_TEXTS:
                 array = rows.column(_FROM_TEXTS[field.name])
             elif field.name == Column.TYPES:

@@ -80,6 +80,7 @@ from service.kafka_to_delta.formats.debezium_json import (
 )
 from service.kafka_to_delta.formats.row_text import row_texts, unchanged_texts
 from service.kafka_to_delta.materialize.last_change import last_rows
+from service.kafka_to_delta.rows.names import Column
 from service.kafka_to_delta.source.wrapper_layouts import BARE, ODD, Layout, Layouts
 from vocabulary.changes import ChangeKind
 
@@ -87,6 +88,9 @@ _META = ("__vec_key", "__vec_retract", "__vec_group", "__vec_image", "__vec_topi
          "__vec_offset", "__vec_change_index", "__vec_timestamp", "__vec_unchanged")
 _KEY, _RETRACT, _GROUP, _IMAGE, _TOPIC, _PARTITION, _OFFSET, _CHANGE_INDEX, _TIMESTAMP, _UNCHANGED = _META
 GROUP_COLUMN, KEY_COLUMN = _GROUP, _KEY
+SOURCE_COLUMNS = {Column.TOPIC: _TOPIC, Column.PARTITION: _PARTITION, Column.OFFSET: _OFFSET,
+                  Column.CHANGE_INDEX: _CHANGE_INDEX, Column.TIMESTAMP: _TIMESTAMP}
+"""A changelog row's source columns -> the columns holding them here."""
 """The net rows' schema version (a `Layouts` index, or `wrapper_layouts.BARE`)."""
 TEXT_COLUMNS = ("__vec_row_text", "__vec_kind", "__vec_unchanged_text")
 ROW_TEXT, KIND, UNCHANGED_TEXT = TEXT_COLUMNS
