@@ -58,6 +58,7 @@ from service.kafka_to_delta.changelog.upsert_unzip import UpsertUnzip
 from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
 from service.kafka_to_delta.rows.names import WATERMARK_COLUMN, Column, Stage
 from service.kafka_to_delta.rows.spark import CHANGELOG_SPARK_SCHEMA
+from service.runtime.worker_heap import task_started
 
 GROUP = "_from_changelog_group"
 PASSTHROUGH_PREFIX = "\u0000passthrough:"
@@ -147,6 +148,7 @@ class OrderAndUnzipProcessor(StatefulProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         """Declare the state variables: `order` (buffered rows), `image` and `cleanup_at`."""
+        task_started()
         self.handle = handle
         self.buffer = EventTimeBuffer("dead_letter")  # late rows come back; `late_handling` decides
         self.unzip = None

@@ -21,6 +21,7 @@ from service.kafka_to_delta.joins.join_inputs import input_decoder
 from service.kafka_to_delta.joins.join_source import join_records
 from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
 from service.kafka_to_delta.rows.names import KafkaColumn
+from service.runtime.worker_heap import task_started
 
 SIDE = "side"
 SIDES_SCHEMA = CHANGELOG_SCHEMA.append(pa.field(SIDE, pa.string()))
@@ -34,6 +35,7 @@ class SidesDecoder:
         self.decoders = {"left": input_decoder(join.left), "right": input_decoder(join.right)}
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        task_started()
         for batch in batches:
             is_left = pc.is_in(batch.column(KafkaColumn.TOPIC), pa.array(self.left_topics, pa.string()))
             for side, mask in (("left", is_left), ("right", pc.invert(is_left))):

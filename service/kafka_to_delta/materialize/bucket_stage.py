@@ -62,6 +62,7 @@ from service.kafka_to_delta.rows.names import (
     PACKED_CHANGES,
     PACKED_COLUMN,
 )
+from service.runtime.worker_heap import task_started
 
 GROUP_COLUMN = "group_key"  # pandas frames rename columns that start with "_"
 _BUCKET_SCHEMA = StructType([StructField("keys", BinaryType())])
@@ -106,6 +107,7 @@ class BucketProcessor(StatefulProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         """Declare the state variables."""
+        task_started()
         self.handle = handle
         self.rules = Materializer(self.config.rules)
         self.keys = handle.getValueState("keys", _BUCKET_SCHEMA)

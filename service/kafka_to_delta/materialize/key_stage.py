@@ -64,6 +64,7 @@ from service.kafka_to_delta.rows.names import (
     WATERMARK_COLUMN,
 )
 from service.kafka_to_delta.rows.spark import NET_SCHEMA
+from service.runtime.worker_heap import task_started
 
 __all__ = ["MaterializerProcessor", "StageConfig", "grouped_changes", "materialize", "time_mode", "waiting_item"]
 
@@ -99,6 +100,7 @@ class MaterializerProcessor(StatefulProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         """Declare the state variables."""
+        task_started()
         self.handle = handle
         self.rules = Materializer(self.config.rules)
         self.state = handle.getValueState("rules", _STATE_SCHEMA)

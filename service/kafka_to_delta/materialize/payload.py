@@ -34,6 +34,7 @@ from service.kafka_to_delta.materialize.typed_rows import bulk_kinds, bulk_rows
 from service.kafka_to_delta.rows.arrow import PAYLOAD_SCHEMA
 from service.kafka_to_delta.rows.ipc import ipc_bytes
 from service.kafka_to_delta.rows.names import COUNTERS, FAILED_COLUMNS, Column, Meta, Part
+from service.runtime.worker_heap import task_started
 from vocabulary.changes import ChangeKind
 from vocabulary.errors import DecodeError, SourceCoordinates
 
@@ -240,6 +241,7 @@ class NetPayload:
         self.primary_key = primary_key
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        task_started()
         received = list(unpack_net(batches))
         if received:
             payload = net_payload(pa.Table.from_batches(received), self.primary_key)

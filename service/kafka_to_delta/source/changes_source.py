@@ -25,6 +25,7 @@ from pyspark.sql.datasource import DataSource, InputPartition
 from connectors.kafka.source import KafkaRange, KafkaSource, KafkaStreamReader
 from service.kafka_to_delta.rows.names import PAYLOAD_SPARK_SCHEMA
 from service.runtime.memory_release import release_memory
+from service.runtime.worker_heap import task_started
 
 if TYPE_CHECKING:
     from service.kafka_to_delta.source.decode_stage import DecodedRanges
@@ -43,6 +44,7 @@ class ChangesStreamReader(KafkaStreamReader):
     def read(self, partition: InputPartition) -> Iterator:
         from connectors.kafka.range_reader import read_values  # not in the processes that only plan
 
+        task_started()
         reducer: PartitionReducer | DecodedRanges = pickle.loads(self.reducer)
         kafka_range = cast(KafkaRange, partition)
         yield from reducer(

@@ -39,6 +39,7 @@ from connectors.kafka.source import KafkaRange, KafkaSource, KafkaStreamReader
 from service.config.databases import DatabaseSettings
 from service.runtime import quarantine
 from service.runtime.memory_release import release_memory
+from service.runtime.worker_heap import task_started
 from vocabulary.errors import ConfigError, DecodeError, SourceCoordinates
 
 if TYPE_CHECKING:
@@ -323,6 +324,7 @@ class DatabaseStreamReader(KafkaStreamReader):
     def read(self, partition: InputPartition) -> Iterator:  # type: ignore[override]
         from connectors.kafka.range_reader import read_values, read_values_of_ranges
 
+        task_started()
         reducers: TableReducers = pickle.loads(self.reducers)
         packed = partition if isinstance(partition, PackedRanges) else PackedRanges([partition])  # type: ignore[list-item]
         tables: list[tuple[KafkaRange, str]] = []
