@@ -88,10 +88,10 @@ _META = ("__vec_key", "__vec_retract", "__vec_group", "__vec_image", "__vec_topi
          "__vec_offset", "__vec_change_index", "__vec_timestamp", "__vec_unchanged")
 _KEY, _RETRACT, _GROUP, _IMAGE, _TOPIC, _PARTITION, _OFFSET, _CHANGE_INDEX, _TIMESTAMP, _UNCHANGED = _META
 GROUP_COLUMN, KEY_COLUMN = _GROUP, _KEY
+"""The net rows' schema version (a `Layouts` index, or `wrapper_layouts.BARE`)."""
 SOURCE_COLUMNS = {Column.TOPIC: _TOPIC, Column.PARTITION: _PARTITION, Column.OFFSET: _OFFSET,
                   Column.CHANGE_INDEX: _CHANGE_INDEX, Column.TIMESTAMP: _TIMESTAMP}
 """A changelog row's source columns -> the columns holding them here."""
-"""The net rows' schema version (a `Layouts` index, or `wrapper_layouts.BARE`)."""
 TEXT_COLUMNS = ("__vec_row_text", "__vec_kind", "__vec_unchanged_text")
 ROW_TEXT, KIND, UNCHANGED_TEXT = TEXT_COLUMNS
 """The columns `RangeColumns.with_texts` adds to each changelog row."""
