@@ -151,7 +151,9 @@ class IngestPipeline(TableQuery):
         directly, else one row per change through the stateful FROM_CHANGELOG stage (if any)."""
         name = changes_source_name(self.pipeline.name)
         if config is not None and self.shape.packed_buckets:
-            decoded = DecodedRanges(self.pipeline, self.event_times, bulk=True, ways=self.decode_ways)
+            # The bucket stage passes typed image columns on where it makes the driver's payload from a call's columns.
+            typed = bool(self.shape.key_buckets) and config.decides_on_columns
+            decoded = DecodedRanges(self.pipeline, self.event_times, bulk=True, ways=self.decode_ways, typed=typed)
             packed = PackedBuckets(decoded, config.key_buckets)
             self.spark.dataSource.register(changes_source(self.pipeline.name, packed, PACKED_SPARK_SCHEMA))
             return self._source(name, watermarked=True)

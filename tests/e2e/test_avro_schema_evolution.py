@@ -1,8 +1,10 @@
 """A value schema that evolves mid-stream, through a real registry: one topic carries Debezium
 envelopes written with version 1 of `<topic>-value` and then with version 2, which adds a
 nullable `tier` column with a default (a BACKWARD compatible change). `cdc-lakehouse run
---until-idle` decodes both versions into one Delta table: the first run reads a batch holding
-both, the second run only version 2; rows last written with version 1 have `tier` null.
+--until-idle` decodes both versions into one Delta table, and a second pipeline through the materializer
+(`upsert_materialize: force`: Avro decoded in bulk, typed images carried to the driver) into another: the
+first run reads a batch holding both, the second run only version 2; rows last written with version 1
+have `tier` null.
 
 Registry: Apicurio Registry's ccompat API (`apicurio_registry_url`), reached through
 `confluent_kafka.schema_registry`: it assigns the ids, keeps the two versions of the subject and
@@ -46,10 +48,11 @@ class _Writer:
         return [deleted, Event(self.topic, 0, deleted.key, None)]
 
 
-def _run(config, expected: list[dict], table) -> None:
+def _run(config, expected: list[dict], tables) -> None:
     result = run_cli(config, "--until-idle", timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert table_rows(table) == expected
+    for table in tables:
+        assert table_rows(table) == expected, table
 
 
 def test_two_versions_of_the_value_schema_decode_into_one_table(kafka_bootstrap, apicurio_registry_url, unique,
@@ -75,8 +78,9 @@ def test_two_versions_of_the_value_schema_decode_into_one_table(kafka_bootstrap,
 
     pipeline = {"name": f"p-{unique}", "topics": [topic], "format": "avro-confluent", "table": "evolving",
                 "schema_registry": {"url": apicurio_registry_url}, "primary_key": ["id"]}
-    config = write_config(workdir / "config.yaml", kafka_bootstrap, workdir, [pipeline])
-    table = workdir / "tables" / "evolving"
+    materialized = {**pipeline, "name": f"m-{unique}", "table": "evolving_materialized", "upsert_materialize": "force"}
+    config = write_config(workdir / "config.yaml", kafka_bootstrap, workdir, [pipeline, materialized])
+    table = (workdir / "tables" / "evolving", workdir / "tables" / "evolving_materialized")
     tiers = {1: "gold", 2: "gold", 3: "gold", 4: None, 5: None, 7: "silver"}
     _run(config, [{"id": i, "name": f"n{i}", "tier": tier} for i, tier in tiers.items()], table)
 

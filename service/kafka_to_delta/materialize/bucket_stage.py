@@ -118,8 +118,7 @@ class BucketProcessor(StatefulProcessor):
         """Compact the bucket's changes of this micro-batch (batch), or those the watermark reached."""
         frames = list(rows)
         config = self.config
-        if (config.compaction == "batch" and not config.state_ttl_ms and not config.whole_row_key
-                and all(PACKED_CHANGES in frame.columns for frame in frames)):
+        if config.decides_on_columns and all(PACKED_CHANGES in frame.columns for frame in frames):
             # The common case on whole columns (`rules_columns`), the rest through the rules.
             changes = unpack_tables(value for frame in frames for value in frame[PACKED_CHANGES])
             if changes is not None:
@@ -176,7 +175,7 @@ class BucketProcessor(StatefulProcessor):
         nets = [table for table in (decided, net_table(out) if out else None) if table is not None]
         if not nets:
             return
-        net = pa.concat_tables(nets)
+        net = pa.concat_tables(nets, promote_options="default")  # the rules' rows carry no typed images
         if self.payload_key is None:
             yield pd.DataFrame({PACKED_COLUMN: [ipc_bytes(net)]})
             return

@@ -63,6 +63,12 @@ class StageConfig:
     # One live row per key at most (one source, upsert key = primary key): keep rows' digests (`row_digest`).
     row_digests: bool = False
 
+    @property
+    def decides_on_columns(self) -> bool:
+        """Whether the bucket stage decides the common case on a call's columns (`rules_columns`): batch
+        compaction in upsert-key mode without a state TTL."""
+        return self.compaction == "batch" and not self.state_ttl_ms and not self.whole_row_key
+
 
 arrival = itemgetter(*ARRIVAL_ORDER)
 """Sort key of a record: the order the materializer applies a key's changes in (a tuple of its ARRIVAL_ORDER values)."""

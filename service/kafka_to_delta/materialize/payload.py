@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from connectors.delta.arrow_types import (
+    arrow_type,
     inferred_kinds,
     merge_types,
     rows_to_table,
@@ -33,7 +34,16 @@ from service.kafka_to_delta.materialize.net_changes import unpack_net
 from service.kafka_to_delta.materialize.typed_rows import bulk_kinds, bulk_rows
 from service.kafka_to_delta.rows.arrow import PAYLOAD_SCHEMA
 from service.kafka_to_delta.rows.ipc import ipc_bytes
-from service.kafka_to_delta.rows.names import COUNTERS, FAILED_COLUMNS, Column, Meta, Part
+from service.kafka_to_delta.rows.names import (
+    COUNTERS,
+    EARLIER_IMAGES,
+    FAILED_COLUMNS,
+    TYPED_IMAGE,
+    TYPED_PREFIX,
+    Column,
+    Meta,
+    Part,
+)
 from service.runtime.worker_heap import task_started
 from vocabulary.changes import ChangeKind
 from vocabulary.errors import DecodeError, SourceCoordinates
@@ -85,14 +95,18 @@ class TypeEvidence:
 def typed_changes(net: pa.Table, primary_key: tuple[str, ...]) -> tuple[pa.Table, TypeEvidence]:
     """Net changelog rows (JSON row images) -> typed rows plus `Meta` columns, and their type evidence.
 
-    A delete carries its primary key only (from the key), an upsert its whole image. Where there are at
+    A delete carries its primary key only (from the key), an upsert its whole image. Rows carrying their
+    typed image (`TYPED_IMAGE`, from Avro decoded in bulk) take it (`_carried`). Otherwise, where there are at
     least `BULK_ROWS` rows and they declare one set of column types or none (the kinds of the upserts that
     declare none then inferred in bulk, `typed_rows.bulk_kinds`), the rows are typed in bulk (`typed_rows.bulk_rows`);
     otherwise, and where the bulk way leaves it to the reference, row by row (`rows_to_table`).
     """
     deletes = pc.is_in(net.column(Column.KIND), pa.array(RETRACTIONS)).to_pylist()
-    bulk = _bulk_typed(net, primary_key, deletes) if net.num_rows >= BULK_ROWS else None
-    if bulk is not None:
+    carried = _carried(net, primary_key, deletes)
+    bulk = _bulk_typed(net, primary_key, deletes) if carried is None and net.num_rows >= BULK_ROWS else None
+    if carried is not None:
+        typed, evidence = carried
+    elif bulk is not None:
         typed, evidence = bulk
     else:
         typed, evidence = _reference_typed(net, primary_key, deletes)
@@ -121,6 +135,88 @@ def _reference_typed(net: pa.Table, primary_key: tuple[str, ...], deletes: list[
                   if texts is None or not row.keys() <= declared[texts].keys()]
     evidence.seen = inferred_kinds(undeclared)
     return _table_or_located(rows, evidence.types(), net), evidence
+
+
+def _carried(net: pa.Table, primary_key: tuple[str, ...], deletes: list[bool]) -> tuple[pa.Table, TypeEvidence] | None:
+    """`_reference_typed`'s result where rows carry their typed image (`TYPED_IMAGE`: the text is the image's,
+    written from the same values) and every row declares its column types (then the declared types are
+    the evidence): those rows' columns are taken, cast only where another schema version widened a number;
+    a delete keeps its primary key. The other rows are typed from their texts with the same types. None where
+    that cannot tell the reference's result: a row's key outside the types, a column of another type."""
+    if TYPED_IMAGE not in net.column_names or net.column(Column.TYPES).null_count:
+        return None
+    deleting = np.array(deletes, np.bool_)
+    holds = pc.fill_null(net.column(TYPED_IMAGE), False).to_numpy(zero_copy_only=False).astype(np.bool_)
+    holds &= deleting | pc.is_valid(net.column(Column.ROW)).to_numpy(zero_copy_only=False)
+    if EARLIER_IMAGES in net.column_names:  # filled from earlier images: no longer the carried image
+        holds &= pc.is_null(net.column(EARLIER_IMAGES)).to_numpy(zero_copy_only=False)
+    if not holds.any():
+        return None
+    evidence = TypeEvidence()
+    for text in pc.unique(net.column(Column.TYPES)).to_pylist():
+        evidence.declared = merge_types(evidence.declared, json.loads(text))
+    types = evidence.types()
+    if not set(primary_key) <= types.keys():
+        return None
+    every, names = bool(holds.all()), set(net.column_names)
+    carried = net if every else net.filter(pa.array(holds))
+    retracted = pa.array(deleting[holds]) if deleting[holds].any() else None
+    arrays = []
+    for name, type_name in types.items():
+        target, source = arrow_type(type_name), TYPED_PREFIX + name
+        if source not in names:
+            if name in primary_key:
+                return None
+            arrays.append(pa.nulls(carried.num_rows, target))
+            continue
+        column = carried.column(source)
+        if column.type != target:
+            if not _widened(column.type, target):
+                return None
+            try:
+                column = column.cast(target)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                return None
+        if retracted is not None and name not in primary_key:
+            column = pc.if_else(retracted, pa.scalar(None, target), column)
+        arrays.append(column)
+    typed = pa.Table.from_arrays(arrays, schema=pa.schema([(n, arrow_type(t)) for n, t in types.items()]))
+    if every:
+        return typed, evidence
+    rest = net.filter(pa.array(~holds))
+    others = _typed_as(rest, primary_key, deleting[~holds], types)
+    if others is None:
+        return None
+    order = np.empty(len(holds), np.int64)
+    order[holds] = np.arange(typed.num_rows)
+    order[~holds] = typed.num_rows + np.arange(others.num_rows)
+    return pa.concat_tables([typed, others]).take(pa.array(order)), evidence
+
+
+def _widened(carried: pa.DataType, target: pa.DataType) -> bool:
+    """Whether `target` is a number type another schema version widened `carried` to (`merge_types`)."""
+    if pa.types.is_integer(carried):
+        return pa.types.is_integer(target) or pa.types.is_floating(target)
+    return pa.types.is_decimal(carried) and pa.types.is_decimal(target)
+
+
+def _typed_as(net: pa.Table, primary_key: tuple[str, ...], deletes: np.ndarray, types: dict[str, str]) -> pa.Table | None:
+    """Rows typed from their texts with `types` (a delete, or a row without text, as its primary key);
+    None where a row names a column outside the types it declares (the reference would infer its type)."""
+    keys, texts = net.column(Column.KEY).to_pylist(), net.column(Column.ROW).to_pylist()
+    keyed = [bool(deleted) or text is None for deleted, text in zip(deletes, texts)]
+    declared = pc.unique(net.column(Column.TYPES)).to_pylist()
+    if len(texts) >= BULK_ROWS and len(declared) == 1 and json.loads(declared[0]).keys() == types.keys():
+        lines = pa.array([_key_text(primary_key, key) if by_key else text
+                          for key, text, by_key in zip(keys, texts, keyed)], pa.string())
+        return bulk_rows(lines, types)  # None as well where a row names a column outside `types`
+    rows = [_key_row(primary_key, key) if by_key else loads(text.encode())
+            for key, text, by_key in zip(keys, texts, keyed)]
+    names = {text: json.loads(text).keys() for text in declared}
+    if any(not isinstance(row, dict) or not row.keys() <= names[text]
+           for row, text in zip(rows, net.column(Column.TYPES).to_pylist())):
+        return None
+    return _table_or_located(rows, types, net)
 
 
 def _bulk_typed(net: pa.Table, primary_key: tuple[str, ...], deletes: list[bool]) -> tuple[pa.Table, TypeEvidence] | None:

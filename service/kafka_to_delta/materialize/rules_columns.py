@@ -5,8 +5,9 @@ them by key and decide each key in Python (`bulk.compact_many`); building the ne
 dict per key. For the keys of the common shape (`rules_fast.simple_outcome`: one upsert key, no
 sequence_by, a stored state of at most that upsert key's live row) the outcome depends on the key's
 last change alone, so here the changes are sorted by (key, arrival) in Arrow, each key's last change is
-found from the group boundaries, and the net rows are taken as columns. Python only touches each key
-once, for its stored state (parse it, write the new one, digest the winner).
+found from the group boundaries, and the net rows are taken as columns (with the winner's typed image
+columns where the changes carry them). Python only touches each key once, for its stored state (parse it,
+write the new one, digest the winner).
 
 A key is left to the rules (its changes returned as dicts, in arrival order, for `compact_many`) when
 any of its changes falls outside the common shape, when its stored state does, when a retraction finds
@@ -32,7 +33,7 @@ from service.kafka_to_delta.materialize.key_state import one_row_state
 from service.kafka_to_delta.materialize.row_digest import digested_state, row_digest
 from service.kafka_to_delta.materialize.rules_fast import stored_row
 from service.kafka_to_delta.rows.ipc import table_records
-from service.kafka_to_delta.rows.names import CHANGES_COLUMN, GROUP, Column
+from service.kafka_to_delta.rows.names import CHANGES_COLUMN, GROUP, Column, typed_names
 from service.kafka_to_delta.rows.spark import NET_ARROW_SCHEMA
 from vocabulary.changes import ChangeKind
 
@@ -49,8 +50,9 @@ def compact_columns(changes: pa.Table, states: dict[str, StoredState],
     for the keys decided here. `changes`: a call's changes (`STAGE_FIELDS`, any order)."""
     if changes.num_rows == 0:
         return None, []
+    typed = typed_names(changes.column_names)
     if any(changes.column(name).null_count for name in ARRIVAL_ORDER):
-        return None, table_records(changes)
+        return None, table_records(changes.drop_columns(typed))
     ordered = changes.sort_by([(name, "ascending") for name in (GROUP, *ARRIVAL_ORDER)])
     count = ordered.num_rows
     group = ordered.column(GROUP).combine_chunks()
@@ -109,7 +111,7 @@ def compact_columns(changes: pa.Table, states: dict[str, StoredState],
             state_bytes.append(0)
         decided.append(at)
     left = np.repeat(~key_ok, ends - starts + 1)
-    rest = table_records(ordered.filter(pa.array(left))) if left.any() else []
+    rest = table_records(ordered.drop_columns(typed).filter(pa.array(left))) if left.any() else []
     if not decided:
         return None, rest
     with_types = np.where(_flags(pc.is_valid(ordered.column(Column.TYPES))), np.arange(count), -1)
@@ -142,4 +144,7 @@ def _net_rows(ordered: pa.Table, starts: np.ndarray, ends: np.ndarray, last_type
     }
     arrays = [columns[field.name].cast(field.type) if field.name in columns else pa.nulls(len(kinds), field.type)
               for field in NET_ARROW_SCHEMA]
-    return pa.Table.from_arrays(arrays, schema=NET_ARROW_SCHEMA)
+    net = pa.Table.from_arrays(arrays, schema=NET_ARROW_SCHEMA)
+    for name in typed_names(ordered.column_names):  # the winner's typed image: the net row's (`payload`)
+        net = net.append_column(ordered.schema.field(name), ordered.column(name).take(last))
+    return net

@@ -11,6 +11,8 @@ from collections.abc import Iterable
 
 import pyarrow as pa
 
+from service.kafka_to_delta.rows.names import typed_names
+
 _OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
 
 
@@ -23,9 +25,18 @@ def ipc_bytes(table: pa.Table) -> bytes:
 
 
 def unpack_tables(values: Iterable[bytes]) -> pa.Table | None:
-    """The tables of packed values (`ipc_bytes`) as one; None when there are none."""
+    """The tables of packed values (`ipc_bytes`) as one; None when there are none. Typed image columns
+    (`names.TYPED_PREFIX`) that differ in type between the tables are left out."""
     tables = [pa.ipc.open_stream(pa.py_buffer(value)).read_all() for value in values]
-    return pa.concat_tables(tables, promote_options="default") if tables else None
+    if not tables:
+        return None
+    try:
+        return pa.concat_tables(tables, promote_options="default")
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        if not any(typed_names(table.column_names) for table in tables):
+            raise
+    return pa.concat_tables([table.drop_columns(typed_names(table.column_names)) for table in tables],
+                            promote_options="default")
 
 
 def table_records(table: pa.Table) -> list[dict]:
@@ -36,6 +47,6 @@ def table_records(table: pa.Table) -> list[dict]:
 
 
 def unpack_changes(values: Iterable[bytes]) -> list[dict]:
-    """The changes of packed values (`STAGE_FIELDS`), as plain Python records."""
+    """The changes of packed values (`STAGE_FIELDS`), as plain Python records (without typed image columns)."""
     table = unpack_tables(values)
-    return [] if table is None else table_records(table)
+    return [] if table is None else table_records(table.drop_columns(typed_names(table.column_names)))

@@ -6,6 +6,7 @@ streaming source runner) name these without loading the decoders.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import Enum
 
 
@@ -111,6 +112,19 @@ STAGE_FIELDS = (
 )
 """What the materializer's stages read of a change (its group key, `_group`, first): the columns of a packed
 chunk, and those `materializer_stage` selects from rows."""
+
+TYPED_PREFIX = "__typed:"
+"""Prefix of a change's typed image columns (`__typed:<column>`), carried next to its row text from where Avro
+is decoded in bulk (`source.changelog_columns`) to the driver's payload (`materialize.payload`), so the net rows
+are not typed from their texts again."""
+TYPED_IMAGE = "__typed_image"
+"""Whether a change's typed image columns hold its image (false or null: type it from its text)."""
+
+
+def typed_names(names: Iterable[str]) -> list[str]:
+    """The typed image columns (and their flag) among `names`."""
+    return [name for name in names if name.startswith(TYPED_PREFIX) or name == TYPED_IMAGE]
+
 
 # Net changes: at most one per key per batch (`rows.spark.NET_SCHEMA`).
 CHANGES_COLUMN = "changes"

@@ -6,7 +6,8 @@ of the decode task into rows, through the shuffle and the stateful operator's so
 Arrow for the bucket's Python worker and into pandas there. Packed, each decoded chunk leaves its
 task as one row per bucket it touches: the bucket, the largest watermark candidate of the bucket's
 rows (so the query's watermark is what it was row by row: the largest candidate) and the rows
-themselves as one Arrow IPC value, which the bucket call reads back with `unpack_changes`.
+themselves as one Arrow IPC value, which the bucket call reads back with `unpack_changes`; typed image
+columns, where the decode carries them, go with the rows.
 
 The bucket is Spark's own `pmod(xxhash64(group key), N)` (`spark_bucket`): the function the rows
 were bucketed with before they were packed and that the seed of `rebuild-state` still uses, so a
@@ -35,6 +36,7 @@ from service.kafka_to_delta.rows.names import (
     WATERMARK_COLUMN,
     Column,
     error_group_key,
+    typed_names,
 )
 from service.kafka_to_delta.source.decode_stage import DecodedRanges
 
@@ -69,7 +71,8 @@ def packed_buckets(changes: pa.RecordBatch, buckets: int) -> pa.RecordBatch:
     bucket_of = np.fromiter((spark_bucket(g, buckets) for g in groups), np.int64, len(groups))
     event_time = pc.coalesce(changes.column(Column.EVENT_TIME), changes.column(Column.TIMESTAMP))
     columns = {GROUP: pa.array(groups, pa.string()), EVENT_TIME: event_time}
-    rows = pa.table({name: columns[name] if name in columns else changes.column(name) for name in STAGE_FIELDS})
+    names = (*STAGE_FIELDS, *typed_names(changes.schema.names))
+    rows = pa.table({name: columns[name] if name in columns else changes.column(name) for name in names})
     # One stable sort by bucket, then a slice per bucket (a take per bucket cost 16 passes over the chunk).
     order = pa.array(np.argsort(bucket_of, kind="stable"))
     rows, candidates = rows.take(order), changes.column(WATERMARK_COLUMN).take(order)

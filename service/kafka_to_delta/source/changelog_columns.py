@@ -21,7 +21,9 @@ Settings that are not the plain path's (`vector_plan`) go record by record as we
 
 The rows hold what the bucket stage reads (`STAGE_FIELDS`) exactly as the record-by-record way gives them;
 of the others, `snapshot` is left null (the bucket stage does not read it). An image's columns are written
-in its schema's field order, the order the Avro record holds them in.
+in its schema's field order, the order the Avro record holds them in. With `typed`, the rows decoded in bulk
+also carry each image's columns typed (`rows.names.TYPED_PREFIX`; the records decoded record by record carry
+none), so that the net rows are not typed from their texts again (`materialize.payload`).
 `tests/unit/service/kafka_to_delta/source/test_changelog_columns.py` holds the two ways equal.
 """
 
@@ -36,7 +38,7 @@ from connectors.kafka.range_reader import ValueChunk
 from service.kafka_to_delta.changelog.changelog_batch import ChangelogBatchDecoder
 from service.kafka_to_delta.formats.debezium_json import compact_json
 from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
-from service.kafka_to_delta.rows.names import Column, KafkaColumn
+from service.kafka_to_delta.rows.names import Column, KafkaColumn, typed_names
 from service.kafka_to_delta.source.debezium_columns import (
     GROUP_COLUMN,
     KEY_COLUMN,
@@ -59,16 +61,18 @@ _FROM_TEXTS = {Column.KIND: KIND, Column.KEY: KEY_COLUMN, Column.UPSERT_KEY: KEY
 class BulkChangelog:
     """The changelog rows of a pipeline's Kafka ranges (`range_decoder` per range). Picklable."""
 
-    def __init__(self, decoder: ChangelogBatchDecoder, primary_key: tuple[str, ...] | None) -> None:
-        """`primary_key` None: every batch record by record."""
+    def __init__(self, decoder: ChangelogBatchDecoder, primary_key: tuple[str, ...] | None, typed: bool = False) -> None:
+        """`primary_key` None: every batch record by record. `typed`: the rows decoded in bulk also carry their
+        typed image columns (`TYPED_PREFIX`, `RangeColumns.with_typed`)."""
         self.decoder = decoder
+        self.typed = typed
         self.plan: VectorPlan | None = None
         if primary_key is not None and is_avro(decoder.decode_value):
             self.plan = vector_plan(decoder, primary_key)
 
     def range_decoder(self) -> "RangeChangelog":
         """A decoder for the record batches of one range, in order."""
-        return RangeChangelog(self.decoder, self.plan)
+        return RangeChangelog(self.decoder, self.plan, self.typed)
 
 
 class RangeChangelog:
@@ -77,9 +81,10 @@ class RangeChangelog:
     that went the bulk way), `odd` (records of those decoded record by record), `fallback` (why the rest of
     the range went record by record)."""
 
-    def __init__(self, decoder: ChangelogBatchDecoder, plan: VectorPlan | None) -> None:
+    def __init__(self, decoder: ChangelogBatchDecoder, plan: VectorPlan | None, typed: bool = False) -> None:
         self.decoder = decoder
-        self.columns = None if plan is None else RangeColumns(plan, decoder.decode_value, with_texts=True)
+        self.columns = None if plan is None else RangeColumns(plan, decoder.decode_value, with_texts=True,
+                                                               with_typed=typed)
         self.applies = plan is not None
         self.bulk = self.odd = 0
         self.fallback: str | None = None
@@ -107,7 +112,7 @@ class RangeChangelog:
             parts.append(pa.Table.from_batches([self.decoder(batch.filter(chosen))]))
         if not parts:
             return _empty_batch()
-        joined = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        joined = pa.concat_tables(parts, promote_options="default") if len(parts) > 1 else parts[0]
         if len(parts) > 1:
             joined = joined.sort_by([(Column.OFFSET, "ascending"), (Column.CHANGE_INDEX, "ascending")])
         return joined.combine_chunks().to_batches()[0] if joined.num_rows else _empty_batch()
@@ -133,7 +138,9 @@ class RangeChangelog:
             else:
                 array = pa.nulls(rows.num_rows, field.type)
             arrays.append(array.cast(field.type) if array.type != field.type else array)
-        return pa.Table.from_arrays(arrays, schema=CHANGELOG_SCHEMA)
+        typed = typed_names(rows.column_names)
+        schema = pa.schema([*CHANGELOG_SCHEMA, *(rows.schema.field(name) for name in typed)])
+        return pa.Table.from_arrays(arrays + [rows.column(name) for name in typed], schema=schema)
 
 
 def _empty_batch() -> pa.RecordBatch:

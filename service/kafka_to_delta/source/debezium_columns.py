@@ -80,7 +80,7 @@ from service.kafka_to_delta.formats.debezium_json import (
 )
 from service.kafka_to_delta.formats.row_text import row_texts, unchanged_texts
 from service.kafka_to_delta.materialize.last_change import last_rows
-from service.kafka_to_delta.rows.names import Column
+from service.kafka_to_delta.rows.names import TYPED_IMAGE, TYPED_PREFIX, Column, typed_names
 from service.kafka_to_delta.source.wrapper_layouts import BARE, ODD, Layout, Layouts
 from vocabulary.changes import ChangeKind
 
@@ -217,6 +217,9 @@ class RangeColumns:
     """Whether each changelog row also carries its image as the text the record-by-record way writes
     (`ROW_TEXT`, from the values in the reference document's form), its change kind (`KIND`) and its
     unchanged columns (`UNCHANGED_TEXT`): the decode stage's rows (`changelog_columns`)."""
+    with_typed: bool = False
+    """With `with_texts`, on Avro: each changelog row also carries its image's columns typed as the row's
+    declared types type them (`TYPED_PREFIX` columns, `TYPED_IMAGE` where they hold the image)."""
     _pending: list[pa.Table] = field(default_factory=list)
     """Changelog rows of chunks added since the last `reduced`."""
     _held_pending: dict[str, list[pa.Table]] = field(default_factory=dict)
@@ -253,7 +256,7 @@ class RangeColumns:
         if not parts:
             return None
         try:
-            rows = pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
+            rows = _joined(parts)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise NotVectorisable(f"schema versions typed a column differently ({_shown(exc)})") from None
         rows = rows.take(pc.sort_indices(rows, [(_RECORD, "ascending"), (_CHANGE_INDEX, "ascending")]))
@@ -316,12 +319,12 @@ class RangeColumns:
                 self.typed_groups.add(group)
             if {self.plan.op, self.plan.before, self.plan.after} - set(columns.table.column_names):
                 raise NotVectorisable("Avro envelopes without the configured op and image fields")
-            table = columns.table
+            table, typed = columns.table, None
             if self.with_texts:
                 if columns.json_form is None:
                     raise NotVectorisable("Avro columns whose document form needs a conversion")
-                table = columns.json_form
-            rows, kept = self._changelog(table, group)
+                table, typed = columns.json_form, columns.table if self.with_typed else None
+            rows, kept = self._changelog(table, group, typed)
             indices = np.asarray(columns.indices, np.int64)
             odd.extend(indices[~kept].tolist())
             if rows.num_rows:
@@ -475,10 +478,10 @@ class RangeColumns:
                 return True
         return False
 
-    def _changelog(self, parsed: pa.Table, group: int) -> tuple[pa.Table, np.ndarray]:
+    def _changelog(self, parsed: pa.Table, group: int, typed: pa.Table | None = None) -> tuple[pa.Table, np.ndarray]:
         """(changelog rows of the parsed records in source order (record, change index), with
         `__record` the parsed row; the parsed rows kept: the others are left to the
-        record-by-record way)."""
+        record-by-record way). `typed`: the same records' typed columns (`with_typed`)."""
         op = parsed.column(self.plan.op)
         keep = _mask(pc.is_in(op, pa.array(list(self.plan.codes), pa.string())))
         sides = []
@@ -497,7 +500,8 @@ class RangeColumns:
                 emits |= coded & valid
                 if side.nulls_unchanged:
                     nulls |= coded & valid
-            rows, misfits = self._side_rows(image, group, nulls & keep)
+            typed_image = typed.column(side_name).combine_chunks() if typed is not None else None
+            rows, misfits = self._side_rows(image, group, nulls & keep, typed_image)
             keep &= ~(emits & (self._unkeyed(image) | misfits))
             sides.append((rows, emits))
         tables = []
@@ -527,13 +531,15 @@ class RangeColumns:
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise NotVectorisable(f"the two images typed a column differently ({_shown(exc)})") from None
 
-    def _side_rows(self, image: pa.StructArray, group: int, nulls: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+    def _side_rows(self, image: pa.StructArray, group: int, nulls: np.ndarray,
+                   typed_image: pa.StructArray | None = None) -> tuple[pa.Table, np.ndarray]:
         """(one side's images as rows: the key text, the columns as parsed (nested ones as JSON
         text), a `_FLAG` column per column holding the unavailable-value placeholder (its value
         null) or, in the images at `nulls` (`ignore_null_updates`), a null outside the primary key;
         the images holding a value only the record-by-record way can judge: one their declared
         type does not take (`bulk_values`)). With `with_texts`, the rows are the key text and the texts
-        alone: they stand for the values."""
+        alone: they stand for the values; with `typed_image` (the same images as typed columns), also
+        the typed image columns (`_typed_columns`)."""
         layout = self._layout(group) if group != BARE else None
         misfits = np.zeros(len(image), np.bool_)
         arrays, names, flags = [], [], []
@@ -575,13 +581,45 @@ class RangeColumns:
             if texts is None:
                 raise NotVectorisable("a row column of a type the changelog text does not take")
             omitted = unchanged_texts(len(image), columns, [kept for _, kept in raw])
-            return pa.table({_KEY: self._key_text(image), ROW_TEXT: texts, UNCHANGED_TEXT: omitted}), misfits
+            table = pa.table({_KEY: self._key_text(image), ROW_TEXT: texts, UNCHANGED_TEXT: omitted})
+            if typed_image is not None:
+                for name, array in self._typed_columns(typed_image, group, dict(zip(columns, raw))).items():
+                    table = table.append_column(name, array)
+            return table, misfits
         arrays.append(self._key_text(image))
         names.append(_KEY)
         for name, kept in flags:
             arrays.append(pa.array(kept))
             names.append(name)
         return pa.Table.from_arrays(arrays, names=names), misfits
+
+    def _typed_columns(self, image: pa.StructArray, group: int,
+                       raw: dict[str, tuple[pa.Array, np.ndarray]]) -> dict[str, pa.Array]:
+        """One side's typed image columns (`TYPED_PREFIX`), as the plain path types them (`_side_rows` without
+        texts, then `typed_net` with the group's declared types): a column left unchanged is null, a
+        non-finite float null, nested values JSON text; and `TYPED_IMAGE`, false for an image holding a
+        value only its text may type. Nothing where a column is not one the texts were written from, or
+        its values do not convert to its declared type in bulk (the rows are then typed from their texts)."""
+        types = self._layout(group).types
+        typed: dict[str, pa.Array] = {}
+        holds = np.ones(len(image), np.bool_)
+        for child, column in zip(image.type, image.flatten()):
+            if child.name not in raw or child.name not in types:
+                return {}
+            kept = raw[child.name][1]
+            if kept.any():
+                column = pc.if_else(pa.array(kept), pa.scalar(None, column.type), column)
+            if pa.types.is_floating(column.type):
+                column = pc.if_else(pc.is_finite(column), column, pa.scalar(None, column.type))
+            elif pa.types.is_nested(column.type):
+                column, misfit = json_text(column)
+                holds &= ~misfit
+            try:
+                typed[TYPED_PREFIX + child.name] = _typed(column, types[child.name], arrow_type(types[child.name]))
+            except NotVectorisable:
+                return {}
+        typed[TYPED_IMAGE] = pa.array(holds)
+        return typed
 
     def _kinds(self, codes: pa.Array, position: int) -> pa.Array:
         """The change kind of each row emitted from side `position` for its op code."""
@@ -632,8 +670,8 @@ class RangeColumns:
 
     def _conformed(self, rows: pa.Table) -> pa.Table:
         """Rows with the range's row columns in order of first appearance, flags after them."""
-        self.order.update(dict.fromkeys(n for n in rows.column_names
-                                        if n not in _META and n not in TEXT_COLUMNS and not n.startswith(_FLAG)))
+        self.order.update(dict.fromkeys(n for n in rows.column_names if n not in _META and n not in TEXT_COLUMNS
+                                        and not n.startswith(_FLAG) and n not in typed_names([n])))
         names = [n for n in self.order if n in rows.column_names]
         return rows.select(names + [n for n in rows.column_names if n not in self.order])
 
@@ -749,6 +787,20 @@ class RangeColumns:
                 else:
                     raise NotVectorisable(f"column {name!r} of schema-less records is {data_type}")
         return net, declared, seen
+
+
+def _joined(parts: list[pa.Table]) -> pa.Table:
+    """A chunk's changelog rows of its schema versions as one table; where their typed image columns
+    (`with_typed`) do not join, without them."""
+    if len(parts) == 1:
+        return parts[0]
+    try:
+        return pa.concat_tables(parts, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        if not any(typed_names(part.column_names) for part in parts):
+            raise
+    return pa.concat_tables([part.drop_columns(typed_names(part.column_names)) for part in parts],
+                            promote_options="permissive")
 
 
 def _due(waiting: list[pa.Table], reduced: pa.Table | None) -> bool:

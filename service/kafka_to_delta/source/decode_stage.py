@@ -18,7 +18,7 @@ from service.config.registry import SchemaRegistrySettings
 from service.config.settings import PipelineSettings
 from service.kafka_to_delta.changelog.changelog_batch import ChangelogBatchDecoder
 from service.kafka_to_delta.formats.debezium_json import DocumentDecoder
-from service.kafka_to_delta.rows.arrow import STREAM_SCHEMA
+from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA, STREAM_SCHEMA
 from service.kafka_to_delta.rows.names import Column
 from service.kafka_to_delta.source.changelog_columns import BulkChangelog
 from service.kafka_to_delta.source.decode_report import DecodeWays
@@ -76,11 +76,22 @@ class _Decode:
             if self.scope_by_topic:
                 decoded = _topic_scoped(decoded)
             candidates = watermark.candidates(batch, decoded)
-            yield pa.RecordBatch.from_arrays([*decoded.columns, candidates], schema=STREAM_SCHEMA)
+            yield _with_candidates(decoded, candidates)
         if self.maxima is not None:
             self.maxima.report(watermark.maxima)
         if self.ways is not None:
             self.ways.report(decode)
+
+
+def _with_candidates(decoded: pa.RecordBatch, candidates: pa.Array) -> pa.RecordBatch:
+    """`STREAM_SCHEMA`'s rows: the changelog rows and their watermark candidates; typed image columns
+    (`changelog_columns` with `typed`) after them."""
+    if decoded.num_columns == len(CHANGELOG_SCHEMA):
+        return pa.RecordBatch.from_arrays([*decoded.columns, candidates], schema=STREAM_SCHEMA)
+    extra = decoded.schema.names[len(CHANGELOG_SCHEMA):]
+    schema = pa.schema([*STREAM_SCHEMA, *(decoded.schema.field(name) for name in extra)])
+    return pa.RecordBatch.from_arrays([*decoded.columns[:len(CHANGELOG_SCHEMA)], candidates,
+                                       *(decoded.column(name) for name in extra)], schema=schema)
 
 
 class DecodedRanges:
@@ -90,12 +101,13 @@ class DecodedRanges:
 
     `bulk`: the rows go to the bucket stage, which reads `STAGE_FIELDS` only: Avro values are decoded in
     bulk where they can be (`changelog_columns`, `snapshot` left null), and how each range went is
-    reported to `ways`; otherwise record by record."""
+    reported to `ways`; otherwise record by record. `typed`: the rows decoded in bulk also carry their typed
+    image columns (for a bucket stage that passes them on to its payload)."""
 
     def __init__(self, pipeline: PipelineSettings, maxima: EventTimeMaxima | None, bulk: bool = False,
-                 ways: DecodeWays | None = None) -> None:
+                 ways: DecodeWays | None = None, typed: bool = False) -> None:
         decoder = batch_decoder(pipeline)
-        ranges = BulkChangelog(decoder, tuple(pipeline.primary_key) if bulk else None)
+        ranges = BulkChangelog(decoder, tuple(pipeline.primary_key) if bulk else None, typed)
         self.decode = _Decode(ranges, len(pipeline.topics) > 1, maxima, ways)
 
     def __call__(self, read: Callable[[], Iterable[pa.RecordBatch]], read_values: object = None) -> Iterator[pa.RecordBatch]:

@@ -113,8 +113,8 @@ class HistoryColumns(RangeColumns):
     """The sequence value's path (`sequence_path`)."""
     kept: list[pa.Table] = field(default_factory=list)
 
-    def _changelog(self, parsed: pa.Table, group: int) -> tuple[pa.Table, np.ndarray]:
-        rows, keep = super()._changelog(parsed, group)
+    def _changelog(self, parsed: pa.Table, group: int, typed: pa.Table | None = None) -> tuple[pa.Table, np.ndarray]:
+        rows, keep = super()._changelog(parsed, group, typed)
         if rows.num_rows == 0:
             return rows.append_column(_VEC_SEQUENCE, pa.nulls(0)), keep
         values = self._sequence_values(parsed)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -21,7 +22,8 @@ from connectors.schema_registry.wire_format import frame
 from service.config.settings import PipelineSettings
 from service.kafka_to_delta.changelog.changelog_batch import ChangelogBatchDecoder
 from service.kafka_to_delta.formats.debezium_json import UNAVAILABLE_VALUE
-from service.kafka_to_delta.rows.names import Column
+from service.kafka_to_delta.materialize.payload import typed_changes
+from service.kafka_to_delta.rows.names import TYPED_IMAGE, Column, typed_names
 from service.kafka_to_delta.source.changelog_columns import BulkChangelog
 from service.kafka_to_delta.source.decode_report import DecodeWays
 from service.kafka_to_delta.source.decode_stage import batch_decoder
@@ -33,6 +35,7 @@ from tests.unit.connectors.schema_registry.test_avro_columns import (  # noqa: F
 )
 from tests.unit.service.kafka_to_delta.source.test_avro_ranges import AVRO_RANGES, avro_range
 from tests.unit.service.kafka_to_delta.source.test_debezium_columns import _batches
+from vocabulary.errors import DecodeError
 
 _PIPELINE = PipelineSettings(name="p", topics=["t"], table="t", primary_key=["id"])
 _COMPARED = [name for name in (Column.TOPIC, Column.PARTITION, Column.OFFSET, Column.CHANGE_INDEX, Column.TIMESTAMP,
@@ -48,16 +51,46 @@ def _decoder(client, ignore_nulls: bool = False) -> ChangelogBatchDecoder:  # no
                                  value_decoder=ConfluentAvroDecoder(client), ignore_null_updates=ignore_nulls)
 
 
-def _both_ways(decoder: ChangelogBatchDecoder, batches: list[pa.RecordBatch]):
-    """Assert the two ways give the same rows for each batch; the bulk way's range decoder."""
-    decode = BulkChangelog(decoder, ("id",)).range_decoder()
+def _both_ways(decoder: ChangelogBatchDecoder, batches: list[pa.RecordBatch], typed: bool = False,
+               seed: int = 0):
+    """Assert the two ways give the same rows for each batch; the bulk way's range decoder. `typed`: the
+    bulk way carries typed images, and the rows typed from them equal the rows typed from their texts."""
+    decode = BulkChangelog(decoder, ("id",), typed).range_decoder()
+    rng = random.Random(seed)
     for batch in batches:
         exact = decoder(batch).select(_COMPARED)
-        fast = decode(batch).select(_COMPARED)
+        decoded = decode(batch)
+        fast = decoded.select(_COMPARED)
         assert fast.schema == exact.schema
         for name in _COMPARED:
             assert fast.column(name).equals(exact.column(name)), (name, fast.column(name), exact.column(name))
+        if typed:
+            _typed_as_from_texts(pa.Table.from_batches([decoded]), rng)
     return decode
+
+
+def _typed_as_from_texts(rows: pa.Table, rng: random.Random) -> None:
+    """`typed_changes` of changelog rows carrying typed images equals it of the same rows without them, with
+    some rows' images dropped (typed from their texts among the others)."""
+    changes = rows.filter(pc.and_(pc.is_in(rows.column(Column.KIND), pa.array(["+I", "+U", "-U", "-D"])),
+                                  pc.is_null(rows.column(Column.ERROR))))
+    if not changes.num_rows or TYPED_IMAGE not in changes.column_names:
+        return
+
+    def typed(table: pa.Table):
+        try:
+            result, evidence = typed_changes(table, ("id",))
+        except DecodeError as error:
+            return str(error)
+        return result, evidence.to_json()
+
+    reference = typed(changes.drop_columns(typed_names(changes.column_names)))
+    holds = changes.column(TYPED_IMAGE).to_pylist()
+    for dropped in (0.0, 0.3):
+        kept = [bool(held) and rng.random() >= dropped for held in holds]
+        carried = typed(changes.set_column(changes.schema.get_field_index(TYPED_IMAGE), TYPED_IMAGE,
+                                           pa.array(kept, pa.bool_())))
+        assert carried == reference or (carried[0].equals(reference[0]) and carried[1] == reference[1])
 
 
 @AVRO_RANGES
@@ -66,7 +99,7 @@ def test_avro_changes_decode_in_bulk_as_record_by_record(client, data) -> None: 
     pairs = avro_range(client, data)
     ignore_nulls = data.draw(st.booleans(), label="ignore_null_updates")
     batches = _batches(pairs, random.Random(data.draw(st.integers(0, 2**16))))
-    decode = _both_ways(_decoder(client, ignore_nulls), batches)
+    decode = _both_ways(_decoder(client, ignore_nulls), batches, typed=True, seed=data.draw(st.integers(0, 99)))
     # Every batch goes the bulk way, unless a column's document form needs a conversion (timestamp-millis and
     # -nanos are read as microseconds, records holding bytes): then from that batch on record by record.
     assert decode.bulk == len(batches) or "document form needs a conversion" in (decode.fallback or ""), \
@@ -151,7 +184,7 @@ def test_a_capture_goes_the_bulk_way_in_every_batch(client) -> None:  # noqa: F8
     for seed in (1, 2, 3, random.randrange(2**16)):
         pairs = _capture(client, 300, seed)
         batches = _batches(pairs, random.Random(seed))
-        decode = _both_ways(_decoder(client), batches)
+        decode = _both_ways(_decoder(client), batches, typed=True, seed=seed)
         assert (decode.bulk, decode.fallback) == (len(batches), None), f"seed {seed}"
 
 
