@@ -31,6 +31,8 @@ from service.kafka_to_delta.rows.names import (
     EVENT_TIME,
     GROUP,
     STAGE_FIELDS,
+    TYPED_IMAGE,
+    TYPED_PREFIX,
     error_group_key,
 )
 from tests.support.run_seed import run_seed
@@ -141,3 +143,21 @@ def test_a_call_of_one_key_replacing_its_row_is_decided_on_the_columns():
     assert (net["kind"], net["row"], net["types"], net["offset"], net["changes"]) == (
         "+U", '{"id":"k","v":2}', '{"v":"int64"}', 3, 2)
     assert orjson.loads(states['["k"]'][0])["l"][0]["r"] == '{"id":"k","v":2}'
+
+
+@pytest.mark.parametrize("seed", [*SEEDS, run_seed(2**32)])
+def test_a_decided_net_row_carries_its_winners_typed_image(seed):
+    rnd = random.Random(seed)
+    records = _call(rnd, 0, False) + _call(rnd, 100, False)
+    table = pa.Table.from_pylist(records, schema=STAGE_SCHEMA)
+    values = [None if r["row"] is None else orjson.loads(r["row"])["v"] for r in records]
+    table = table.append_column(TYPED_PREFIX + "v", pa.array(values, pa.int32()))
+    table = table.append_column(TYPED_IMAGE, pa.array([v is not None for v in values]))
+    columns, rest = compact_columns(table, {}, False)
+    assert columns is not None, f"seed {seed}"
+    assert all(name in STAGE_FIELDS for record in rest for name in record)  # the rules get no typed images
+    for net in columns.to_pylist():
+        winner = next(r for r in records if (r["topic"], r["partition"], r["offset"]) == (
+            net["topic"], net["partition"], net["offset"]) and r["row"] == net["row"]) if net["row"] else None
+        if winner is not None:
+            assert (net[TYPED_PREFIX + "v"], net[TYPED_IMAGE]) == (orjson.loads(winner["row"])["v"], True), seed
