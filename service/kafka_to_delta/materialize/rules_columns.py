@@ -53,8 +53,8 @@ def compact_columns(changes: pa.Table, states: dict[str, StoredState],
     typed = typed_names(changes.column_names)
     if any(changes.column(name).null_count for name in ARRIVAL_ORDER):
         return None, table_records(changes.drop_columns(typed))
-    ordered = changes.sort_by([(name, "ascending") for name in (GROUP, *ARRIVAL_ORDER)])
-    count = ordered.num_rows
+    ordered = _Sorted(changes)
+    count = changes.num_rows
     group = ordered.column(GROUP).combine_chunks()
     kind = ordered.column(Column.KIND).combine_chunks()
     upsert_key = ordered.column(Column.UPSERT_KEY).combine_chunks()
@@ -69,21 +69,20 @@ def compact_columns(changes: pa.Table, states: dict[str, StoredState],
     is_add = _flags(pc.is_in(kind, value_set=_ADDS))
     is_retraction = _flags(pc.is_in(kind, value_set=_RETRACTIONS))
     row_ok = (is_add | is_retraction) & _flags(pc.invert(pc.starts_with(group, ERROR_PREFIX)))
-    row_ok &= ~_flags(pc.is_valid(ordered.column(Column.SEQUENCE)))
-    row_ok &= ~(is_add & ~_flags(pc.is_valid(ordered.column(Column.ROW))))
+    row_ok &= ~_flags(ordered.valid(Column.SEQUENCE))
+    row_ok &= ~(is_add & ~_flags(ordered.valid(Column.ROW)))
     row_ok &= _flags(pc.equal(upsert_key, upsert_key.take(pa.array(first_of_row))))
     # A retraction right after another finds no live row: the rules log it.
     row_ok[1:] &= ~(is_retraction[1:] & is_retraction[:-1] & ~starts_mask[1:])
     key_ok = np.logical_and.reduceat(row_ok, starts)
     # A winner leaving columns unchanged after earlier changes of its key is filled from their images
     # (`bulk.net_values`); alone in the call, it is passed on as it is.
-    key_ok &= ~(_flags(pc.is_valid(ordered.column(Column.UNCHANGED).take(pa.array(ends)))) & (ends > starts))
+    key_ok &= ~(_flags(pc.is_valid(ordered.at(Column.UNCHANGED, ends))) & (ends > starts))
 
     keys = group.take(pa.array(starts)).to_pylist()
     upsert_keys = upsert_key.take(pa.array(starts)).to_pylist()
-    last_rows = ordered.column(Column.ROW).take(pa.array(ends)).to_pylist()
-    positions = zip(*(ordered.column(name).take(pa.array(ends)).to_pylist()
-                      for name in (Column.TOPIC, Column.PARTITION, Column.OFFSET)))
+    last_rows = ordered.at(Column.ROW, ends).to_pylist()
+    positions = zip(*(ordered.at(name, ends).to_pylist() for name in (Column.TOPIC, Column.PARTITION, Column.OFFSET)))
     decided: list[int] = []
     net_kinds: list[str | None] = []
     state_bytes: list[int] = []
@@ -111,12 +110,37 @@ def compact_columns(changes: pa.Table, states: dict[str, StoredState],
             state_bytes.append(0)
         decided.append(at)
     left = np.repeat(~key_ok, ends - starts + 1)
-    rest = table_records(ordered.drop_columns(typed).filter(pa.array(left))) if left.any() else []
+    rest = table_records(ordered.rows(left, typed)) if left.any() else []
     if not decided:
         return None, rest
-    with_types = np.where(_flags(pc.is_valid(ordered.column(Column.TYPES))), np.arange(count), -1)
+    with_types = np.where(_flags(ordered.valid(Column.TYPES)), np.arange(count), -1)
     last_types = np.maximum.reduceat(with_types, starts)  # each key's last change declaring types, or -1
     return _net_rows(ordered, starts[decided], ends[decided], last_types[decided], net_kinds, state_bytes), rest
+
+
+class _Sorted:
+    """A call's changes in (group, arrival) order, taken column by column where they are read: sorting the
+    whole table copied every column, the row texts and typed images included, where only the winners'
+    are read."""
+
+    def __init__(self, changes: pa.Table) -> None:
+        self.changes = changes
+        self.order = pc.sort_indices(changes, sort_keys=[(name, "ascending") for name in (GROUP, *ARRIVAL_ORDER)])
+
+    def column(self, name: str) -> pa.ChunkedArray:
+        return self.changes.column(name).take(self.order)
+
+    def valid(self, name: str) -> pa.ChunkedArray:
+        """Whether each change (in order) has a value in `name`."""
+        return pc.is_valid(self.changes.column(name)).take(self.order)
+
+    def at(self, name: str, positions: np.ndarray) -> pa.ChunkedArray:
+        """`name` at `positions` of the order (masked positions, negative: null)."""
+        return self.changes.column(name).take(self.order.take(pa.array(positions, mask=positions < 0)))
+
+    def rows(self, chosen: np.ndarray, without: list[str]) -> pa.Table:
+        """The changes at the `chosen` positions of the order, without the columns `without`."""
+        return self.changes.drop_columns(without).take(self.order.filter(pa.array(chosen)))
 
 
 def _flags(mask: pa.Array | pa.ChunkedArray) -> np.ndarray:
@@ -124,27 +148,25 @@ def _flags(mask: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return pc.fill_null(mask, False).to_numpy(zero_copy_only=False)
 
 
-def _net_rows(ordered: pa.Table, starts: np.ndarray, ends: np.ndarray, last_types: np.ndarray,
+def _net_rows(ordered: _Sorted, starts: np.ndarray, ends: np.ndarray, last_types: np.ndarray,
               kinds: list[str | None], state_bytes: list[int]) -> pa.Table:
     """The net rows (`bulk.net_values`) of the keys whose changes run from `starts` to `ends` in `ordered`
     (`last_types`: the position of each key's last change declaring column types, or -1)."""
-    last = pa.array(ends)
     kind = pa.array(kinds, pa.string())
     columns = {
-        Column.KEY: ordered.column(GROUP).take(last),
+        Column.KEY: ordered.at(GROUP, ends),
         Column.KIND: kind,
-        Column.ROW: pc.if_else(pc.equal(kind, _UPSERT), ordered.column(Column.ROW).take(last), None),
-        Column.UNCHANGED: pc.if_else(pc.equal(kind, _UPSERT), ordered.column(Column.UNCHANGED).take(last), None),
-        Column.TYPES: ordered.column(Column.TYPES).take(pa.array(last_types, mask=last_types < 0)),
+        Column.ROW: pc.if_else(pc.equal(kind, _UPSERT), ordered.at(Column.ROW, ends), None),
+        Column.UNCHANGED: pc.if_else(pc.equal(kind, _UPSERT), ordered.at(Column.UNCHANGED, ends), None),
+        Column.TYPES: ordered.at(Column.TYPES, last_types),
         CHANGES_COLUMN: pa.array(ends - starts + 1, pa.int64()),
         "state_bytes": pa.array(state_bytes, pa.int64()),
         **{name: pa.array(np.zeros(len(kinds), np.int64)) for name in _ZERO_COUNTERS},
-        **{name: ordered.column(name).take(last) for name in (Column.TOPIC, Column.PARTITION, Column.OFFSET,
-                                                               Column.TIMESTAMP)},
+        **{name: ordered.at(name, ends) for name in (Column.TOPIC, Column.PARTITION, Column.OFFSET, Column.TIMESTAMP)},
     }
     arrays = [columns[field.name].cast(field.type) if field.name in columns else pa.nulls(len(kinds), field.type)
               for field in NET_ARROW_SCHEMA]
     net = pa.Table.from_arrays(arrays, schema=NET_ARROW_SCHEMA)
-    for name in typed_names(ordered.column_names):  # the winner's typed image: the net row's (`payload`)
-        net = net.append_column(ordered.schema.field(name), ordered.column(name).take(last))
+    for name in typed_names(ordered.changes.column_names):  # the winner's typed image: the net row's (`payload`)
+        net = net.append_column(ordered.changes.schema.field(name), ordered.at(name, ends))
     return net
