@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from service.kafka_to_delta.rows.names import PAYLOAD_COLUMN, WATERMARK_COLUMN, Column
+from service.kafka_to_delta.rows.names import PAYLOAD_COLUMN, WATERMARK_COLUMN, Column, typed_names
 
 HEADERS_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 COMPUTED_FIELDS = [
@@ -52,3 +52,18 @@ STREAM_SCHEMA = CHANGELOG_SCHEMA.append(pa.field(WATERMARK_COLUMN, pa.int64()))
 
 PAYLOAD_SCHEMA = pa.schema([("part", pa.string()), (PAYLOAD_COLUMN, pa.binary())])
 """`names.PAYLOAD_SPARK_SCHEMA` in Arrow."""
+
+
+def joined_tables(tables: list[pa.Table], promote_options: str) -> pa.Table:
+    """`pa.concat_tables`; where the tables' typed image columns (`names.TYPED_PREFIX`) do not join (two
+    schema versions typed a column differently), the tables without them (their rows are then typed from
+    their texts)."""
+    if len(tables) == 1:
+        return tables[0]
+    try:
+        return pa.concat_tables(tables, promote_options=promote_options)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        if not any(typed_names(table.column_names) for table in tables):
+            raise
+    return pa.concat_tables([table.drop_columns(typed_names(table.column_names)) for table in tables],
+                            promote_options=promote_options)

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 import pyarrow as pa
 
+from service.kafka_to_delta.rows.arrow import joined_tables
 from service.kafka_to_delta.rows.names import typed_names
 
 _OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
@@ -28,15 +29,7 @@ def unpack_tables(values: Iterable[bytes]) -> pa.Table | None:
     """The tables of packed values (`ipc_bytes`) as one; None when there are none. Typed image columns
     (`names.TYPED_PREFIX`) that differ in type between the tables are left out."""
     tables = [pa.ipc.open_stream(pa.py_buffer(value)).read_all() for value in values]
-    if not tables:
-        return None
-    try:
-        return pa.concat_tables(tables, promote_options="default")
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        if not any(typed_names(table.column_names) for table in tables):
-            raise
-    return pa.concat_tables([table.drop_columns(typed_names(table.column_names)) for table in tables],
-                            promote_options="default")
+    return joined_tables(tables, "default") if tables else None
 
 
 def table_records(table: pa.Table) -> list[dict]:

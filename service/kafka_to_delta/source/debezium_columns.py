@@ -80,6 +80,7 @@ from service.kafka_to_delta.formats.debezium_json import (
 )
 from service.kafka_to_delta.formats.row_text import row_texts, unchanged_texts
 from service.kafka_to_delta.materialize.last_change import last_rows
+from service.kafka_to_delta.rows.arrow import joined_tables
 from service.kafka_to_delta.rows.names import TYPED_IMAGE, TYPED_PREFIX, Column, typed_names
 from service.kafka_to_delta.source.wrapper_layouts import BARE, ODD, Layout, Layouts
 from vocabulary.changes import ChangeKind
@@ -256,7 +257,7 @@ class RangeColumns:
         if not parts:
             return None
         try:
-            rows = _joined(parts)
+            rows = joined_tables(parts, "permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise NotVectorisable(f"schema versions typed a column differently ({_shown(exc)})") from None
         rows = rows.take(pc.sort_indices(rows, [(_RECORD, "ascending"), (_CHANGE_INDEX, "ascending")]))
@@ -787,20 +788,6 @@ class RangeColumns:
                 else:
                     raise NotVectorisable(f"column {name!r} of schema-less records is {data_type}")
         return net, declared, seen
-
-
-def _joined(parts: list[pa.Table]) -> pa.Table:
-    """A chunk's changelog rows of its schema versions as one table; where their typed image columns
-    (`with_typed`) do not join, without them."""
-    if len(parts) == 1:
-        return parts[0]
-    try:
-        return pa.concat_tables(parts, promote_options="permissive")
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        if not any(typed_names(part.column_names) for part in parts):
-            raise
-    return pa.concat_tables([part.drop_columns(typed_names(part.column_names)) for part in parts],
-                            promote_options="permissive")
 
 
 def _due(waiting: list[pa.Table], reduced: pa.Table | None) -> bool:
