@@ -9,7 +9,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, cast
+from typing import Iterable, Iterator, cast
 
 import numpy as np
 import pyarrow as pa
@@ -66,6 +66,23 @@ class ValueChunk:
     partitions: list[int] | None = None
     """Per record, its partition, when the chunk joins ranges of several partitions of its topic
     (`joined_chunk`); None: every record is of `partition`."""
+    messages: list | None = None
+    """With `read_values(keep_records=True)`: the records as read, for `records` (their keys and headers
+    are only turned into Python objects for the records a decoder asks for)."""
+    floor: int | None = None
+    """The range's watermark floor (`read_range`), with `messages`."""
+
+    def records(self, positions: Iterable[int] | None = None) -> pa.RecordBatch:
+        """The records at `positions` of the chunk (all: None) as `read_range` gives them (`SOURCE_SCHEMA`);
+        only for a chunk read with `keep_records`."""
+        if self.messages is None:
+            raise ValueError("a chunk read without keep_records holds no records")
+        columns = _Columns(self.topic, self.partition)
+        for position in range(len(self.messages)) if positions is None else positions:
+            columns.add(self.messages[position], self.offsets[position])
+        batch = columns.flush()
+        floors = pa.array([self.floor] * batch.num_rows, pa.int64())
+        return pa.RecordBatch.from_arrays([*batch.columns, floors], schema=SOURCE_SCHEMA)
 
     @classmethod
     def of_batch(cls, batch: pa.RecordBatch) -> "ValueChunk":
@@ -99,15 +116,20 @@ def joined_chunk(chunks: list[ValueChunk]) -> ValueChunk:
 
 
 class _Values:
-    """Buffers of one `ValueChunk` (keys and headers are not read)."""
+    """Buffers of one `ValueChunk` (keys and headers are not read); `keep_records`: the messages kept too."""
 
-    def __init__(self, topic: str, partition: int) -> None:
-        self.topic, self.partition = topic, partition
-        self.chunk = ValueChunk(topic, partition)
+    def __init__(self, topic: str, partition: int, keep_records: bool = False, floor: int | None = None) -> None:
+        self.topic, self.partition, self.keep_records, self.floor = topic, partition, keep_records, floor
+        self.chunk = self._new()
+
+    def _new(self) -> ValueChunk:
+        return ValueChunk(self.topic, self.partition, messages=[] if self.keep_records else None, floor=self.floor)
 
     def add(self, message, offset: int) -> None:
         if self.chunk.first_key is None:
             self.chunk.first_key = message.key()
+        if self.chunk.messages is not None:
+            self.chunk.messages.append(message)
         self.chunk.values.append(message.value())
         self.chunk.offsets.append(offset)
         ts_ms = message.timestamp()[1]
@@ -117,7 +139,7 @@ class _Values:
         return len(self.chunk.offsets)
 
     def flush(self) -> ValueChunk:
-        chunk, self.chunk = self.chunk, ValueChunk(self.topic, self.partition)
+        chunk, self.chunk = self.chunk, self._new()
         return chunk
 
 
@@ -191,10 +213,13 @@ def read_range(
         yield pa.RecordBatch.from_arrays([*batch.columns, floors], schema=SOURCE_SCHEMA)
 
 
-def read_values(options: dict[str, str], topic: str, partition: int, start: int, end: int) -> Iterator[ValueChunk]:
+def read_values(options: dict[str, str], topic: str, partition: int, start: int, end: int,
+                keep_records: bool = False, floor: int | None = None) -> Iterator[ValueChunk]:
     """Yield the values of the records with start <= offset < end, in offset order, as
-    `ValueChunk`s: about half the reading work of `read_range` per record."""
-    yield from _read(options, topic, partition, start, end, _Values(topic, partition))
+    `ValueChunk`s: a quarter of the reading work of `read_range` per record on Debezium's records, whose
+    context headers cost most of it (`docs/design/ingest-data-path.md`). `keep_records`: each chunk also
+    keeps its records, for `ValueChunk.records` (with the range's watermark `floor`)."""
+    yield from _read(options, topic, partition, start, end, _Values(topic, partition, keep_records, floor))
 
 
 def read_values_of_ranges(options: dict[str, str], ranges: list[tuple[str, int, int, int]]

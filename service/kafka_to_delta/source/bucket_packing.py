@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
+from connectors.kafka.range_reader import ValueChunk
 from service.kafka_to_delta.rows.ipc import ipc_bytes
 from service.kafka_to_delta.rows.names import (
     BUCKET,
@@ -96,7 +97,8 @@ class PackedBuckets:
         self.decoded = decoded
         self.buckets = buckets
 
-    def __call__(self, read: Callable[[], Iterable[pa.RecordBatch]], read_values: object = None) -> Iterator[pa.RecordBatch]:
+    def __call__(self, read: Callable[[], Iterable[pa.RecordBatch]],
+                 read_values: Callable[..., Iterable[ValueChunk]] | None = None) -> Iterator[pa.RecordBatch]:
         """The range's packed chunks (`read` yields its record batches)."""
         for changes in self.decoded(read, read_values):
             if changes.num_rows:

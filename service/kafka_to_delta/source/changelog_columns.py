@@ -29,8 +29,9 @@ none), so that the net rows are not typed from their texts again (`materialize.p
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -70,6 +71,11 @@ class BulkChangelog:
         if primary_key is not None and is_avro(decoder.decode_value):
             self.plan = vector_plan(decoder, primary_key)
 
+    @property
+    def takes_values(self) -> bool:
+        """Whether the ranges are decoded from their values in bulk (`RangeChangelog.chunk`)."""
+        return self.plan is not None
+
     def range_decoder(self) -> "RangeChangelog":
         """A decoder for the record batches of one range, in order."""
         return RangeChangelog(self.decoder, self.plan, self.typed)
@@ -90,26 +96,45 @@ class RangeChangelog:
         self.fallback: str | None = None
 
     def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        if self.columns is not None and batch.num_rows:
+        """The changelog rows of one record batch of the range."""
+        def odd(offsets: list[int]) -> pa.RecordBatch:
+            return batch.filter(pc.is_in(batch.column(KafkaColumn.OFFSET), value_set=pa.array(offsets, pa.int64())))
+
+        return self._decoded(lambda: ValueChunk.of_batch(batch), odd, lambda: batch)
+
+    def chunk(self, chunk: ValueChunk) -> pa.RecordBatch:
+        """The changelog rows of one value chunk of the range that kept its records (`read_values` with
+        `keep_records`): the record batch of a record is only built where the record-by-record way decodes it."""
+        def odd(offsets: list[int]) -> pa.RecordBatch:
+            return chunk.records(np.searchsorted(np.asarray(chunk.offsets, np.int64), offsets).tolist())
+
+        return self._decoded(lambda: chunk, odd, chunk.records)
+
+    def _decoded(self, values: Callable[[], ValueChunk], odd: Callable[[list[int]], pa.RecordBatch],
+                 records: Callable[[], pa.RecordBatch]) -> pa.RecordBatch:
+        """`values`: the chunk's values; `odd`: the records at some offsets; `records`: all of them."""
+        if self.columns is not None:
+            chunk = values()
+            if not chunk.offsets:
+                return _empty_batch()
             try:
-                decoded = self._bulk(self.columns, batch)
+                decoded = self._bulk(self.columns, chunk, odd)
             except NotVectorisable as exc:
                 self.columns, self.fallback = None, str(exc)  # this batch and the rest of the range
             else:
                 self.bulk += 1
                 return decoded
-        return self.decoder(batch)
+        return self.decoder(records())
 
-    def _bulk(self, columns: RangeColumns, batch: pa.RecordBatch) -> pa.RecordBatch:
+    def _bulk(self, columns: RangeColumns, chunk: ValueChunk, records: Callable[[list[int]], pa.RecordBatch]) -> pa.RecordBatch:
         seen = len(columns.odd)
-        rows = columns.changelog_rows(ValueChunk.of_batch(batch))
+        rows = columns.changelog_rows(chunk)
         odd = columns.odd[seen:]
         del columns.odd[seen:]
         self.odd += len(odd)
         parts = [] if rows is None else [self._laid_out(columns, rows)]
         if odd:
-            chosen = pc.is_in(batch.column(KafkaColumn.OFFSET), value_set=pa.array(odd, pa.int64()))
-            parts.append(pa.Table.from_batches([self.decoder(batch.filter(chosen))]))
+            parts.append(pa.Table.from_batches([self.decoder(records(odd))]))
         if not parts:
             return _empty_batch()
         joined = pa.concat_tables(parts, promote_options="default") if len(parts) > 1 else parts[0]

@@ -47,11 +47,12 @@ class ChangesStreamReader(KafkaStreamReader):
         task_started()
         reducer: PartitionReducer | DecodedRanges = pickle.loads(self.reducer)
         kafka_range = cast(KafkaRange, partition)
-        yield from reducer(
-            lambda: super(ChangesStreamReader, self).read(kafka_range),
-            lambda: read_values(self.client, kafka_range.topic, kafka_range.partition, kafka_range.start,
-                                kafka_range.end),
-        )
+
+        def values(keep_records: bool = False) -> Iterator:
+            return read_values(self.client, kafka_range.topic, kafka_range.partition, kafka_range.start,
+                               kafka_range.end, keep_records, kafka_range.floor)
+
+        yield from reducer(lambda: super(ChangesStreamReader, self).read(kafka_range), values)
         release_memory()
 
 

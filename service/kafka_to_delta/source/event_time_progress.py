@@ -22,7 +22,6 @@ import pyarrow.compute as pc
 from pyspark import SparkContext
 from pyspark.accumulators import Accumulator, AccumulatorParam
 
-from connectors.kafka.range_reader import FLOOR_COLUMN
 from connectors.kafka.watermarks import ProgressFile, TopicPartition
 from service.kafka_to_delta.rows.names import Column
 
@@ -51,8 +50,9 @@ class PartitionWatermark:
     def __init__(self) -> None:
         self.maxima: dict[TopicPartition, int] = {}
 
-    def candidates(self, records: pa.RecordBatch, changes: pa.RecordBatch) -> pa.Array:
-        """Watermark candidates of `changes` (rows of `records`, all of one Kafka partition)."""
+    def candidates(self, floor: int | None, changes: pa.RecordBatch) -> pa.Array:
+        """Watermark candidates of `changes` (rows of records of one Kafka partition, read with the watermark
+        `floor`: `range_reader.FLOOR_COLUMN`)."""
         if changes.num_rows == 0:
             return pa.array([], pa.int64())
         tp = (changes.column(Column.TOPIC)[0].as_py(), changes.column(Column.PARTITION)[0].as_py())
@@ -65,7 +65,6 @@ class PartitionWatermark:
         top = pc.max(running).as_py()
         if top is not None:
             self.maxima[tp] = top
-        floor = records.column(FLOOR_COLUMN)[0].as_py() if records.num_rows else None
         return running if floor is None else pc.min_element_wise(running, pa.scalar(floor, pa.int64()))
 
 

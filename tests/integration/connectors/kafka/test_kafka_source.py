@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 
+import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewPartitions
@@ -134,6 +135,26 @@ def test_read_values_gives_the_values_offsets_and_timestamps_read_range_gives(ka
         assert {(chunk.topic, chunk.partition) for chunk in chunks} == {(topic, partition)}
         assert all(isinstance(t, int) and t > 1_700_000_000_000 for chunk in chunks for t in chunk.timestamps)
     assert values[-1] is None and json.loads(values[0]) == {"i": 35}
+
+
+def test_chunks_that_keep_their_records_give_the_batches_read_range_gives(kafka_bootstrap, unique):
+    topic = f"src-kept-{unique}"
+    create_topics(kafka_bootstrap, [topic], 1)
+    _produce(kafka_bootstrap, topic, 1, 6_010)  # more than one chunk; every record with a header
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    producer.produce(topic, key=b"gone", value=None)  # a tombstone, without headers
+    assert producer.flush(30) == 0
+    options = {"bootstrap.servers": kafka_bootstrap}
+    expected = pa.Table.from_batches(list(read_range(options, topic, 0, 3, 6_011, 1_234)))
+    chunks = list(read_values(options, topic, 0, 3, 6_011, keep_records=True, floor=1_234))
+    assert len(chunks) >= 2 and all(chunk.floor == 1_234 for chunk in chunks)
+    assert pa.Table.from_batches([chunk.records() for chunk in chunks]).equals(expected)
+    some = [0, 7, len(chunks[1].offsets) - 1]  # the records at some positions of a chunk, in their order
+    picked = chunks[1].records(some)
+    assert picked.column("offset").to_pylist() == [chunks[1].offsets[p] for p in some]
+    assert picked.to_pylist() == [row for row in expected.to_pylist() if row["offset"] in picked.column("offset").to_pylist()]
+    with pytest.raises(ValueError, match="keep_records"):
+        next(read_values(options, topic, 0, 3, 10)).records()
 
 
 def test_one_consumer_reads_many_ranges_as_a_consumer_per_range_does(kafka_bootstrap, unique):

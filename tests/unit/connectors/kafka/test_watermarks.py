@@ -7,7 +7,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from connectors.kafka.offsets import from_map
-from connectors.kafka.range_reader import FLOOR_COLUMN
 from connectors.kafka.watermarks import (
     NO_WATERMARK,
     PROGRESS_KEY,
@@ -122,15 +121,14 @@ def test_progress_file_keeps_the_largest_event_time(tmp_path):
     assert file.read() == {P0: 100, P1: 50, P2: 7}
 
 
-def _records(floor: int | None, times: list[int]) -> tuple[pa.RecordBatch, pa.RecordBatch]:
+def _records(floor: int | None, times: list[int]) -> tuple[int | None, pa.RecordBatch]:
     n = len(times)
-    records = pa.RecordBatch.from_pydict({FLOOR_COLUMN: pa.array([floor] * n, pa.int64())})
     changes = pa.RecordBatch.from_pydict({
         "topic": ["t"] * n, "partition": pa.array([1] * n, pa.int32()),
         "timestamp": pa.array(times, pa.int64()), "event_time": pa.array([None] * n, pa.int64()),
         "error": pa.array([None] * n, pa.string()),
     })
-    return records, changes
+    return floor, changes
 
 
 def test_a_row_candidate_never_passes_the_other_partitions_floor():

@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 from hypothesis import given
 from hypothesis import strategies as st
 
+from connectors.kafka.range_reader import FLOOR_COLUMN, ValueChunk
 from connectors.schema_registry.avro_codec import ConfluentAvroDecoder
 from connectors.schema_registry.wire_format import frame
 from service.config.settings import PipelineSettings
@@ -56,10 +57,12 @@ def _both_ways(decoder: ChangelogBatchDecoder, batches: list[pa.RecordBatch], ty
     """Assert the two ways give the same rows for each batch; the bulk way's range decoder. `typed`: the
     bulk way carries typed images, and the rows typed from them equal the rows typed from their texts."""
     decode = BulkChangelog(decoder, ("id",), typed).range_decoder()
+    from_chunks = BulkChangelog(decoder, ("id",), typed).range_decoder()
     rng = random.Random(seed)
     for batch in batches:
         exact = decoder(batch).select(_COMPARED)
         decoded = decode(batch)
+        assert from_chunks.chunk(_chunk(batch)).equals(decoded)  # read as values, the records kept
         fast = decoded.select(_COMPARED)
         assert fast.schema == exact.schema
         for name in _COMPARED:
@@ -67,6 +70,35 @@ def _both_ways(decoder: ChangelogBatchDecoder, batches: list[pa.RecordBatch], ty
         if typed:
             _typed_as_from_texts(pa.Table.from_batches([decoded]), rng)
     return decode
+
+
+class _Record:
+    """One record of a batch, answering as a consumer's message does (what `ValueChunk.records` reads)."""
+
+    def __init__(self, row: dict) -> None:
+        self.row = row
+
+    def key(self) -> bytes | None:
+        return self.row["key"]
+
+    def value(self) -> bytes | None:
+        return self.row["value"]
+
+    def timestamp(self) -> tuple[int, int | None]:
+        at = self.row["timestamp"]
+        return 1, None if at is None else int(at.timestamp() * 1000)
+
+    def headers(self) -> list | None:
+        return None if self.row["headers"] is None else [(h["key"], h["value"]) for h in self.row["headers"]]
+
+
+def _chunk(batch: pa.RecordBatch) -> ValueChunk:
+    """`batch` as `read_values(keep_records=True)` gives it."""
+    chunk = ValueChunk.of_batch(batch)
+    chunk.messages = [_Record(row) for row in batch.to_pylist()]
+    chunk.floor = batch.column(FLOOR_COLUMN)[0].as_py() if FLOOR_COLUMN in batch.schema.names and batch.num_rows \
+        else None
+    return chunk
 
 
 def _typed_as_from_texts(rows: pa.Table, rng: random.Random) -> None:
