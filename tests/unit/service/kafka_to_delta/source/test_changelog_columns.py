@@ -23,7 +23,7 @@ from connectors.schema_registry.wire_format import frame
 from service.config.settings import PipelineSettings
 from service.kafka_to_delta.changelog.changelog_batch import ChangelogBatchDecoder
 from service.kafka_to_delta.formats.debezium_json import UNAVAILABLE_VALUE
-from service.kafka_to_delta.materialize.payload import typed_changes
+from service.kafka_to_delta.materialize.payload import _carried, typed_changes
 from service.kafka_to_delta.rows.names import TYPED_IMAGE, Column, typed_names
 from service.kafka_to_delta.source.changelog_columns import BulkChangelog
 from service.kafka_to_delta.source.decode_report import DecodeWays
@@ -59,6 +59,7 @@ def _both_ways(decoder: ChangelogBatchDecoder, batches: list[pa.RecordBatch], ty
     decode = BulkChangelog(decoder, ("id",), typed).range_decoder()
     from_chunks = BulkChangelog(decoder, ("id",), typed).range_decoder()
     rng = random.Random(seed)
+    decode.carried = 0  # batches whose rows took their carried typed images
     for batch in batches:
         exact = decoder(batch).select(_COMPARED)
         decoded = decode(batch)
@@ -68,7 +69,7 @@ def _both_ways(decoder: ChangelogBatchDecoder, batches: list[pa.RecordBatch], ty
         for name in _COMPARED:
             assert fast.column(name).equals(exact.column(name)), (name, fast.column(name), exact.column(name))
         if typed:
-            _typed_as_from_texts(pa.Table.from_batches([decoded]), rng)
+            decode.carried += _typed_as_from_texts(pa.Table.from_batches([decoded]), rng)
     return decode
 
 
@@ -101,13 +102,14 @@ def _chunk(batch: pa.RecordBatch) -> ValueChunk:
     return chunk
 
 
-def _typed_as_from_texts(rows: pa.Table, rng: random.Random) -> None:
+def _typed_as_from_texts(rows: pa.Table, rng: random.Random) -> bool:
     """`typed_changes` of changelog rows carrying typed images equals it of the same rows without them, with
-    some rows' images dropped (typed from their texts among the others)."""
+    some rows' images dropped (typed from their texts among the others); whether the rows with every image
+    kept took them (`payload._carried`), not the texts."""
     changes = rows.filter(pc.and_(pc.is_in(rows.column(Column.KIND), pa.array(["+I", "+U", "-U", "-D"])),
                                   pc.is_null(rows.column(Column.ERROR))))
     if not changes.num_rows or TYPED_IMAGE not in changes.column_names:
-        return
+        return False
 
     def typed(table: pa.Table):
         try:
@@ -123,6 +125,8 @@ def _typed_as_from_texts(rows: pa.Table, rng: random.Random) -> None:
         carried = typed(changes.set_column(changes.schema.get_field_index(TYPED_IMAGE), TYPED_IMAGE,
                                            pa.array(kept, pa.bool_())))
         assert carried == reference or (carried[0].equals(reference[0]) and carried[1] == reference[1])
+    deletes = pc.is_in(changes.column(Column.KIND), pa.array(["-U", "-D"])).to_pylist()
+    return _carried(changes, ("id",), deletes) is not None
 
 
 @AVRO_RANGES
@@ -218,6 +222,7 @@ def test_a_capture_goes_the_bulk_way_in_every_batch(client) -> None:  # noqa: F8
         batches = _batches(pairs, random.Random(seed))
         decode = _both_ways(_decoder(client), batches, typed=True, seed=seed)
         assert (decode.bulk, decode.fallback) == (len(batches), None), f"seed {seed}"
+        assert decode.carried == len(batches), f"seed {seed}: the typed images were not taken"
 
 
 def test_a_document_form_needing_a_conversion_goes_record_by_record(client) -> None:  # noqa: F811
