@@ -84,8 +84,10 @@ class KeptRows:
             return rows
 
     def put(self, root: str, path: str, rows: pa.Table) -> None:
+        """Keep `rows` (as one chunk: a take from several chunks joins each column's chunks again)."""
         if rows.nbytes > KEPT_ROWS_BYTES:
             return
+        rows = rows.combine_chunks()
         with self._lock:
             self._rows[(root, path)] = rows
             self._bytes += rows.nbytes

@@ -45,6 +45,7 @@ import json
 import os
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlparse
 
@@ -88,6 +89,7 @@ _READER_FEATURES = {"deletionVectors"}
 _VARIANT = "variantType"
 """Listed by delta-rs on every table it creates at reader version 3; fine while no column is a variant."""
 _ENGINE = "cdc-lakehouse small commit"
+_WRITERS = ThreadPoolExecutor(2, thread_name_prefix="small-commit-write")
 
 
 def local_root(uri: str) -> str | None:
@@ -514,13 +516,16 @@ class SmallCommits:
         ]
         added = None
         written = []
-        if rewritten.num_rows:
-            path, size = _write(self.root, "", rewritten)
+        # The data file and the change-data file are written side by side (Arrow's writer releases the GIL).
+        data_file = _WRITERS.submit(_write, self.root, "", rewritten) if rewritten.num_rows else None
+        change_file = _WRITERS.submit(_write, self.root, "_change_data", feed) if snapshot.cdf else None
+        if data_file is not None:
+            path, size = data_file.result()
             added = DataFile(path, size, _key_bounds(rewritten, primary_key), stats=_stats(rewritten), modified=now)
             written.append(path)
             actions.append({"add": _add_action(added)})
-        if snapshot.cdf:
-            path, size = _write(self.root, "_change_data", feed)
+        if change_file is not None:
+            path, size = change_file.result()
             written.append(path)
             actions.append({"cdc": {"path": path, "partitionValues": {}, "size": size, "dataChange": False}})
         if marked:
