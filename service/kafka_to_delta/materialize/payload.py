@@ -43,6 +43,7 @@ from service.kafka_to_delta.rows.names import (
     Column,
     Meta,
     Part,
+    typed_names,
 )
 from service.runtime.worker_heap import task_started
 from vocabulary.changes import ChangeKind
@@ -101,7 +102,8 @@ def typed_changes(net: pa.Table, primary_key: tuple[str, ...]) -> tuple[pa.Table
     declare none then inferred in bulk, `typed_rows.bulk_kinds`), the rows are typed in bulk (`typed_rows.bulk_rows`);
     otherwise, and where the bulk way leaves it to the reference, row by row (`rows_to_table`).
     """
-    deletes = pc.is_in(net.column(Column.KIND), pa.array(RETRACTIONS)).to_pylist()
+    deleting = pc.fill_null(pc.is_in(net.column(Column.KIND), pa.array(RETRACTIONS)), False)
+    deletes = deleting.to_pylist()
     carried = _carried(net, primary_key, deletes)
     bulk = _bulk_typed(net, primary_key, deletes) if carried is None and net.num_rows >= BULK_ROWS else None
     if carried is not None:
@@ -110,7 +112,7 @@ def typed_changes(net: pa.Table, primary_key: tuple[str, ...]) -> tuple[pa.Table
         typed, evidence = bulk
     else:
         typed, evidence = _reference_typed(net, primary_key, deletes)
-    kinds = pa.array([ChangeKind.DELETE.value if d else ChangeKind.UPDATE_AFTER.value for d in deletes], pa.string())
+    kinds = pc.if_else(deleting, pa.scalar(ChangeKind.DELETE.value), pa.scalar(ChangeKind.UPDATE_AFTER.value))
     meta = {name: net.column(source) for name, source in Meta.SOURCE.items()}
     meta[Meta.KIND] = kinds
     for name in Meta.ALL:
@@ -159,17 +161,16 @@ def _carried(net: pa.Table, primary_key: tuple[str, ...], deletes: list[bool]) -
     if not set(primary_key) <= types.keys():
         return None
     every, names = bool(holds.all()), set(net.column_names)
-    carried = net if every else net.filter(pa.array(holds))
-    retracted = pa.array(deleting[holds]) if deleting[holds].any() else None
+    retracted = pa.array(deleting) if deleting[holds].any() else None
     arrays = []
     for name, type_name in types.items():
         target, source = arrow_type(type_name), TYPED_PREFIX + name
         if source not in names:
             if name in primary_key:
                 return None
-            arrays.append(pa.nulls(carried.num_rows, target))
+            arrays.append(pa.nulls(net.num_rows, target))
             continue
-        column = carried.column(source)
+        column = net.column(source)
         if column.type != target:
             if not _widened(column.type, target):
                 return None
@@ -180,17 +181,23 @@ def _carried(net: pa.Table, primary_key: tuple[str, ...], deletes: list[bool]) -
         if retracted is not None and name not in primary_key:
             column = pc.if_else(retracted, pa.scalar(None, target), column)
         arrays.append(column)
-    typed = pa.Table.from_arrays(arrays, schema=pa.schema([(n, arrow_type(t)) for n, t in types.items()]))
+    schema = pa.schema([(n, arrow_type(t)) for n, t in types.items()])
     if every:
-        return typed, evidence
-    rest = net.filter(pa.array(~holds))
+        return pa.Table.from_arrays(arrays, schema=schema), evidence
+    # The rows without an image typed from their texts, put in their places (the carried columns copied
+    # once, not filtered and put back in order).
+    rest = net.drop_columns(typed_names(net.column_names)).filter(pa.array(~holds))
     others = _typed_as(rest, primary_key, deleting[~holds], types)
     if others is None:
         return None
-    order = np.empty(len(holds), np.int64)
-    order[holds] = np.arange(typed.num_rows)
-    order[~holds] = typed.num_rows + np.arange(others.num_rows)
-    return pa.concat_tables([typed, others]).take(pa.array(order)), evidence
+    lacking = pa.array(~holds)
+    arrays = [pc.replace_with_mask(_one_chunk(column), lacking, _one_chunk(others.column(index)))
+              for index, column in enumerate(arrays)]
+    return pa.Table.from_arrays(arrays, schema=schema), evidence
+
+
+def _one_chunk(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
 
 
 def _widened(carried: pa.DataType, target: pa.DataType) -> bool:
@@ -313,13 +320,13 @@ def net_payload(net: pa.Table, primary_key: tuple[str, ...]) -> pa.RecordBatch |
         return None
     info: dict[str, Any] = {"changes": int(pc.sum(net.column("changes")).as_py() or 0), "truncated": False,
                             "counters": {c: int(pc.sum(net.column(c)).as_py() or 0) for c in COUNTERS}}
-    failed = net.filter(pc.is_valid(net.column(Column.ERROR)))
+    failed = _rows_where(net, pc.is_valid(net.column(Column.ERROR)))
     kind = net.column(Column.KIND)
-    truncates = net.filter(pc.equal(kind, TRUNCATE)).select([Column.TOPIC, Column.PARTITION, Column.OFFSET])
+    truncates = _rows_where(net, pc.equal(kind, TRUNCATE)).select([Column.TOPIC, Column.PARTITION, Column.OFFSET])
     if truncates.num_rows:  # applied on the driver: a marker and the changes it wipes may be apart here
         info["truncated"] = True
         info["truncates"] = [list(row.values()) for row in truncates.to_pylist()]
-    changes = filled_net(net.filter(pc.and_(pc.is_valid(kind), pc.not_equal(kind, TRUNCATE))))
+    changes = filled_net(_rows_where(net, pc.and_(pc.is_valid(kind), pc.not_equal(kind, TRUNCATE))))
     typed = None
     if changes.num_rows:
         changes = changes.append_column(Column.CHANGE_INDEX, pa.array(np.zeros(changes.num_rows, np.int32)))
@@ -327,6 +334,17 @@ def net_payload(net: pa.Table, primary_key: tuple[str, ...]) -> pa.RecordBatch |
         info["types"] = evidence.to_json()
     kept = [failed.select([c for c in FAILED_COLUMNS])] if failed.num_rows else []
     return payload_batch(typed, kept, info)
+
+
+def _rows_where(table: pa.Table, mask: pa.ChunkedArray | pa.Array) -> pa.Table:
+    """The rows of `table` where `mask` holds (null: not), without copying the table when it holds
+    everywhere or nowhere (the common cases: no failed rows, no truncates)."""
+    chosen = pc.sum(pc.fill_null(mask, False)).as_py() or 0
+    if chosen == table.num_rows:
+        return table
+    if chosen == 0:
+        return table.slice(0, 0)
+    return table.filter(mask, null_selection_behavior="drop")
 
 
 class NetPayload:

@@ -55,9 +55,9 @@ def compact_columns(changes: pa.Table, states: dict[str, StoredState],
         return None, table_records(changes.drop_columns(typed))
     ordered = _Sorted(changes)
     count = changes.num_rows
-    group = ordered.column(GROUP).combine_chunks()
-    kind = ordered.column(Column.KIND).combine_chunks()
-    upsert_key = ordered.column(Column.UPSERT_KEY).combine_chunks()
+    group = ordered.column(GROUP)
+    kind = ordered.column(Column.KIND)
+    upsert_key = ordered.column(Column.UPSERT_KEY)
     starts_mask = np.ones(count, np.bool_)
     if count > 1:
         changed = pc.not_equal(group.slice(1), group.slice(0, count - 1))
@@ -121,22 +121,30 @@ def compact_columns(changes: pa.Table, states: dict[str, StoredState],
 class _Sorted:
     """A call's changes in (group, arrival) order, taken column by column where they are read: sorting the
     whole table copied every column, the row texts and typed images included, where only the winners'
-    are read."""
+    are read. A column read is joined into one chunk once (the call's changes come in a chunk per packed
+    piece, and a take from several chunks joins them again for each take)."""
 
     def __init__(self, changes: pa.Table) -> None:
         self.changes = changes
         self.order = pc.sort_indices(changes, sort_keys=[(name, "ascending") for name in (GROUP, *ARRIVAL_ORDER)])
+        self._joined: dict[str, pa.Array] = {}
 
-    def column(self, name: str) -> pa.ChunkedArray:
-        return self.changes.column(name).take(self.order)
+    def _column(self, name: str) -> pa.Array:
+        joined = self._joined.get(name)
+        if joined is None:
+            joined = self._joined[name] = self.changes.column(name).combine_chunks()
+        return joined
 
-    def valid(self, name: str) -> pa.ChunkedArray:
+    def column(self, name: str) -> pa.Array:
+        return self._column(name).take(self.order)
+
+    def valid(self, name: str) -> pa.Array:
         """Whether each change (in order) has a value in `name`."""
-        return pc.is_valid(self.changes.column(name)).take(self.order)
+        return pc.is_valid(self._column(name)).take(self.order)
 
-    def at(self, name: str, positions: np.ndarray) -> pa.ChunkedArray:
+    def at(self, name: str, positions: np.ndarray) -> pa.Array:
         """`name` at `positions` of the order (masked positions, negative: null)."""
-        return self.changes.column(name).take(self.order.take(pa.array(positions, mask=positions < 0)))
+        return self._column(name).take(self.order.take(pa.array(positions, mask=positions < 0)))
 
     def rows(self, chosen: np.ndarray, without: list[str]) -> pa.Table:
         """The changes at the `chosen` positions of the order, without the columns `without`."""
