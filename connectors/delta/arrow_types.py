@@ -18,7 +18,11 @@ from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+
+PLAIN_TEXT = r"^[ !#-\[\]-~]*$"  # printable ASCII without '"' and '\': its JSON text is itself in quotes
 
 
 class TypeName:
@@ -336,3 +340,23 @@ def widens(old: pa.DataType, new: pa.DataType) -> bool:
         return (new.precision <= MAX_DECIMAL128_PRECISION and new.scale >= old.scale
                 and new.precision - new.scale >= old.precision - old.scale)
     return False
+
+
+def string_list_texts(column: pa.ListArray) -> pa.Array:
+    """Lists of strings as compact JSON, as `json.dumps` writes them (`typed_column`'s text of a list): an
+    item of printable ASCII without a quote or a backslash is itself in quotes (vectorised); any other item
+    (non-ASCII, escapes) is written by `json.dumps`, that item alone."""
+    items = column.flatten()  # the elements of the valid lists, in order
+    quoted = pc.binary_join_element_wise('"', items, '"', "")
+    plain = pc.match_substring_regex(items, PLAIN_TEXT)
+    odd = pc.invert(pc.fill_null(plain, True))
+    if pc.any(odd).as_py():
+        written = [json.dumps(item) for item in items.filter(odd).to_pylist()]
+        quoted = pc.replace_with_mask(quoted, odd, pa.array(written, pa.string()))
+    quoted = pc.fill_null(quoted, "null")
+    lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy()
+    offsets = np.zeros(len(column) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    joined = pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets), quoted), ",")
+    texts = pc.binary_join_element_wise("[", joined, "]", "")
+    return texts if not column.null_count else pc.if_else(column.is_valid(), texts, pa.scalar(None, pa.string()))

@@ -85,6 +85,7 @@ from connectors.delta.arrow_types import (
     DECIMAL_PATTERN,
     TypeName,
     arrow_type,
+    string_list_texts,
     typed_column,
 )
 from connectors.schema_registry import avro_values as values
@@ -245,6 +246,9 @@ def _vectorised(raw: pa.Array, type_name: str, avro: Any, named: dict[str, Any])
     """The typed column without a Python object per value, or None where only the per-value path knows."""
     base = non_null(avro, named)
     kind = base_type(base) if base is not None else None
+    if kind == "array" and type_name == TypeName.STRING and pa.types.is_list(raw.type) \
+            and pa.types.is_string(raw.type.value_type) and values.reader(avro, named) is None:
+        return string_list_texts(raw)  # a list of texts: its JSON text, as the per-value path writes it
     if kind in ("record", "array", "map") or kind is None:
         return None
     raw = _plain(raw)

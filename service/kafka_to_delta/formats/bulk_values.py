@@ -41,7 +41,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors.delta.arrow_types import MAX_DECIMAL128_PRECISION, TypeName, arrow_type
+from connectors.delta.arrow_types import (
+    MAX_DECIMAL128_PRECISION,
+    TypeName,
+    arrow_type,
+    string_list_texts,
+)
 from service.kafka_to_delta.formats.row_fit import INT_RANGES
 
 _EPOCH_CODED = (TypeName.DATE32, TypeName.TIMESTAMP_MS, TypeName.TIMESTAMP_US, TypeName.TIMESTAMP_NS)
@@ -53,7 +58,6 @@ _US_PER_SECOND = 1_000_000
 _US_PER_DAY = 86_400 * _US_PER_SECOND
 _FRACTION_DIGITS = 6  # the reference cuts fractions to microseconds
 _COMPACT = (",", ":")
-PLAIN_TEXT = r"^[ !#-\[\]-~]*$"  # printable ASCII without '"' and '\': its JSON text is itself in quotes
 
 _BASE64_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 _PAIR_BITS = 0xFFF  # two base64 characters carry 12 bits
@@ -191,7 +195,7 @@ def json_text(values: pa.Array | pa.ChunkedArray, fixed_key_order: bool = False)
     except pa.ArrowInvalid:  # pyarrow.json can lose the nulls that open a list before the list's type is known
         return pa.nulls(len(column), pa.string()), _valid(column)
     if pa.types.is_list(kind) and pa.types.is_string(kind.value_type):
-        return _string_lists(column), np.zeros(len(column), np.bool_)
+        return string_list_texts(column), np.zeros(len(column), np.bool_)
     try:
         python_values = column.to_pylist()
     except (UnicodeDecodeError, ValueError, pa.ArrowException):  # bytes that are not UTF-8, dates out of range
@@ -204,26 +208,6 @@ def json_text(values: pa.Array | pa.ChunkedArray, fixed_key_order: bool = False)
             value = None
         texts.append(None if value is None else json.dumps(value, separators=_COMPACT))
     return pa.array(texts, pa.string()), misfit
-
-
-def _string_lists(column: pa.ListArray) -> pa.Array:
-    """Lists of strings as compact JSON, as `json.dumps` writes them: an item of printable ASCII without a
-    quote or a backslash is itself in quotes (vectorised); any other item (non-ASCII, escapes) is written by
-    `json.dumps`, that item alone."""
-    items = column.flatten()  # the elements of the valid lists, in order
-    quoted = pc.binary_join_element_wise('"', items, '"', "")
-    plain = pc.match_substring_regex(items, PLAIN_TEXT)
-    odd = pc.invert(pc.fill_null(plain, True))
-    if pc.any(odd).as_py():
-        written = [json.dumps(item) for item in items.filter(odd).to_pylist()]
-        quoted = pc.replace_with_mask(quoted, odd, pa.array(written, pa.string()))
-    quoted = pc.fill_null(quoted, "null")
-    lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy()
-    offsets = np.zeros(len(column) + 1, np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    joined = pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets), quoted), ",")
-    texts = pc.binary_join_element_wise("[", joined, "]", "")
-    return texts if not column.null_count else pc.if_else(column.is_valid(), texts, pa.scalar(None, pa.string()))
 
 
 def _vouched(value: Any, kind: pa.DataType, fixed_key_order: bool) -> bool:

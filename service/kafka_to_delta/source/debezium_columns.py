@@ -62,12 +62,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from connectors.delta.arrow_types import TypeName, arrow_type, merge_types
+from connectors.delta.arrow_types import PLAIN_TEXT, TypeName, arrow_type, merge_types
 from connectors.kafka.range_reader import ValueChunk
 from service.config.op_mapping import Grouping, parse_op_mapping
 from service.kafka_to_delta.changelog.changelog_batch import ChangelogBatchDecoder
 from service.kafka_to_delta.formats.bulk_values import (
-    PLAIN_TEXT,
     bulk_column,
     json_lines,
     json_text,
