@@ -30,12 +30,13 @@ from pyspark.sql.streaming import StreamingQuery
 
 from service.config.settings import PipelineSettings, Settings
 from service.kafka_to_delta.changelog.stage import stateful_changelog
+from service.kafka_to_delta.materialize.bucket_labels import spreads
 from service.kafka_to_delta.materialize.bulk import DEFAULT_KEY_BUCKETS, StageConfig
 from service.kafka_to_delta.materialize.net_changes import net_changes
 from service.kafka_to_delta.materialize.payload import NetPayload
 from service.kafka_to_delta.materialize.rules import MaterializerConfig
 from service.kafka_to_delta.plan.rebuilt_seed import Seed, load_seed
-from service.kafka_to_delta.plan.upgrades import stored_key_buckets
+from service.kafka_to_delta.plan.upgrades import stored_bucket_layout
 from service.kafka_to_delta.rows.names import (
     COUNTERS,
     PACKED_SPARK_SCHEMA,
@@ -70,8 +71,9 @@ def app_id(pipeline: PipelineSettings, query_id: str | None) -> str:
     return commit_app_id(pipeline.name, pipeline.table, query_id)
 
 
-def stage_config(pipeline: PipelineSettings, key_buckets: int = DEFAULT_KEY_BUCKETS) -> StageConfig:
-    """The materializer's configuration for one pipeline (`key_buckets`: its checkpoint's)."""
+def stage_config(pipeline: PipelineSettings, key_buckets: int = DEFAULT_KEY_BUCKETS,
+                 spread: bool = True) -> StageConfig:
+    """The materializer's configuration for one pipeline (`key_buckets`, `spread`: its checkpoint's state layout)."""
     rules = MaterializerConfig(
         table=pipeline.table,
         primary_key=pipeline.primary_key,
@@ -83,6 +85,7 @@ def stage_config(pipeline: PipelineSettings, key_buckets: int = DEFAULT_KEY_BUCK
     return StageConfig(
         rules=rules, compaction=pipeline.effective_compaction, state_ttl_ms=ttl_ms,
         whole_row_key=not pipeline.effective_upsert_key, key_buckets=key_buckets,
+        spread_buckets=spread and spreads(key_buckets),
         row_digests=pipeline.one_live_row_per_key,
     )
 
@@ -154,7 +157,7 @@ class IngestPipeline(TableQuery):
             # The bucket stage passes typed image columns on where it makes the driver's payload from a call's columns.
             typed = bool(self.shape.key_buckets) and config.decides_on_columns
             decoded = DecodedRanges(self.pipeline, self.event_times, bulk=True, ways=self.decode_ways, typed=typed)
-            packed = PackedBuckets(decoded, config.key_buckets)
+            packed = PackedBuckets(decoded, config.key_buckets, config.bucket_labels)
             self.spark.dataSource.register(changes_source(self.pipeline.name, packed, PACKED_SPARK_SCHEMA))
             return self._source(name, watermarked=True)
         decoded = DecodedRanges(self.pipeline, self.event_times)
@@ -252,8 +255,9 @@ class IngestPipeline(TableQuery):
         checkpoint = self.settings.checkpoint_dir(self.pipeline.name)
         remove_abandoned_writes(checkpoint)
         self.seed = load_seed(self.spark, checkpoint)  # rebuild-state
-        self.shape = pipeline_shape(self.pipeline, stored_key_buckets(self.pipeline.name, checkpoint))
-        config = stage_config(self.pipeline, self.shape.key_buckets) if self.shape.materializer else None
+        self.shape = pipeline_shape(self.pipeline, *stored_bucket_layout(self.pipeline.name, checkpoint))
+        config = stage_config(self.pipeline, self.shape.key_buckets, self.shape.spread_buckets) \
+            if self.shape.materializer else None
         if self.shape.reduces_where_read:
             reducer = PieceReducer(batch_decoder(self.pipeline), self.pipeline.primary_key,
                                    history=self.pipeline.history_sequence_by)

@@ -32,6 +32,7 @@ from service.kafka_to_delta.plan.compiled_plan import (
     Operator,
     key_buckets_of,
     pipeline_operators,
+    spread_of,
 )
 
 _CHANGELOG_KINDS = frozenset({Kind.ORDER_BY, Kind.FROM_CHANGELOG})
@@ -45,6 +46,7 @@ class Shape:
     changelog_stage: bool = False  # a stateful FROM_CHANGELOG stage (ORDER BY, upsert unzip)
     materializer: bool = False
     key_buckets: int = 0  # the materializer's state per key bucket (how many); 0: per key
+    spread_buckets: bool = False  # the buckets' states under labels spread over the shuffle partitions
     watermark_compaction: bool = False  # the materializer compacts when the watermark passes
     history: bool = False  # a history table is written from every change of a batch (the ranges hand them over)
 
@@ -89,15 +91,18 @@ def shape_of(operators: Sequence[Operator]) -> Shape:
     history = Kind.HISTORY in kinds
     if materializer is None:
         return Shape(changelog_stage=bool(kinds & _CHANGELOG_KINDS), history=history)
-    buckets = key_buckets_of(materializer.properties.get("state_layout"))
+    layout = materializer.properties.get("state_layout")
+    buckets = key_buckets_of(layout)
     if buckets is None:
         raise ValueError(f"operator {materializer.id}: no state layout")
     return Shape(
         changelog_stage=bool(kinds & _CHANGELOG_KINDS), materializer=True, key_buckets=buckets,
+        spread_buckets=spread_of(layout),
         watermark_compaction=materializer.properties.get("compaction") == "watermark", history=history,
     )
 
 
-def pipeline_shape(pipeline: PipelineSettings, key_buckets: int = DEFAULT_KEY_BUCKETS) -> Shape:
-    """The shape of one ingest pipeline (`key_buckets`: its checkpoint's, `plan.upgrades.stored_key_buckets`)."""
-    return shape_of(pipeline_operators(pipeline, key_buckets))
+def pipeline_shape(pipeline: PipelineSettings, key_buckets: int = DEFAULT_KEY_BUCKETS, spread: bool = True) -> Shape:
+    """The shape of one ingest pipeline (`key_buckets`, `spread`: its checkpoint's state layout,
+    `plan.upgrades.stored_bucket_layout`)."""
+    return shape_of(pipeline_operators(pipeline, key_buckets, spread))

@@ -200,17 +200,22 @@ class BucketProcessor(StatefulProcessor):
         """Nothing to release."""
 
 
-def bucketed(grouped: DataFrame, buckets: int) -> DataFrame:
+def bucketed(grouped: DataFrame, buckets: int, labels: tuple[int, ...] | None = None) -> DataFrame:
     """`grouped` with its `_group` column renamed for pandas, and the bucket column: a stable hash of the
-    group key modulo `buckets` (the bucket count is part of the checkpointed state's layout)."""
-    with_bucket = grouped.withColumn(BUCKET, _bucket_of(GROUP, buckets))
+    group key modulo `buckets`, as its label (`labels`; None: the number). The bucket count and labels are
+    part of the checkpointed state's layout."""
+    with_bucket = grouped.withColumn(BUCKET, _bucket_of(GROUP, buckets, labels))
     return with_bucket.withColumnRenamed(GROUP, GROUP_COLUMN)
 
 
-def _bucket_of(column: str, buckets: int) -> Column:
-    return F.pmod(F.xxhash64(column), F.lit(buckets))
+def _bucket_of(column: str, buckets: int, labels: tuple[int, ...] | None) -> Column:
+    number = F.pmod(F.xxhash64(column), F.lit(buckets))
+    if labels is None:
+        return number
+    # Nullable, as the bucket numbers' `pmod` and the packed input's column are: the state key's schema.
+    return F.try_element_at(F.array(*(F.lit(label).cast("long") for label in labels)), (number + 1).cast("int"))
 
 
-def bucketed_seed(seed: DataFrame, buckets: int) -> DataFrame:
+def bucketed_seed(seed: DataFrame, buckets: int, labels: tuple[int, ...] | None = None) -> DataFrame:
     """The initial state (`SEED_SCHEMA`) with the bucket each primary key belongs to, as the input's."""
-    return seed.select(*SEED_COLUMNS).withColumn(BUCKET, _bucket_of(GROUP_COLUMN, buckets))
+    return seed.select(*SEED_COLUMNS).withColumn(BUCKET, _bucket_of(GROUP_COLUMN, buckets, labels))

@@ -21,6 +21,7 @@ import orjson
 
 from service.config.choices import Compaction
 from service.kafka_to_delta.materialize.bucket_document import StoredState
+from service.kafka_to_delta.materialize.bucket_labels import bucket_labels
 from service.kafka_to_delta.materialize.fill_unchanged import chain_image, filled_text
 from service.kafka_to_delta.materialize.row_digest import digested, digested_state
 from service.kafka_to_delta.materialize.rules import (
@@ -60,8 +61,15 @@ class StageConfig:
     whole_row_key: bool = False  # retract mode: no upsert key, the whole row identifies a change
     # State per bucket of hash(key) % key_buckets (part of the checkpoint's layout); 0 = state per key.
     key_buckets: int = DEFAULT_KEY_BUCKETS
+    # The buckets' states under labels spread over the shuffle partitions (`bucket_labels`; layout, too).
+    spread_buckets: bool = False
     # One live row per key at most (one source, upsert key = primary key): keep rows' digests (`row_digest`).
     row_digests: bool = False
+
+    @property
+    def bucket_labels(self) -> tuple[int, ...] | None:
+        """The value each bucket's changes are grouped by (None: the bucket numbers)."""
+        return bucket_labels(self.key_buckets, self.spread_buckets)
 
     @property
     def decides_on_columns(self) -> bool:

@@ -238,8 +238,9 @@ def materialize(
             if initial_state is not None:
                 raise ValueError("an initial state needs the bucket stage (key_buckets > 0)")
             return carried.groupBy(GROUP).transformWithState(MaterializerProcessor(config), NET_SCHEMA, "Update", mode)
-        stage_input = bucketed(carried, config.key_buckets)
-    seeded = None if initial_state is None else bucketed_seed(initial_state, config.key_buckets).groupBy(BUCKET)
+        stage_input = bucketed(carried, config.key_buckets, config.bucket_labels)
+    seeded = None if initial_state is None else bucketed_seed(
+        initial_state, config.key_buckets, config.bucket_labels).groupBy(BUCKET)
     schema = PACKED_NET_SPARK_SCHEMA if payload_key is None else PAYLOAD_SPARK_SCHEMA
     return stage_input.groupBy(BUCKET).transformWithStateInPandas(
         BucketProcessor(config, payload_key), schema, "Update", mode, initialState=seeded

@@ -38,11 +38,13 @@ from service.config.joins import EnrichmentJoinSettings, JoinSettings, RegularJo
 from service.config.settings import PipelineSettings, Settings
 from service.config.sources import mask_salt_if_set, read_plan_file
 from service.config.table_shape import TableShape
+from service.kafka_to_delta.materialize.bucket_labels import spreads
 from service.kafka_to_delta.materialize.bulk import DEFAULT_KEY_BUCKETS
 from vocabulary.errors import ConfigError
 
 PLAN_FORMAT = 1
 _BUCKETS_LAYOUT = "key buckets: "
+_SPREAD_LAYOUT = "spread key buckets: "
 _PER_KEY_LAYOUT = "per key"
 _MS_PER_S = 1000
 _TTL_UNIT = " ms"
@@ -106,23 +108,33 @@ def _group_key(pipeline: PipelineSettings) -> tuple[str, ...]:
     return ("topic", *(columns or _WHOLE_ROW))
 
 
-def state_layout(key_buckets: int) -> str:
-    """How the materializer holds its state: per key bucket (how many) or per key."""
-    return f"{_BUCKETS_LAYOUT}{key_buckets}" if key_buckets else _PER_KEY_LAYOUT
+def state_layout(key_buckets: int, spread: bool = False) -> str:
+    """How the materializer holds its state: per key bucket (how many; `spread`: each under its label spread
+    over the shuffle partitions, `materialize.bucket_labels`) or per key."""
+    if not key_buckets:
+        return _PER_KEY_LAYOUT
+    return f"{_SPREAD_LAYOUT if spread else _BUCKETS_LAYOUT}{key_buckets}"
 
 
 def key_buckets_of(layout: object) -> int | None:
     """The key bucket count a `state_layout` names (0: per key); None when it names none."""
     if layout == _PER_KEY_LAYOUT:
         return 0
-    if isinstance(layout, str) and layout.startswith(_BUCKETS_LAYOUT) and layout[len(_BUCKETS_LAYOUT):].isdigit():
-        return int(layout[len(_BUCKETS_LAYOUT):])
+    for prefix in (_BUCKETS_LAYOUT, _SPREAD_LAYOUT):
+        if isinstance(layout, str) and layout.startswith(prefix) and layout[len(prefix):].isdigit():
+            return int(layout[len(prefix):])
     return None
 
 
-def pipeline_operators(pipeline: PipelineSettings, key_buckets: int = DEFAULT_KEY_BUCKETS) -> list[Operator]:
-    """The stateful operators of one pipeline, in data-flow order (`key_buckets`: its checkpoint's, see
-    `plan_upgrade.stored_key_buckets`)."""
+def spread_of(layout: object) -> bool:
+    """Whether a `state_layout` keeps its buckets under spread labels."""
+    return isinstance(layout, str) and layout.startswith(_SPREAD_LAYOUT) and key_buckets_of(layout) is not None
+
+
+def pipeline_operators(pipeline: PipelineSettings, key_buckets: int = DEFAULT_KEY_BUCKETS,
+                       spread: bool = True) -> list[Operator]:
+    """The stateful operators of one pipeline, in data-flow order (`key_buckets` and `spread`: its
+    checkpoint's state layout, see `plan_upgrade.stored_bucket_layout`)."""
     operators = []
     changelog = pipeline.from_changelog
     if changelog.order_by is not None:
@@ -140,7 +152,8 @@ def pipeline_operators(pipeline: PipelineSettings, key_buckets: int = DEFAULT_KE
             pipeline.name, Kind.MATERIALIZER, key, (StateEntry(0, _ms(pipeline.materializer_ttl_seconds), "rows"),),
             {"on_conflict": pipeline.on_conflict or "error", "compaction": pipeline.effective_compaction,
              "primary_key": list(pipeline.primary_key), "sequence_by": list(pipeline.sequence_by),
-             "topics": sorted(pipeline.topics), "state_layout": state_layout(key_buckets)},
+             "topics": sorted(pipeline.topics),
+             "state_layout": state_layout(key_buckets, spread and spreads(key_buckets))},
         ))
     if pipeline.history is not None:
         table = pipeline.history.table_for(pipeline.table)

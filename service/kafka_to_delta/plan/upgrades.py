@@ -35,6 +35,7 @@ from service.kafka_to_delta.plan.compiled_plan import (
     columns_operator,
     key_buckets_of,
     pipeline_operators,
+    spread_of,
     table_shape_operator,
 )
 from service.runtime.checkpoints import local_path
@@ -141,21 +142,22 @@ def _rebuildable(pipeline: str, operators: list[Operator], refused: list[str]) -
     return Kind.MATERIALIZER in kinds and Kind.JOIN not in kinds and any(materializer in c for c in refused)
 
 
-def stored_key_buckets(pipeline: str, checkpoint_dir: str) -> int:
-    """The materializer's key bucket count for a pipeline's checkpoint (part of its state's layout).
+def stored_bucket_layout(pipeline: str, checkpoint_dir: str) -> tuple[int, bool]:
+    """The materializer's key bucket count for a pipeline's checkpoint, and whether its buckets are spread
+    (`materialize.bucket_labels`): its state's layout.
 
-    DEFAULT_KEY_BUCKETS for a checkpoint that holds no state yet; for a started one, the count its
-    stored plan names, or LEGACY_KEY_BUCKETS without a stored plan; LEGACY_KEY_BUCKETS for one that is
-    not local (no plan is stored there).
+    DEFAULT_KEY_BUCKETS, spread, for a checkpoint that holds no state yet (or whose stored plan has no
+    materializer); for a started one, what its stored plan names, or LEGACY_KEY_BUCKETS by their numbers
+    without a stored plan; the same for one that is not local (no plan is stored there).
     """
     checkpoint = local_path(checkpoint_dir)
     if checkpoint is None:
-        return LEGACY_KEY_BUCKETS
+        return LEGACY_KEY_BUCKETS, False
     if not _started(checkpoint):
-        return DEFAULT_KEY_BUCKETS
+        return DEFAULT_KEY_BUCKETS, True
     path = checkpoint / PLAN_FILE
     if not path.exists():
-        return LEGACY_KEY_BUCKETS
+        return LEGACY_KEY_BUCKETS, False
     try:
         nodes = json.loads(path.read_text())["nodes"]
     except (OSError, ValueError, KeyError, TypeError) as error:
@@ -163,16 +165,17 @@ def stored_key_buckets(pipeline: str, checkpoint_dir: str) -> int:
     materializer = f"{pipeline}/{Kind.MATERIALIZER}"
     for node in nodes:
         if isinstance(node, dict) and node.get("id") == materializer:
-            count = key_buckets_of((node.get("properties") or {}).get("state_layout"))
+            layout = (node.get("properties") or {}).get("state_layout")
+            count = key_buckets_of(layout)
             if count is not None:
-                return count
-    return DEFAULT_KEY_BUCKETS
+                return count, spread_of(layout)
+    return DEFAULT_KEY_BUCKETS, True
 
 
 def check_and_store_pipeline(pipeline: PipelineSettings, checkpoint_dir: str) -> None:
     """`check_and_store` for an ingest pipeline, its materializer laid out as its checkpoint's."""
-    buckets = stored_key_buckets(pipeline.name, checkpoint_dir)
-    check_and_store(pipeline.name, checkpoint_dir, pipeline_operators(pipeline, buckets))
+    buckets, spread = stored_bucket_layout(pipeline.name, checkpoint_dir)
+    check_and_store(pipeline.name, checkpoint_dir, pipeline_operators(pipeline, buckets, spread))
 
 
 def check_and_store(pipeline: str, checkpoint_dir: str, operators: list[Operator]) -> None:

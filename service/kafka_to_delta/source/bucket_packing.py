@@ -66,10 +66,13 @@ def group_keys(changes: pa.RecordBatch) -> list[str | None]:
             for key, error, (topic, partition, offset) in zip(keys, errors.to_pylist(), coordinates)]
 
 
-def packed_buckets(changes: pa.RecordBatch, buckets: int) -> pa.RecordBatch:
-    """One decoded chunk (changelog rows and `WATERMARK_COLUMN`) as one row per key bucket it touches."""
+def packed_buckets(changes: pa.RecordBatch, buckets: int, labels: tuple[int, ...] | None = None) -> pa.RecordBatch:
+    """One decoded chunk (changelog rows and `WATERMARK_COLUMN`) as one row per key bucket it touches, each
+    under its bucket's label (`labels`; None: the bucket's number)."""
     groups = group_keys(changes)
     bucket_of = np.fromiter((spark_bucket(g, buckets) for g in groups), np.int64, len(groups))
+    if labels is not None:
+        bucket_of = np.asarray(labels, np.int64)[bucket_of]
     event_time = pc.coalesce(changes.column(Column.EVENT_TIME), changes.column(Column.TIMESTAMP))
     columns = {GROUP: pa.array(groups, pa.string()), EVENT_TIME: event_time}
     names = (*STAGE_FIELDS, *typed_names(changes.schema.names))
@@ -93,13 +96,14 @@ class PackedBuckets:
     """What a Kafka range becomes where it is read for the bucket stage (`changes_source` with
     `PACKED_SPARK_SCHEMA`): its decoded changes, packed per key bucket. Picklable."""
 
-    def __init__(self, decoded: DecodedRanges, buckets: int) -> None:
+    def __init__(self, decoded: DecodedRanges, buckets: int, labels: tuple[int, ...] | None = None) -> None:
         self.decoded = decoded
         self.buckets = buckets
+        self.labels = labels
 
     def __call__(self, read: Callable[[], Iterable[pa.RecordBatch]],
                  read_values: Callable[..., Iterable[ValueChunk]] | None = None) -> Iterator[pa.RecordBatch]:
         """The range's packed chunks (`read` yields its record batches)."""
         for changes in self.decoded(read, read_values):
             if changes.num_rows:
-                yield packed_buckets(changes, self.buckets)
+                yield packed_buckets(changes, self.buckets, self.labels)

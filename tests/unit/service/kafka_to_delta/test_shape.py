@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from service.config.settings import settings_from_mapping
+from service.kafka_to_delta.materialize.bucket_labels import spread_labels
+from service.kafka_to_delta.pipeline import stage_config
 from service.kafka_to_delta.plan.compiled_plan import (
     Kind,
     Operator,
@@ -66,6 +68,16 @@ def test_the_checkpoint_key_bucket_count_decides_between_key_and_bucket_stage() 
     per_key = pipeline_shape(_pipeline("forced"), key_buckets=0)
     assert per_key.name == "materializer_keys" and not per_key.packed_buckets
     assert pipeline_shape(_pipeline("forced"), key_buckets=64).key_buckets == 64
+
+
+def test_the_checkpoint_layout_decides_whether_the_buckets_are_spread() -> None:
+    """A new checkpoint's buckets are spread; one begun with the bucket numbers keeps them; a count that is not
+    a power of two cannot be spread (`bucket_labels`)."""
+    assert pipeline_shape(_pipeline("forced")).spread_buckets
+    assert not pipeline_shape(_pipeline("forced"), key_buckets=16, spread=False).spread_buckets
+    assert not pipeline_shape(_pipeline("forced"), key_buckets=12).spread_buckets
+    assert stage_config(_pipeline("forced")).bucket_labels == spread_labels(16)
+    assert stage_config(_pipeline("forced"), 16, spread=False).bucket_labels is None
 
 
 def test_watermark_compaction_comes_from_the_materializer_operator() -> None:

@@ -78,10 +78,11 @@ def _rows_batch(changes: list[dict]) -> pa.RecordBatch:
     return rows.append_column(WATERMARK_COLUMN, rows.column("event_time"))
 
 
-def _write(directory: Path, batches: list[list[dict]], packed: bool, first: int) -> None:
+def _write(directory: Path, batches: list[list[dict]], packed: bool, first: int,
+           labels: tuple[int, ...] | None = None) -> None:
     for index, changes in enumerate(batches, first):
         rows = _rows_batch(changes)
-        table = pa.Table.from_batches([packed_buckets(rows, DEFAULT_KEY_BUCKETS) if packed else rows.drop_columns(
+        table = pa.Table.from_batches([packed_buckets(rows, DEFAULT_KEY_BUCKETS, labels) if packed else rows.drop_columns(
             [WATERMARK_COLUMN])])
         write_micro_batch_file(directory, index, table)
 
@@ -111,26 +112,29 @@ def _run(spark, source: Path, packed: bool, checkpoint: Path, table: dict[str, d
 
 def test_packed_changes_make_the_table_rows_make_also_after_an_upgrade(spark, workdir):
     rules = MaterializerConfig(table="t", primary_key=("id",), on_conflict="error")
-    configs = {"batch": StageConfig(rules=rules), "watermark": StageConfig(rules, "watermark", state_ttl_ms=10**9)}
+    # Spread: the buckets under their labels (`bucket_labels`), packed in Python and bucketed by Spark alike.
+    configs = {"batch": StageConfig(rules=rules), "watermark": StageConfig(rules, "watermark", state_ttl_ms=10**9),
+               "spread": StageConfig(rules=rules, spread_buckets=True)}
     for seed in SEEDS:
         batches, expected = _workload(seed)
         half = len(batches) // 2
         base = workdir / str(seed)
         _write(base / "rows", batches, packed=False, first=0)
-        _write(base / "packed", batches, packed=True, first=0)
         for compaction, config in configs.items():
             tables: dict[str, dict] = {"rows": {}, "packed": {}, "upgrade": {}}
-            for name in ("rows", "packed"):
-                _run(spark, base / name, name == "packed", base / f"ck-{compaction}-{name}", tables[name], config)
+            _write(base / f"packed-{compaction}", batches, packed=True, first=0, labels=config.bucket_labels)
+            for name in ("rows", f"packed-{compaction}"):
+                _run(spark, base / name, name != "rows", base / f"ck-{compaction}-{name}",
+                     tables["rows" if name == "rows" else "packed"], config)
             # A file source stays on its directory: the packed files join the rows the first run read.
             upgrade = base / f"upgrade-{compaction}"
             _write(upgrade, batches[:half], packed=False, first=0)
             _run(spark, upgrade, False, base / f"ck-{compaction}-upgrade", tables["upgrade"], config)
-            _write(upgrade, batches[half:], packed=True, first=half)
+            _write(upgrade, batches[half:], packed=True, first=half, labels=config.bucket_labels)
             _run(spark, upgrade, True, base / f"ck-{compaction}-upgrade", tables["upgrade"], config)
             # Batch compaction applies each micro-batch at once; under the watermark the last changes
             # still wait, the same ones whatever the input's form.
-            if compaction == "batch":
+            if compaction != "watermark":
                 assert tables["rows"] == expected, seed
             assert tables["packed"] == tables["rows"] and tables["upgrade"] == tables["rows"], (seed, compaction)
             assert tables["rows"], seed

@@ -22,7 +22,7 @@ from service.kafka_to_delta.plan.upgrades import (
     PLAN_FILE,
     check_and_store,
     check_and_store_pipeline,
-    stored_key_buckets,
+    stored_bucket_layout,
 )
 from vocabulary.errors import ConfigError
 
@@ -146,16 +146,19 @@ def _layout(root: Path) -> str:
 
 def test_a_checkpoint_keeps_the_key_buckets_it_began_with(tmp_path: Path) -> None:
     checkpoint = str(tmp_path / "people")
-    assert stored_key_buckets("people", checkpoint) == DEFAULT_KEY_BUCKETS, "a new checkpoint"
+    assert stored_bucket_layout("people", checkpoint) == (DEFAULT_KEY_BUCKETS, True), "a new checkpoint"
     _started(tmp_path)
-    assert _layout(tmp_path) == f"key buckets: {DEFAULT_KEY_BUCKETS}"
-    for layout, buckets in (("key buckets: 64", 64), ("per key", 0)):  # written by earlier versions
+    assert _layout(tmp_path) == f"spread key buckets: {DEFAULT_KEY_BUCKETS}"
+    # Written by earlier versions: the bucket numbers as labels, 16 or 64 of them, or state per key.
+    for layout, buckets in (("key buckets: 16", (16, False)), ("key buckets: 64", (64, False)), ("per key", (0, False)),
+                            ("spread key buckets: 16", (16, True))):
         stored = json.loads((tmp_path / "people" / PLAN_FILE).read_text())
         next(n for n in stored["nodes"] if n["id"] == "people/materializer")["properties"]["state_layout"] = layout
         (tmp_path / "people" / PLAN_FILE).write_text(json.dumps(stored))
-        assert stored_key_buckets("people", checkpoint) == buckets
+        assert stored_bucket_layout("people", checkpoint) == buckets
         _check(tmp_path, BASE)  # not refused: the start keeps the checkpoint's layout
         assert _layout(tmp_path) == layout
     (tmp_path / "people" / PLAN_FILE).unlink()  # begun before plans were stored
-    assert stored_key_buckets("people", checkpoint) == LEGACY_KEY_BUCKETS
-    assert stored_key_buckets("people", "s3a://bucket/checkpoints/people") == LEGACY_KEY_BUCKETS, "no plan there"
+    assert stored_bucket_layout("people", checkpoint) == (LEGACY_KEY_BUCKETS, False)
+    assert stored_bucket_layout("people", "s3a://bucket/checkpoints/people") == (LEGACY_KEY_BUCKETS, False), \
+        "no plan there"
