@@ -56,14 +56,16 @@ def _with_keep_flags(batch: pa.Table, unchanged: pa.ChunkedArray | pa.Array, pri
     column the batch lacks (`schema_changes: ignore` dropped it)."""
     if unchanged.null_count == len(unchanged):
         return batch
-    per_row = [set(json.loads(text)) if text else set() for text in unchanged.to_pylist()]
-    columns = sorted(set().union(*per_row) - set(primary_key))
+    # A batch holds few distinct lists (a table's TOASTed columns): each parsed once, each flag one `is_in`.
+    lists = {text: set(json.loads(text)) for text in pc.unique(unchanged).to_pylist() if text}
+    columns = sorted(set().union(*lists.values()) - set(primary_key))
     if only_batch_columns:
         columns = [column for column in columns if column in batch.column_names]
     for column in columns:
         if column not in batch.column_names:
             batch = batch.append_column(column, pa.nulls(batch.num_rows, pa.string()))
-        batch = batch.append_column(keep_flag(column), pa.array([column in row for row in per_row], pa.bool_()))
+        naming = pa.array([text for text, names in lists.items() if column in names], pa.string())
+        batch = batch.append_column(keep_flag(column), pc.fill_null(pc.is_in(unchanged, value_set=naming), False))
     return batch
 
 

@@ -171,7 +171,10 @@ def batch_changes(payloads: pa.Table) -> BatchChanges:
     if ranges:
         if len(ranges) > 1:
             changes = pa.concat_tables([_conformed(table, types) for table in ranges])
-            changes = filled_last_rows(changes.sort_by([(name, "ascending") for name in Meta.ORDER]))
+            # A key in several ranges: its last change, filled across them. Keys apart (the bucket stage's net
+            # rows, ranges of different keys) are their own last changes, with nothing to fill.
+            if pc.count_distinct(changes.column(Meta.KEY), mode="all").as_py() < changes.num_rows:
+                changes = filled_last_rows(changes.sort_by([(name, "ascending") for name in Meta.ORDER]))
         else:
             changes = _conformed(ranges[0], types)
         changes = without_truncated(changes, truncates)

@@ -249,3 +249,24 @@ def test_a_truncate_in_a_later_piece_wipes_the_earlier_pieces(vectorised: bool) 
 
 def test_nearly_every_fixed_seed_is_compared() -> None:
     assert sum(_compare(seed) for seed in FIXED_SEEDS) >= len(FIXED_SEEDS) - 4
+
+
+@pytest.mark.parametrize("vectorised", [True, False])
+def test_pieces_of_different_keys_are_their_own_last_changes(vectorised: bool) -> None:
+    """No key in two pieces (as the bucket stage's net rows): the rows are merged as they are (no sort, no
+    fill across pieces), the rows of the whole range, placeholders left to the sink."""
+    pairs = [
+        _record("c", 1, {"id": 1, "name": "big", "n": 1}),
+        _record("u", 2, {"id": 2, "name": _PLACEHOLDER, "n": 2}),
+        _record("u", 3, {"id": 3, "name": _PLACEHOLDER, "n": 2}),
+        _record("d", 4, None, {"id": 4, "name": "x", "n": 1}),
+    ]
+    payloads = _in_pieces(pairs, [1, 3], random.Random(0), vectorised)
+    assert not isinstance(payloads, str), payloads
+    changes = batch_changes(payloads).changes
+    whole = _in_pieces(pairs, [], random.Random(0), vectorised)
+    assert not isinstance(whole, str), whole
+    by_key = sorted(changes.to_pylist(), key=lambda row: row["id"])
+    assert by_key == sorted(batch_changes(whole).changes.to_pylist(), key=lambda row: row["id"])
+    assert [(row["id"], row[Meta.KIND]) for row in by_key] == [(1, "+U"), (2, "+U"), (3, "+U"), (4, "-D")]
+    assert [json.loads(row[Meta.UNCHANGED] or "[]") for row in by_key] == [[], ["name"], ["name"], []]
