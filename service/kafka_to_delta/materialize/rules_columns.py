@@ -138,9 +138,9 @@ class _Sorted:
     def column(self, name: str) -> pa.Array:
         return self._column(name).take(self.order)
 
-    def valid(self, name: str) -> pa.Array:
-        """Whether each change (in order) has a value in `name`."""
-        return pc.is_valid(self._column(name)).take(self.order)
+    def valid(self, name: str) -> pa.ChunkedArray:
+        """Whether each change (in order) has a value in `name` (its validity taken, not the column joined)."""
+        return pc.is_valid(self.changes.column(name)).take(self.order)
 
     def at(self, name: str, positions: np.ndarray) -> pa.Array:
         """`name` at `positions` of the order (masked positions, negative: null)."""
