@@ -151,10 +151,11 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def spark():
+def spark(tmp_path_factory):
     """The one SparkSession of the test run, able to run both Delta engines: the Delta jars of the
     cache (connectors/maven_jars.py) with Delta's SQL extension and catalog. Without the jars in the
-    cache every test that needs Spark fails, naming the command that resolves them."""
+    cache every test that needs Spark fails, naming the command that resolves them. The tests'
+    checkpoints are local (under the run's temporary root), as the service's are by default."""
     from connectors.maven_jars import JarsUnavailable, lib_jars
     from service.config.settings import SparkSettings
     from service.runtime.spark_session import build_spark
@@ -163,7 +164,8 @@ def spark():
         lib_jars("delta")
     except JarsUnavailable as missing:
         pytest.fail(f"the test run's Spark session needs the Delta jars: {missing}", pytrace=False)
-    session = build_spark(SparkSettings(master="local[2]", shuffle_partitions=2), engine="delta-spark")
+    session = build_spark(SparkSettings(master="local[2]", shuffle_partitions=2), engine="delta-spark",
+                          checkpoint_root=str(tmp_path_factory.getbasetemp()))
     yield session
     session.stop()
 

@@ -27,6 +27,8 @@ _SERIAL_GC = "-XX:+UseSerialGC"
 _GIVE_BACK = "-XX:MinHeapFreeRatio=5 -XX:MaxHeapFreeRatio=20"
 PACKED_KINDS = frozenset({"materializer"})
 """Operator kinds (`compiled_plan.Kind`) whose state the JVM moves packed per key bucket."""
+SETTING_KINDS = frozenset({"table_shape", "columns"})
+"""Plan nodes (`compiled_plan.Kind`) that record a pipeline's setting for the upgrade check: no query state."""
 
 
 @dataclass(frozen=True)
@@ -43,8 +45,8 @@ STATEFUL = JvmProfile("stateful", f"{_SERIAL_GC} -Xmn64m {_GIVE_BACK}")
 
 
 def operator_kinds(plan: Mapping[str, Any]) -> frozenset[str]:
-    """The kinds of the stateful operators a plan document lists."""
-    return frozenset(str(node.get("kind")) for node in plan.get("nodes", ()))
+    """The kinds of the stateful operators a plan document lists (its setting nodes left out)."""
+    return frozenset(str(node.get("kind")) for node in plan.get("nodes", ())) - SETTING_KINDS
 
 
 def jvm_profile(plan: Mapping[str, Any]) -> JvmProfile:

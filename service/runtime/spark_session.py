@@ -23,6 +23,7 @@ from connectors.delta.delta_spark import (
 )
 from connectors.delta.engines import Engine
 from service.config.settings import SparkSettings
+from service.runtime.checkpoints import local_path
 from service.runtime.jvm_class_archive import dump_options, session_options
 from service.runtime.jvm_profiles import STATEFUL, JvmProfile
 from service.runtime.project_code import ship
@@ -37,6 +38,13 @@ _LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 # its new files into the checkpoint; a background task snapshots every few versions. Spark switches an
 # existing checkpoint either way (figures: docs/design/runtime-tuning.md).
 _CHANGELOG_CHECKPOINTING = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
+# Spark writes a checkpoint's log entries and state changelogs through Hadoop's FileContext by default; on a
+# local filesystem (no Hadoop native library here) it starts a `chmod` for every file it creates and `readlink`s
+# for every rename: about 25 processes a micro-batch, 30-50 ms on each offset-log and commit-log entry and on
+# each state store commit. Spark's own FileSystem-based manager (its fallback for schemes without FileContext:
+# write a temporary file, rename it into place) starts none (docs/design/runtime-tuning.md).
+CHECKPOINT_FILE_MANAGER = "spark.sql.streaming.checkpointFileManagerClass"
+FILE_SYSTEM_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 # Comma-separated settings an engine's conf and the operator's `spark.conf` both add to.
 _LISTS = ("spark.jars", "spark.jars.packages", "spark.sql.extensions")
 # Delta rebuilds a table's state from its log in this many partitions (Delta's default 50; with adaptive
@@ -71,8 +79,9 @@ def _java_options(settings: SparkSettings, jvm: JvmProfile, class_archive_out: P
 
 
 def spark_conf(settings: SparkSettings, jvm: JvmProfile = STATEFUL, class_archive_out: Path | None = None,
-               engine: Engine = "delta-rs") -> dict[str, str]:
-    """Every setting `build_spark` gives the session (the operator's `spark.conf` last, so it wins)."""
+               engine: Engine = "delta-rs", checkpoint_root: str | None = None) -> dict[str, str]:
+    """Every setting `build_spark` gives the session (the operator's `spark.conf` last, so it wins).
+    `checkpoint_root`: where the queries' checkpoints are (None: not known)."""
     partitions = settings.shuffle_partitions or _default_shuffle_partitions()
     conf = {
         "spark.sql.shuffle.partitions": str(partitions),
@@ -88,11 +97,14 @@ def spark_conf(settings: SparkSettings, jvm: JvmProfile = STATEFUL, class_archiv
         "spark.python.worker.reuse": "true",
         "spark.driver.extraJavaOptions": _java_options(settings, jvm, class_archive_out),
     }
+    if checkpoint_root is not None and local_path(checkpoint_root) is not None:
+        conf[CHECKPOINT_FILE_MANAGER] = FILE_SYSTEM_MANAGER
     return {**conf, **_with_engine_conf(settings.conf, engine, partitions)}
 
 
 def build_spark(settings: SparkSettings | None = None, jvm: JvmProfile = STATEFUL,
-                class_archive_out: Path | None = None, engine: Engine = "delta-rs") -> SparkSession:
+                class_archive_out: Path | None = None, engine: Engine = "delta-rs",
+                checkpoint_root: str | None = None) -> SparkSession:
     """Create (or return the running) SparkSession configured for the pipelines.
 
     Python workers run this interpreter so they can import the project; the state
@@ -100,6 +112,7 @@ def build_spark(settings: SparkSettings | None = None, jvm: JvmProfile = STATEFU
     JVM's flags (`jvm_profiles.jvm_profile` chooses them from the compiled plan). The driver's
     JVM maps the prepared class archive (`jvm_class_archive`); with `class_archive_out` it writes one
     there at exit instead. `engine`: the Delta engine of the tables (delta-spark adds its jars and conf).
+    `checkpoint_root`: where the queries' checkpoints are (local: written without starting processes).
     On a cluster the project's code goes to the executors with the session (`project_code`).
     """
     settings = settings or SparkSettings()
@@ -107,7 +120,7 @@ def build_spark(settings: SparkSettings | None = None, jvm: JvmProfile = STATEFU
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if settings.master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    conf = spark_conf(settings, jvm, class_archive_out, engine)
+    conf = spark_conf(settings, jvm, class_archive_out, engine, checkpoint_root)
     builder = SparkSession.builder.master(settings.master).appName(settings.app_name)
     for key, value in conf.items():
         builder = builder.config(key, value)

@@ -130,7 +130,8 @@ class Runner:
             check_and_store_pipeline(config, self.settings.checkpoint_dir(config.name))
         for join in self.settings.joins:
             check_and_store(join.name, self.settings.checkpoint_dir(join.name), join_operators(join))
-        self._spark = build_spark(self.settings.spark, jvm=self._jvm(), engine=self.settings.lakehouse.engine)
+        self._spark = build_spark(self.settings.spark, jvm=self._jvm(), engine=self.settings.lakehouse.engine,
+                                  checkpoint_root=self.settings.checkpoint_root)
         modules = self._warmup_modules()
         if modules:
             warm_workers(self._spark, modules)

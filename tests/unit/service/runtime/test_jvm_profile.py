@@ -44,10 +44,21 @@ def test_a_new_stateful_operator_gets_the_stateful_profile():
     assert jvm_profile({"pipelines": ["x"], "nodes": [{"kind": "window_aggregate"}]}) == STATEFUL
 
 
-def test_every_known_kind_but_the_packed_ones_gets_the_stateful_profile():
+def test_a_pipelines_settings_in_the_plan_are_not_state():
+    # A table shape (deletion vectors here) or a `columns:` block is a node of the plan, not a stateful operator.
+    shaped = {**MATERIALIZED, "table_shape": {"deletion_vectors": True},
+              "columns": {"exclude": ["note"]}}
+    assert {node["kind"] for node in compile_plan(settings_from_mapping({"pipelines": [shaped]}))["nodes"]} == {
+        Kind.MATERIALIZER, Kind.TABLE_SHAPE, Kind.COLUMNS}
+    assert _profile([shaped]) == PACKED_STATE
+    assert _profile([{**PLAIN, "table_shape": {"deletes": "soft"}}]) == LIGHT
+
+
+def test_every_known_kind_but_the_packed_and_setting_ones_gets_the_stateful_profile():
     kinds = {value for name, value in vars(Kind).items() if name.isupper()}
     assert jvm_profiles.PACKED_KINDS <= kinds, "a packed kind the plan no longer has"
-    for kind in kinds - jvm_profiles.PACKED_KINDS:
+    assert jvm_profiles.SETTING_KINDS <= kinds, "a setting kind the plan no longer has"
+    for kind in kinds - jvm_profiles.PACKED_KINDS - jvm_profiles.SETTING_KINDS:
         assert jvm_profile({"nodes": [{"kind": kind}, {"kind": Kind.MATERIALIZER}]}) == STATEFUL, kind
 
 

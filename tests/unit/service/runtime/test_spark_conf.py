@@ -8,13 +8,22 @@ import pytest
 
 from service.config.settings import SparkSettings
 from service.runtime import jvm_class_archive as archive
-from service.runtime.spark_session import spark_conf
+from service.runtime.spark_session import CHECKPOINT_FILE_MANAGER, FILE_SYSTEM_MANAGER, spark_conf
 
 LOCAL = SparkSettings(master="local[2]", shuffle_partitions=3)
 
 
 def test_state_store_commits_write_changelogs():
     assert spark_conf(LOCAL)["spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"] == "true"
+
+
+def test_local_checkpoints_are_written_without_hadoops_file_context():
+    for root in ("./.cdc-lakehouse/checkpoints", "/var/lib/cdc/checkpoints", "file:///data/checkpoints"):
+        assert spark_conf(LOCAL, checkpoint_root=root)[CHECKPOINT_FILE_MANAGER] == FILE_SYSTEM_MANAGER, root
+    for root in ("s3a://bucket/checkpoints", "abfss://c@account.dfs.core.windows.net/cp", None):
+        assert CHECKPOINT_FILE_MANAGER not in spark_conf(LOCAL, checkpoint_root=root), root
+    chosen = SparkSettings(master="local[2]", conf={CHECKPOINT_FILE_MANAGER: "com.example.Manager"})
+    assert spark_conf(chosen, checkpoint_root="/cp")[CHECKPOINT_FILE_MANAGER] == "com.example.Manager"
 
 
 def test_python_workers_are_reused_and_adaptive_execution_is_off():
