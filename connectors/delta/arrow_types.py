@@ -316,6 +316,13 @@ def rows_to_table(rows: list[dict | None], types: dict[str, str]) -> pa.Table:
 _INTEGER_WIDTH = {pa.int8(): 8, pa.int16(): 16, pa.int32(): 32, pa.int64(): 64}
 
 
+def one_array(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """`values` as one array (a chunked column's chunks joined; a single chunk as it is)."""
+    if isinstance(values, pa.ChunkedArray):
+        return values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
+    return values
+
+
 def plain_type(kind: pa.DataType) -> pa.DataType:
     """One type per family of Arrow representations Delta stores alike."""
     if pa.types.is_large_string(kind) or pa.types.is_string_view(kind):

@@ -24,6 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from connectors.delta.arrow_types import one_array
+
 CHANGE_TYPE = "_change_type"
 COMMIT_VERSION = "_commit_version"
 COMMIT_ROW = "_commit_row"
@@ -42,7 +44,7 @@ def _take_views(column: pa.ChunkedArray, indices: np.ndarray) -> pa.Array:
 
     Arrow has no take or filter kernel for views; a view is 16 bytes, so this takes the views
     with numpy and leaves the values where they are (a cast to string copies every value)."""
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    array = one_array(column)
     buffers = array.buffers()
     views = np.frombuffer(buffers[1], dtype=np.int64).reshape(-1, 2)[array.offset:array.offset + len(array)]
     validity, nulls = None, 0

@@ -45,6 +45,7 @@ from connectors.delta.arrow_types import (
     MAX_DECIMAL128_PRECISION,
     TypeName,
     arrow_type,
+    one_array,
     string_list_texts,
 )
 from service.kafka_to_delta.formats.row_fit import INT_RANGES
@@ -127,7 +128,7 @@ def bulk_column(values: pa.Array | pa.ChunkedArray, type_name: str) -> tuple[pa.
     by value, once the whole column failed validation) and text columns parsed as nested values
     (`json_text`).
     """
-    column = _one_array(values)
+    column = one_array(values)
     target = arrow_type(type_name)
     if pa.types.is_null(column.type) or not len(column) or column.null_count == len(column):
         return pa.nulls(len(column), target), np.zeros(len(column), np.bool_)
@@ -180,7 +181,7 @@ def json_text(values: pa.Array | pa.ChunkedArray, fixed_key_order: bool = False)
     schema's field order). A nested column `pyarrow.json` built wrongly (it can drop the nulls that
     open a list, leaving an array that fails validation) is misfits throughout.
     """
-    column = _one_array(values)
+    column = one_array(values)
     kind = column.type
     if pa.types.is_null(kind) or not len(column) or column.null_count == len(column):
         return pa.nulls(len(column), pa.string()), np.zeros(len(column), np.bool_)
@@ -224,12 +225,6 @@ def _vouched(value: Any, kind: pa.DataType, fixed_key_order: bool) -> bool:
     if pa.types.is_floating(kind):
         return bool(np.isfinite(value)) and not float(value).is_integer()
     return pa.types.is_integer(kind) or pa.types.is_boolean(kind) or pa.types.is_string(kind)
-
-
-def _one_array(values: pa.Array | pa.ChunkedArray) -> pa.Array:
-    if isinstance(values, pa.ChunkedArray):
-        return values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
-    return values
 
 
 def _valid(column: pa.Array) -> np.ndarray:

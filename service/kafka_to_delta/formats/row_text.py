@@ -25,12 +25,14 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from connectors.delta.arrow_types import one_array
+
 _NEEDS_ESCAPE = r'[\x00-\x1f"\\]'
 
 
 def value_texts(column: pa.Array | pa.ChunkedArray) -> pa.Array | None:
     """Each value of `column` as JSON text (null values as the text `null`); None for a type not taken."""
-    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    column = one_array(column)
     kind = column.type
     if pa.types.is_null(kind):
         texts = pa.nulls(len(column), pa.string())

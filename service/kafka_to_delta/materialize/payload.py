@@ -24,6 +24,7 @@ from connectors.delta.arrow_types import (
     arrow_type,
     inferred_kinds,
     merge_types,
+    one_array,
     rows_to_table,
     types_from_kinds,
 )
@@ -191,13 +192,9 @@ def _carried(net: pa.Table, primary_key: tuple[str, ...], deletes: list[bool]) -
     if others is None:
         return None
     lacking = pa.array(~holds)
-    arrays = [pc.replace_with_mask(_one_chunk(column), lacking, _one_chunk(others.column(index)))
+    arrays = [pc.replace_with_mask(one_array(column), lacking, one_array(others.column(index)))
               for index, column in enumerate(arrays)]
     return pa.Table.from_arrays(arrays, schema=schema), evidence
-
-
-def _one_chunk(column: pa.Array | pa.ChunkedArray) -> pa.Array:
-    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
 
 
 def _widened(carried: pa.DataType, target: pa.DataType) -> bool:

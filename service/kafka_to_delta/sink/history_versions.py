@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from connectors.delta.arrow_types import one_array
 from service.config.history import DELETED, END_AT, START_AT, UPDATED_AT
 
 ORDER = "__history_order"
@@ -50,8 +51,7 @@ def _same_as_previous(table: pa.Table, columns: Sequence[str]) -> np.ndarray:
         return same
     same[1:] = True
     for name in columns:
-        column = table.column(name).combine_chunks() if isinstance(table.column(name), pa.ChunkedArray) \
-            else table.column(name)
+        column = one_array(table.column(name))
         now, before = column.slice(1), column.slice(0, n - 1)
         try:
             equal = pc.equal(now, before)

@@ -62,7 +62,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from connectors.delta.arrow_types import PLAIN_TEXT, TypeName, arrow_type, merge_types
+from connectors.delta.arrow_types import PLAIN_TEXT, TypeName, arrow_type, merge_types, one_array
 from connectors.kafka.range_reader import ValueChunk
 from service.config.op_mapping import Grouping, parse_op_mapping
 from service.kafka_to_delta.changelog.changelog_batch import ChangelogBatchDecoder
@@ -354,7 +354,7 @@ class RangeColumns:
         string one is invalid, between tokens it would split the line), no deeper nesting than the
         record-by-record way accepts."""
         whole = _mask(pc.and_(pc.starts_with(payloads, pattern="{"), pc.ends_with(payloads, pattern="}")))
-        payloads = payloads.combine_chunks() if isinstance(payloads, pa.ChunkedArray) else payloads
+        payloads = one_array(payloads)
         offsets = np.frombuffer(payloads.buffers()[1], np.int32)[payloads.offset:payloads.offset + len(payloads) + 1]
         if not len(payloads) or offsets[-1] == offsets[0]:
             return whole
