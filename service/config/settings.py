@@ -404,6 +404,9 @@ class Settings(SettingsModel):
     schema_registry: SchemaRegistrySettings | None = None
     # Scheduled compaction, checkpoints and VACUUM of every pipeline's table (service/operations/maintenance.py).
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
+    # A micro-batch's Delta commit runs behind the next micro-batch's stages, its changes written ahead into
+    # the checkpoint first (service/kafka_to_delta/sink/commits_behind.py; where it applies: `pipeline.py`).
+    commits_behind: bool = True
     pipelines: tuple[PipelineSettings, ...] = ()
     # Database sources (service/config/databases.py): every matching topic into its own table, one query.
     databases: tuple[DatabaseSettings, ...] = ()

@@ -14,7 +14,9 @@ feed the table) or, per micro-batch, the reduction in Spark (`net_changes`).
 Per micro-batch (the barrier): apply the bad-record policies (FAIL stops before anything of
 the batch is committed); skip the MERGE if Delta already holds the batch's commit (a replay
 after a crash; the plan is still executed so the state store advances exactly as before);
-MERGE with the batch id as the application transaction version.
+MERGE with the batch id as the application transaction version. With `commits_behind` the MERGE
+runs in the background while the next micro-batch's stages run, the batch's changes written ahead
+into the checkpoint first (`sink/commits_behind.py`).
 """
 
 from __future__ import annotations
@@ -46,8 +48,10 @@ from service.kafka_to_delta.rows.names import (
 from service.kafka_to_delta.rows.spark import STREAM_SPARK_SCHEMA
 from service.kafka_to_delta.shape import Shape, pipeline_shape
 from service.kafka_to_delta.sink.bad_records import DeadLetterStore, handle_bad_records
+from service.kafka_to_delta.sink.commits_behind import FOLDER as AHEAD_FOLDER
+from service.kafka_to_delta.sink.commits_behind import CommitsBehind, WrittenAhead, replay
 from service.kafka_to_delta.sink.dead_letters import DeadLetterSink
-from service.kafka_to_delta.sink.merge_sink import MergeOutcome
+from service.kafka_to_delta.sink.merge_sink import MergeOutcome, MergeSink
 from service.kafka_to_delta.source.batch_changes import BatchChanges, batch_changes
 from service.kafka_to_delta.source.bucket_packing import PackedBuckets
 from service.kafka_to_delta.source.changes_source import changes_source, changes_source_name
@@ -59,7 +63,7 @@ from service.kafka_to_delta.table_query import HistoryWriter, TableQuery
 from service.observability import metrics
 from service.operations.maintenance import TableMaintenance
 from service.runtime import test_hooks
-from service.runtime.checkpoints import remove_abandoned_writes
+from service.runtime.checkpoints import local_path, remove_abandoned_writes
 from service.supervisor.batch_pipeline import commit_app_id, with_trigger
 from vocabulary import redaction
 
@@ -114,6 +118,8 @@ class IngestPipeline(TableQuery):
         self._query: StreamingQuery | None = None
         self.shape: Shape = pipeline_shape(pipeline)  # the checkpoint's key bucket count is known at start
         self.seed: Seed | None = None
+        self.commits: CommitsBehind | None = None
+        self.failed_behind: BaseException | None = None
 
     @property
     def progress_path(self) -> str:
@@ -204,22 +210,64 @@ class IngestPipeline(TableQuery):
         metrics.DECODE_ERRORS.labels(name).inc(prepared.failed.num_rows)
         handle_bad_records(name, prepared.failed, batch_id, self.dead_letters)
         reduced = time.monotonic()
+        if self.commits is None:
+            self._commit(prepared, history_rows, batch_id, started, reduced)
+            return
+        ahead = WrittenAhead(batch_id, self.app_id, prepared.changes, prepared.truncated)
+        self.commits.hand_over(ahead, lambda: self._commit(prepared, history_rows, batch_id, started, reduced))
+
+    def _commit(self, prepared: BatchChanges, history_rows, batch_id: int, started: float, reduced: float) -> None:
+        """The batch's MERGE (and its history's commit), unless Delta holds them; then the table's maintenance."""
+        name = self.pipeline.name
         if self.sink.already_committed(self.app_id, batch_id) and (
                 self.history is None or self.history.sink.already_committed(self.app_id, batch_id)):
             log.info("pipeline %s: batch %d already in Delta, skipped", name, batch_id)
             metrics.BATCHES.labels(name, "replay_skipped").inc()
             return
+        committing = time.monotonic()
         outcome = self.sink.apply_typed(prepared.changes, self.app_id, batch_id, truncate=prepared.truncated)
         if self.history is not None:
             self.history.commit(history_rows, self.app_id, batch_id)
         merged = time.monotonic()
-        self._record(outcome, prepared.count, merged - reduced, reduced - started)
+        self._record(outcome, prepared.count, merged - committing, reduced - started)
         log.info(
             "pipeline %s: batch %d -> %s: %d upserts, %d deletes%s (read+decode+reduce %.2fs, merge %.2fs)",
             name, batch_id, self.table.uri, outcome.upserts, outcome.deletes, _ranges_read(prepared),
-            reduced - started, merged - reduced,
+            reduced - started, merged - committing,
         )
         self.maintenance.after_batch()  # between this table's MERGEs: its commits never collide with them
+
+    def _commits_behind(self, checkpoint: str) -> CommitsBehind | None:
+        """The pipeline's commits behind its micro-batches (`commits_behind`), where they apply: a local
+        checkpoint (the changes are written ahead there), the delta-rs engine (a commit outside Spark's
+        jobs), no history table and no `columns:` rules (commits of one table by one sink)."""
+        folder = local_path(checkpoint)
+        if (not self.settings.commits_behind or folder is None or self.history is not None
+                or self.settings.lakehouse.engine != "delta-rs" or type(self.sink) is not MergeSink):
+            return None
+        return CommitsBehind(folder / AHEAD_FOLDER, self.pipeline.name, self._failed_behind)
+
+    def _failed_behind(self, error: BaseException) -> None:
+        self.failed_behind = error
+
+    def _replay_written_ahead(self, checkpoint: str) -> None:
+        """Commit the batches a stopped run wrote ahead but may not have committed (before the query starts)."""
+        folder = local_path(checkpoint)
+        if folder is not None:
+            replay(folder / AHEAD_FOLDER, self.pipeline.name,
+                   lambda ahead: self.sink.apply_typed(ahead.changes, ahead.app_id, ahead.batch_id,
+                                                       truncate=ahead.truncate))
+
+    def settle_commits(self) -> None:
+        """Wait for the commit behind the query (if any); its failure is kept in `failed_behind`."""
+        if self.commits is not None:
+            error = self.commits.settle()
+            if error is not None and self.failed_behind is None:
+                self.failed_behind = error
+
+    def close(self) -> None:
+        """The query stopped: let the commit behind it end (a failure leaves its batch written ahead)."""
+        self.settle_commits()
 
     def _count_ranges(self, found: BatchChanges) -> None:
         name = self.pipeline.name
@@ -254,6 +302,9 @@ class IngestPipeline(TableQuery):
         """Start the streaming query; `until_idle` reads what is there now, then ends."""
         checkpoint = self.settings.checkpoint_dir(self.pipeline.name)
         remove_abandoned_writes(checkpoint)
+        self._replay_written_ahead(checkpoint)
+        self.commits = self._commits_behind(checkpoint)
+        self.failed_behind = None
         self.seed = load_seed(self.spark, checkpoint)  # rebuild-state
         self.shape = pipeline_shape(self.pipeline, *stored_bucket_layout(self.pipeline.name, checkpoint))
         config = stage_config(self.pipeline, self.shape.key_buckets, self.shape.spread_buckets) \

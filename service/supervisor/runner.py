@@ -225,12 +225,21 @@ class Runner:
         if query is None:  # not started yet
             return
         if query.isActive:
+            # A commit that failed behind the query is raised by its next batch (whose commit waits for it), not
+            # stopped from here: a stop while the query plans its next batch can leave a planning process broken.
             metrics.record_lag(entry.pipeline.name, query.lastProgress, isinstance(entry.pipeline, ExportPipeline))
             return
+        settle = getattr(entry.pipeline, "settle_commits", None)
+        if settle is not None:  # the commit behind the query ends first
+            settle()
         exception = query.exception()
-        if exception is None:
+        behind = getattr(entry.pipeline, "failed_behind", None)
+        if exception is None and behind is None:
             entry.finished = True
             _close(entry)
+            return
+        if exception is None:
+            self._on_failure(entry, classify(entry.pipeline.name, behind, str(behind)))
             return
         self._on_failure(entry, classify(entry.pipeline.name, entry.pipeline.failure, str(exception)))
 

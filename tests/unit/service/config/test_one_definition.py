@@ -53,6 +53,7 @@ NOT_CONFIGURATION: dict[tuple[str, str], str] = {
     ("service/kafka_to_delta/plan/state_rebuild.py", "file"):
         "a checkpoint: its metadata, offsets and the plan stored in it",
     ("service/kafka_to_delta/plan/upgrades.py", "file"): "the plan stored in a checkpoint",
+    ("service/kafka_to_delta/sink/commits_behind.py", "file"): "a batch's changes written ahead into its checkpoint",
     ("service/kafka_to_delta/plan/rebuilt_seed.py", "file"): "the seed info written by rebuild-state",
     ("connectors/kafka/watermarks.py", "file"): "the per-partition event-time progress file (state)",
     ("connectors/delta/small_commit.py", "file"): "a Delta table's log entry it writes (table data)",
