@@ -32,7 +32,6 @@ from pyspark.sql.streaming import StreamingQuery
 
 from service.config.settings import PipelineSettings, Settings
 from service.kafka_to_delta.changelog.stage import stateful_changelog
-from service.kafka_to_delta.materialize.bucket_labels import spreads
 from service.kafka_to_delta.materialize.bulk import DEFAULT_KEY_BUCKETS, StageConfig
 from service.kafka_to_delta.materialize.net_changes import net_changes
 from service.kafka_to_delta.materialize.payload import NetPayload
@@ -77,7 +76,8 @@ def app_id(pipeline: PipelineSettings, query_id: str | None) -> str:
 
 def stage_config(pipeline: PipelineSettings, key_buckets: int = DEFAULT_KEY_BUCKETS,
                  spread: bool = True) -> StageConfig:
-    """The materializer's configuration for one pipeline (`key_buckets`, `spread`: its checkpoint's state layout)."""
+    """The materializer's configuration for one pipeline (`key_buckets`, `spread`: its checkpoint's state layout,
+    as its plan decides it: `Shape.key_buckets`, `Shape.spread_buckets`)."""
     rules = MaterializerConfig(
         table=pipeline.table,
         primary_key=pipeline.primary_key,
@@ -89,7 +89,7 @@ def stage_config(pipeline: PipelineSettings, key_buckets: int = DEFAULT_KEY_BUCK
     return StageConfig(
         rules=rules, compaction=pipeline.effective_compaction, state_ttl_ms=ttl_ms,
         whole_row_key=not pipeline.effective_upsert_key, key_buckets=key_buckets,
-        spread_buckets=spread and spreads(key_buckets),
+        spread_buckets=spread,
         row_digests=pipeline.one_live_row_per_key,
     )
 
