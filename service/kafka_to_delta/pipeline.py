@@ -119,7 +119,6 @@ class IngestPipeline(TableQuery):
         self.shape: Shape = pipeline_shape(pipeline)  # the checkpoint's key bucket count is known at start
         self.seed: Seed | None = None
         self.commits: CommitsBehind | None = None
-        self.failed_behind: BaseException | None = None
 
     @property
     def progress_path(self) -> str:
@@ -303,6 +302,8 @@ class IngestPipeline(TableQuery):
         checkpoint = self.settings.checkpoint_dir(self.pipeline.name)
         remove_abandoned_writes(checkpoint)
         self._replay_written_ahead(checkpoint)
+        if self.commits is not None:  # a restart: the previous run's commits ended as its query stopped
+            self.commits.close()
         self.commits = self._commits_behind(checkpoint)
         self.failed_behind = None
         self.seed = load_seed(self.spark, checkpoint)  # rebuild-state

@@ -28,9 +28,14 @@ class BatchPipeline:
     micro-batch, done or failed, the memory it freed goes back to the system (`memory_release`).
 
     `on_first_batch` (set by the runner before each start) is called when the query enters its first
-    micro-batch: by then Spark has planned its sources."""
+    micro-batch: by then Spark has planned its sources.
+
+    A pipeline whose commits run behind its micro-batches keeps a commit that failed there in
+    `failed_behind`; `settle_commits` (called by the runner once the query stopped) waits for the
+    one in flight. Nothing runs behind by default."""
 
     failure: BaseException | None = None
+    failed_behind: BaseException | None = None
     on_first_batch: Callable[[], None] | None = None
     entered_batch: bool = False
 
@@ -51,6 +56,9 @@ class BatchPipeline:
 
     def _process_batch(self, batch: Any, batch_id: int) -> None:
         raise NotImplementedError
+
+    def settle_commits(self) -> None:
+        """Wait for a commit behind the stopped query (none by default)."""
 
     def _after_failure(self) -> None:
         """What a failed batch leaves to clean up (nothing by default)."""

@@ -229,11 +229,9 @@ class Runner:
             # stopped from here: a stop while the query plans its next batch can leave a planning process broken.
             metrics.record_lag(entry.pipeline.name, query.lastProgress, isinstance(entry.pipeline, ExportPipeline))
             return
-        settle = getattr(entry.pipeline, "settle_commits", None)
-        if settle is not None:  # the commit behind the query ends first
-            settle()
+        entry.pipeline.settle_commits()  # a commit behind the query ends first
         exception = query.exception()
-        behind = getattr(entry.pipeline, "failed_behind", None)
+        behind = entry.pipeline.failed_behind
         if exception is None and behind is None:
             entry.finished = True
             _close(entry)

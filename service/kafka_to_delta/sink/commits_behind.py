@@ -8,7 +8,7 @@ name, synced and renamed into place) and the commit is handed to one background 
 returns, Spark commits the batch's offsets and state, and the next batch's stages run while the commit does.
 
 - Commits stay in batch order: a batch's commit is handed over only after the previous one ended, and a
-  failed commit is raised there (and to the runner at once: `on_failure`).
+  failed commit is raised there, and handed to `on_failure` when it happens (kept for the runner).
 - The file is removed once its commit is in Delta. A process that died with a file left commits it when the
   pipeline starts again (`replay`), before its query starts: the Delta transaction (application id, batch
   id) makes a commit that was in fact done a no-op. A batch Spark runs again (its end was never committed)
@@ -117,6 +117,11 @@ class CommitsBehind:
             pending, self._pending = self._pending, None
         if pending is not None:
             pending.result()
+
+    def close(self) -> None:
+        """Wait for the commit in flight (its failure is not raised) and end the thread."""
+        self.settle()
+        self._thread.shutdown(wait=True)
 
     def settle(self) -> BaseException | None:
         """`wait`, the failure returned instead of raised."""

@@ -100,3 +100,13 @@ def test_settle_returns_the_failure(tmp_path):
 
     commits.hand_over(WrittenAhead(1, "app", _changes(1), False), fails)
     assert isinstance(commits.settle(), OSError)
+
+
+def test_close_waits_for_the_commit_in_flight_and_ends_the_thread(tmp_path):
+    commits = CommitsBehind(tmp_path / "ahead", "p", lambda error: None)
+    done = []
+    commits.hand_over(WrittenAhead(1, "app", _changes(1), False), lambda: done.append(1))
+    commits.close()
+    assert done == [1] and list((tmp_path / "ahead").iterdir()) == []
+    with pytest.raises(RuntimeError, match="shutdown"):
+        commits.hand_over(WrittenAhead(2, "app", _changes(2), False), lambda: None)
