@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from connectors.kafka.range_reader import ValueChunk
 from service.config.from_changelog import FromChangelogSettings
 from service.kafka_to_delta.changelog.from_changelog import (
     ChangelogRow,
@@ -131,20 +132,16 @@ class _Output:
             change.snapshot, change.sequence, change.event_time, None, None, None,
         )
 
-    def batch(self, records: pa.RecordBatch) -> pa.RecordBatch:
+    def batch(self, records: "_BatchRecords | _ChunkRecords") -> pa.RecordBatch:
         columns: dict[str, Any] = {}
         source = pa.array(self.source, pa.int64())
-        for name in (KafkaColumn.TOPIC, KafkaColumn.PARTITION, KafkaColumn.OFFSET):
-            columns[name] = records.column(name).take(source)
-        timestamps = pc.divide(pc.cast(records.column(KafkaColumn.TIMESTAMP), pa.int64()), _US_PER_MS)
-        columns[Column.TIMESTAMP] = timestamps.take(source)
+        names = (KafkaColumn.TOPIC, KafkaColumn.PARTITION, KafkaColumn.OFFSET, Column.TIMESTAMP)
+        columns.update(zip(names, records.source(source)))
         transposed = list(zip(*self.rows)) or [()] * len(COMPUTED_FIELDS)
         for field, values in zip(COMPUTED_FIELDS, transposed):
             columns[field.name] = pa.array(values, field.type)
         failed = source if self.keep_raw else pa.array(self.error_source, pa.int64())
-        for name, raw in ((Column.RAW_KEY, KafkaColumn.KEY), (Column.RAW_VALUE, KafkaColumn.VALUE),
-                          (Column.HEADERS, KafkaColumn.HEADERS)):
-            columns[name] = records.column(raw).take(failed)
+        columns.update(zip((Column.RAW_KEY, Column.RAW_VALUE, Column.HEADERS), records.raw(failed)))
         return pa.RecordBatch.from_pydict(columns, schema=CHANGELOG_SCHEMA)
 
 
@@ -170,20 +167,27 @@ class ChangelogBatchDecoder:
 
         `range_types`: column types that records declaring none must fit as well (the types other
         records of their Kafka range declare); a record that does not is rejected like any misfit."""
+        return self._decoded(_BatchRecords(batch), range_types)
+
+    def chunk(self, chunk: ValueChunk, range_types: dict[str, str] | None = None) -> pa.RecordBatch:
+        """`self(chunk.records())` for a chunk read with `keep_records`, without building its record batch: the
+        keys are read from the kept records, and their headers (most of a Debezium record's fields) only for the
+        records whose raw bytes the rows keep (errors, or every row where late rows may be dead-lettered)."""
+        return self._decoded(_ChunkRecords(chunk), range_types)
+
+    def _decoded(self, records: "_BatchRecords | _ChunkRecords", range_types: dict[str, str] | None) -> pa.RecordBatch:
         keep_raw = self.settings.order_by is not None and self.settings.late_handling == "dead_letter"
         # The batch's documents and rows hold no cycles. They are dropped before the collector runs again:
         # its first collection would otherwise traverse every one of them.
         with collector_paused():
             out = _Output(self.settings.decode_error_handling, keep_raw, range_types)
-            self._convert(batch, out)
+            self._convert(records.keys(), records.values(), out)
             out.reject_misfits()
-            changelog = out.batch(batch)
+            changelog = out.batch(records)
             del out
         return changelog
 
-    def _convert(self, batch: pa.RecordBatch, out: _Output) -> None:
-        keys = batch.column(KafkaColumn.KEY).to_pylist()
-        values = batch.column(KafkaColumn.VALUE).to_pylist()
+    def _convert(self, keys: list[bytes | None], values: list[bytes | None], out: _Output) -> None:
         for index, (key, value) in enumerate(zip(keys, values)):
             types = None
             try:
@@ -199,6 +203,65 @@ class ChangelogBatchDecoder:
             else:
                 if rows:
                     out.extend(index, rows, types)
+
+
+class _BatchRecords:
+    """The records of a Kafka record batch (`RAW_SCHEMA`), as `_Output.batch` reads them."""
+
+    def __init__(self, batch: pa.RecordBatch) -> None:
+        self.batch = batch
+
+    def keys(self) -> list[bytes | None]:
+        return self.batch.column(KafkaColumn.KEY).to_pylist()
+
+    def values(self) -> list[bytes | None]:
+        return self.batch.column(KafkaColumn.VALUE).to_pylist()
+
+    def source(self, positions: pa.Array) -> list[pa.Array]:
+        """Topic, partition, offset and timestamp (epoch ms) of the records at `positions`."""
+        columns = [self.batch.column(name).take(positions)
+                   for name in (KafkaColumn.TOPIC, KafkaColumn.PARTITION, KafkaColumn.OFFSET)]
+        timestamps = pc.divide(pc.cast(self.batch.column(KafkaColumn.TIMESTAMP), pa.int64()), _US_PER_MS)
+        return [*columns, timestamps.take(positions)]
+
+    def raw(self, positions: pa.Array) -> list[pa.Array]:
+        """Key, value and headers of the records at `positions` (null positions: null)."""
+        return [self.batch.column(name).take(positions)
+                for name in (KafkaColumn.KEY, KafkaColumn.VALUE, KafkaColumn.HEADERS)]
+
+
+class _ChunkRecords:
+    """The records of a value chunk read with `keep_records`, as `_Output.batch` reads them."""
+
+    def __init__(self, chunk: ValueChunk) -> None:
+        if chunk.messages is None:
+            raise ValueError("a chunk read without keep_records holds no keys")
+        self.chunk = chunk
+
+    def keys(self) -> list[bytes | None]:
+        return [message.key() for message in self.chunk.messages or ()]
+
+    def values(self) -> list[bytes | None]:
+        return self.chunk.values
+
+    def source(self, positions: pa.Array) -> list[pa.Array]:
+        chunk, rows = self.chunk, len(positions)
+        if chunk.partitions is None:
+            partitions = pa.array([chunk.partition] * rows, pa.int32())
+        else:
+            partitions = pa.array(chunk.partitions, pa.int32()).take(positions)
+        return [pa.array([chunk.topic] * rows, pa.string()), partitions,
+                pa.array(chunk.offsets, pa.int64()).take(positions),
+                pa.array(chunk.timestamps, pa.int64()).take(positions)]
+
+    def raw(self, positions: pa.Array) -> list[pa.Array]:
+        named = pc.unique(positions.drop_null()).sort()
+        if not len(named):
+            return [pa.nulls(len(positions), CHANGELOG_SCHEMA.field(name).type)
+                    for name in (Column.RAW_KEY, Column.RAW_VALUE, Column.HEADERS)]
+        records = self.chunk.records(named.to_pylist())
+        at = pc.index_in(positions, value_set=named)
+        return [records.column(name).take(at) for name in (KafkaColumn.KEY, KafkaColumn.VALUE, KafkaColumn.HEADERS)]
 
 
 def decode_partition(decoder: ChangelogBatchDecoder, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

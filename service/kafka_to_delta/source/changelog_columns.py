@@ -17,7 +17,9 @@ go record by record.
 
 JSON values are decoded record by record here: measured on a real capture, the bulk way with texts was no
 faster than orjson record by record (docs/design/materializer-state.md, "Avro's decode stage in bulk").
-Settings that are not the plain path's (`vector_plan`) go record by record as well.
+Settings that are not the plain path's (`vector_plan`) go record by record as well. Either way a range is read
+as value chunks that keep their records: the record-by-record way builds a record's batch (its headers) only
+where the rows keep its raw bytes (`ChangelogBatchDecoder.chunk`).
 
 The rows hold what the bucket stage reads (`STAGE_FIELDS`) exactly as the record-by-record way gives them;
 of the others, `snapshot` is left null (the bucket stage does not read it). An image's columns are written
@@ -71,11 +73,6 @@ class BulkChangelog:
         if primary_key is not None and is_avro(decoder.decode_value):
             self.plan = vector_plan(decoder, primary_key)
 
-    @property
-    def takes_values(self) -> bool:
-        """Whether the ranges are decoded from their values in bulk (`RangeChangelog.chunk`)."""
-        return self.plan is not None
-
     def range_decoder(self) -> "RangeChangelog":
         """A decoder for the record batches of one range, in order."""
         return RangeChangelog(self.decoder, self.plan, self.typed)
@@ -100,19 +97,21 @@ class RangeChangelog:
         def odd(offsets: list[int]) -> pa.RecordBatch:
             return batch.filter(pc.is_in(batch.column(KafkaColumn.OFFSET), value_set=pa.array(offsets, pa.int64())))
 
-        return self._decoded(lambda: ValueChunk.of_batch(batch), odd, lambda: batch)
+        return self._decoded(lambda: ValueChunk.of_batch(batch), odd, lambda: self.decoder(batch))
 
     def chunk(self, chunk: ValueChunk) -> pa.RecordBatch:
         """The changelog rows of one value chunk of the range that kept its records (`read_values` with
-        `keep_records`): the record batch of a record is only built where the record-by-record way decodes it."""
+        `keep_records`): the record batch of a record is only built where the record-by-record way needs its
+        headers (`ChangelogBatchDecoder.chunk`)."""
         def odd(offsets: list[int]) -> pa.RecordBatch:
             return chunk.records(np.searchsorted(np.asarray(chunk.offsets, np.int64), offsets).tolist())
 
-        return self._decoded(lambda: chunk, odd, chunk.records)
+        return self._decoded(lambda: chunk, odd, lambda: self.decoder.chunk(chunk))
 
     def _decoded(self, values: Callable[[], ValueChunk], odd: Callable[[list[int]], pa.RecordBatch],
-                 records: Callable[[], pa.RecordBatch]) -> pa.RecordBatch:
-        """`values`: the chunk's values; `odd`: the records at some offsets; `records`: all of them."""
+                 one_by_one: Callable[[], pa.RecordBatch]) -> pa.RecordBatch:
+        """`values`: the chunk's values; `odd`: the records at some offsets; `one_by_one`: all of them decoded
+        record by record."""
         if self.columns is not None:
             chunk = values()
             if not chunk.offsets:
@@ -124,7 +123,7 @@ class RangeChangelog:
             else:
                 self.bulk += 1
                 return decoded
-        return self.decoder(records())
+        return one_by_one()
 
     def _bulk(self, columns: RangeColumns, chunk: ValueChunk, records: Callable[[list[int]], pa.RecordBatch]) -> pa.RecordBatch:
         seen = len(columns.odd)

@@ -76,7 +76,7 @@ class _Decode:
 
     def chunks(self, chunks: Iterable[ValueChunk]) -> Iterator[pa.RecordBatch]:
         """The rows of a range read as value chunks that keep their records (`read_values` with
-        `keep_records`): for a decoder that takes the values in bulk (`BulkChangelog.takes_values`)."""
+        `keep_records`)."""
         decode = self.decoder.range_decoder()
         yield from self._rows(decode, ((decode.chunk(chunk), chunk.floor) for chunk in chunks))
 
@@ -122,9 +122,9 @@ class DecodedRanges:
     def __call__(self, read: Callable[[], Iterable[pa.RecordBatch]],
                  read_values: Callable[..., Iterable[ValueChunk]] | None = None) -> Iterator[pa.RecordBatch]:
         """The range's changelog batches (`read` yields its record batches; `read_values`, its value chunks,
-        is what a decoder taking values in bulk reads: a quarter of the work per record on Debezium's
-        records, whose context headers cost most of a record batch)."""
-        if read_values is not None and self.decode.decoder.takes_values:
+        is read where given: a quarter of the work per record on Debezium's records, whose context headers
+        cost most of a record batch, and the decode builds a record's headers only where its rows keep them)."""
+        if read_values is not None:
             yield from self.decode.chunks(read_values(keep_records=True))
         else:
             yield from self.decode(iter(read()))

@@ -17,7 +17,6 @@ import pyarrow.compute as pc
 from hypothesis import given
 from hypothesis import strategies as st
 
-from connectors.kafka.range_reader import FLOOR_COLUMN, ValueChunk
 from connectors.schema_registry.avro_codec import ConfluentAvroDecoder
 from connectors.schema_registry.wire_format import frame
 from service.config.settings import PipelineSettings
@@ -28,6 +27,7 @@ from service.kafka_to_delta.rows.names import TYPED_IMAGE, Column, typed_names
 from service.kafka_to_delta.source.changelog_columns import BulkChangelog
 from service.kafka_to_delta.source.decode_report import DecodeWays
 from service.kafka_to_delta.source.decode_stage import batch_decoder
+from tests.support.value_chunks import chunk_of
 from tests.unit.connectors.schema_registry.test_avro_columns import (  # noqa: F401
     DECIMAL,
     _body,
@@ -63,7 +63,7 @@ def _both_ways(decoder: ChangelogBatchDecoder, batches: list[pa.RecordBatch], ty
     for batch in batches:
         exact = decoder(batch).select(_COMPARED)
         decoded = decode(batch)
-        assert from_chunks.chunk(_chunk(batch)).equals(decoded)  # read as values, the records kept
+        assert from_chunks.chunk(chunk_of(batch)).equals(decoded)  # read as values, the records kept
         fast = decoded.select(_COMPARED)
         assert fast.schema == exact.schema
         for name in _COMPARED:
@@ -71,35 +71,6 @@ def _both_ways(decoder: ChangelogBatchDecoder, batches: list[pa.RecordBatch], ty
         if typed:
             decode.carried += _typed_as_from_texts(pa.Table.from_batches([decoded]), rng)
     return decode
-
-
-class _Record:
-    """One record of a batch, answering as a consumer's message does (what `ValueChunk.records` reads)."""
-
-    def __init__(self, row: dict) -> None:
-        self.row = row
-
-    def key(self) -> bytes | None:
-        return self.row["key"]
-
-    def value(self) -> bytes | None:
-        return self.row["value"]
-
-    def timestamp(self) -> tuple[int, int | None]:
-        at = self.row["timestamp"]
-        return 1, None if at is None else int(at.timestamp() * 1000)
-
-    def headers(self) -> list | None:
-        return None if self.row["headers"] is None else [(h["key"], h["value"]) for h in self.row["headers"]]
-
-
-def _chunk(batch: pa.RecordBatch) -> ValueChunk:
-    """`batch` as `read_values(keep_records=True)` gives it."""
-    chunk = ValueChunk.of_batch(batch)
-    chunk.messages = [_Record(row) for row in batch.to_pylist()]
-    chunk.floor = batch.column(FLOOR_COLUMN)[0].as_py() if FLOOR_COLUMN in batch.schema.names and batch.num_rows \
-        else None
-    return chunk
 
 
 def _typed_as_from_texts(rows: pa.Table, rng: random.Random) -> bool:
