@@ -219,7 +219,11 @@ class Runner:
             return
         if entry.restart_at is not None:
             if time.monotonic() >= entry.restart_at:
-                self._start(entry)
+                try:
+                    self._start(entry)
+                except Exception as error:  # noqa: BLE001 - the restart itself failed (e.g. committing a batch
+                    # written ahead): a failure of the run like any other, retried while it is transient
+                    self._on_failure(entry, classify(entry.pipeline.name, error, str(error)))
             return
         query = entry.query
         if query is None:  # not started yet
