@@ -7,7 +7,9 @@ the last progress Spark reported is younger than `readiness_stale_triggers` trig
 plus Spark's idle progress interval (`spark.sql.streaming.noDataProgressEventInterval`, 10 s by
 default: an idle query reports progress only that often). A broker that stops answering leaves
 a trigger hanging in offset planning, then fails the query: the pipeline turns unready either
-way, and ready again once a restarted query completes a trigger.
+way, and ready again once a restarted query completes a trigger. A micro-batch's commit that failed behind
+the running query (`commits_behind`) turns it unready at once, though the query raises it only with its next
+batch (an idle continuous query may not run one for a while).
 
 Lag comes from the query's last progress, not from a broker call: for an ingest pipeline the
 records between the end offsets of its last batch and the latest offsets its source saw; for an
@@ -76,8 +78,9 @@ def progress_end(progress: Any) -> float:
 
 
 def query_health(name: str, query: QueryView | None, *, restarting: bool, finished: bool,
-                 max_age_s: float, now: float | None = None) -> PipelineHealth:
-    """Readiness of one pipeline (see the module docstring for the rules)."""
+                 max_age_s: float, now: float | None = None, failed_commit: BaseException | None = None) -> PipelineHealth:
+    """Readiness of one pipeline (see the module docstring for the rules). `failed_commit`: a micro-batch's commit
+    that failed behind the running query (`commits_behind`), which the query raises only with its next batch."""
     if query is None:
         return PipelineHealth(name, False, "query not started")
     if restarting:
@@ -86,6 +89,9 @@ def query_health(name: str, query: QueryView | None, *, restarting: bool, finish
         return PipelineHealth(name, False, "query finished")
     if not query.isActive:
         return PipelineHealth(name, False, "query stopped")
+    if failed_commit is not None:
+        return PipelineHealth(name, False, f"a batch's commit failed behind the query (raised with its next batch): "
+                                           f"{type(failed_commit).__name__}: {failed_commit}")
     progress = query.lastProgress
     if progress is None:
         return PipelineHealth(name, False, "no trigger completed yet")

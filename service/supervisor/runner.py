@@ -270,7 +270,8 @@ class Runner:
             health.query_health(name, None, restarting=False, finished=False, max_age_s=max_age)
             if name not in started else
             health.query_health(name, started[name].query, restarting=started[name].restart_at is not None,
-                                finished=started[name].finished, max_age_s=max_age)
+                                finished=started[name].finished, max_age_s=max_age,
+                                failed_commit=started[name].pipeline.failed_behind)
             for name in names
         )
         set_aside = tuple(  # a database's quarantined tables: each named, with why

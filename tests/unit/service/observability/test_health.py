@@ -51,6 +51,13 @@ def test_ready_only_when_started_active_and_a_trigger_completed():
     assert _health(FakeQuery(lastProgress=None)).reason == "no trigger completed yet"
 
 
+def test_a_commit_failed_behind_the_query_turns_it_unready_at_once():
+    failed = _health(FakeQuery(), failed_commit=OSError("disk full"))
+    assert not failed.ready and failed.reason.endswith("failed behind the query (raised with its next batch): "
+                                                       "OSError: disk full")
+    assert _health(FakeQuery(), restarting=True, failed_commit=OSError("x")).reason.startswith("restarting")
+
+
 def test_a_running_trigger_turns_unready_once_its_last_progress_is_too_old():
     running = FakeQuery(status={"isTriggerActive": True})
     assert _health(running, now=T0 + 15.5).ready  # the progress ended at T0 + 0.5
