@@ -236,10 +236,10 @@ class _ChunkRecords:
     def __init__(self, chunk: ValueChunk) -> None:
         if chunk.messages is None:
             raise ValueError("a chunk read without keep_records holds no keys")
-        self.chunk = chunk
+        self.chunk, self.messages = chunk, chunk.messages
 
     def keys(self) -> list[bytes | None]:
-        return [message.key() for message in self.chunk.messages or ()]
+        return [message.key() for message in self.messages]
 
     def values(self) -> list[bytes | None]:
         return self.chunk.values

@@ -15,8 +15,10 @@ holding something the bulk way cannot take at all (`NotVectorisable`: a schema w
 another conversion, an image column of a type the text does not take) and every later batch of its range
 go record by record.
 
-JSON values are decoded record by record here: measured on a real capture, the bulk way with texts was no
-faster than orjson record by record (docs/design/materializer-state.md, "Avro's decode stage in bulk").
+JSON values are decoded record by record here. The bulk way with texts is faster on JSON with schema blocks
+(docs/design/materializer-state.md, last section), but its texts spell some values otherwise than the
+reference's (an integer literal in a double column, payload keys in another order than the schema's fields),
+and the state digests the texts, so the two ways must agree on them first.
 Settings that are not the plain path's (`vector_plan`) go record by record as well. Either way a range is read
 as value chunks that keep their records: the record-by-record way builds a record's batch (its headers) only
 where the rows keep its raw bytes (`ChangelogBatchDecoder.chunk`).
