@@ -12,6 +12,9 @@ Rules, in the order they apply to a record:
   partial delete) unless `consume_full_deletes`; deletes pass through as they come.
 - 'UPDATE_BEFORE, UPDATE_AFTER' without a before image emits +U alone, or leaves the -U to
   the stateful stage (`Intent`); groupings that need state are marked the same way.
+- An envelope's image in a record that declares its columns (a schema block, an Avro schema) is read as
+  the schema declares it (`declared_image`: declared order, a column left out null, a float column's
+  integer literal a float), so the same values give the same row however the record spelled them.
 - Debezium's unavailable-value placeholder is removed from the row and the column listed in
   `unchanged`: the sink keeps the stored value. With `ignore_null_updates` (the pipeline's
   `table_shape`) a null in an image of an update (any op code not mapped to INSERT or DELETE) is
@@ -43,6 +46,7 @@ from service.config.op_mapping import (
     parse_op_mapping,
     shown_code,
 )
+from service.kafka_to_delta.changelog.declared_image import DeclaredImage
 from service.kafka_to_delta.formats.debezium_json import (
     UNAVAILABLE_VALUE,
     canonical_json,
@@ -176,11 +180,12 @@ def event_time_ms(value: Any, type_name: str | None = None) -> int:
 class _Record:
     """One input record while it is converted: lazily derived views of it."""
 
-    __slots__ = ("document", "kafka_key", "key_image", "flat")
+    __slots__ = ("document", "kafka_key", "key_image", "flat", "declared")
 
-    def __init__(self, document: dict | None, kafka_key: bytes | None) -> None:
+    def __init__(self, document: dict | None, kafka_key: bytes | None, declared: DeclaredImage | None = None) -> None:
         self.document = document
         self.kafka_key = kafka_key
+        self.declared = declared  # the envelope's images as the record's schema declares them
         self.key_image: dict | None = None
         self.flat: dict | None = None
 
@@ -222,6 +227,7 @@ class FromChangelog:
             for path, column in settings.passthrough_columns.items()
             if settings.envelope or PATH_SEPARATOR in path  # flat: top-level fields are row columns already
         )
+        self._declared: tuple[dict | None, DeclaredImage | None] = (None, None)
         self._where = {field: f"the {field!r} image" for field in (settings.before, settings.after) if field}
         self._sequence = tuple(tuple(path.split(PATH_SEPARATOR)) for path in settings.sequence_by)
         self._per_record = bool(settings.sequence_by or settings.order_by or self._passthrough)
@@ -253,7 +259,7 @@ class FromChangelog:
         grouping = self._groupings.get(code)
         if grouping is None:
             return self._unmapped(code, document, column_types)
-        record = _Record(document, kafka_key)
+        record = _Record(document, kafka_key, self._declared_image(column_types))
         plan = self._plans[grouping]
         if grouping is Grouping.UPDATE and self._has_before_image(document):
             plan = _RETRACT_PLAN
@@ -261,6 +267,13 @@ class FromChangelog:
         meta = self._meta(record.document, images[-1][1], column_types, required=True)
         nulls = self.ignore_null_updates and grouping not in _KEEPS_NULLS
         return [self._row(kind, image, where, intent, meta, nulls) for kind, image, where, intent in images]
+
+    def _declared_image(self, column_types: dict[str, str] | None) -> DeclaredImage | None:
+        if column_types is None:
+            return None
+        if column_types is not self._declared[0]:
+            self._declared = (column_types, DeclaredImage(column_types))
+        return self._declared[1]
 
     def _has_before_image(self, document: dict | None) -> bool:
         return self._separate_before and document is not None and isinstance(document.get(self._before), dict)
@@ -313,7 +326,9 @@ class FromChangelog:
                 record.flat.pop(self.settings.op, None)
             return record.flat, _IN_RECORD
         image = record.document.get(field)
-        return (image if isinstance(image, dict) else None), self._where[field]
+        if not isinstance(image, dict):
+            return None, self._where[field]
+        return (image if record.declared is None else record.declared(image)), self._where[field]
 
     def _delete_image(self, record: _Record) -> tuple[dict, str]:
         if record.document is not None:

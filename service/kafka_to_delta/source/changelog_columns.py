@@ -1,33 +1,31 @@
-"""The bucket stage's changes decoded in bulk: a Kafka range's Confluent Avro record batches -> the changelog
-rows `ChangelogBatchDecoder` gives for them, without a Python object per record where it can.
+"""The bucket stage's changes decoded in bulk: a Kafka range's Debezium values (JSON with schema blocks, or
+Confluent Avro) -> the changelog rows `ChangelogBatchDecoder` gives for them, without a Python object per
+record where it can.
 
 The materializer's bucket stage takes every change of a range, not its net rows, so its decode stage cannot
 use the plain path's reduction, and it decoded record by record: on Avro about 40 us a record (fastavro, the
 document's JSON forms, FROM_CHANGELOG, the row's text, the fit check) against about 3 us for the bulk Avro
 reader. Here each batch goes through the plain path's vectorised decode (`debezium_columns.RangeColumns`
-with `with_texts`) up to its changelog rows: the bulk reader's columns in the reference document's form (the
-raw Avro values, bytes as base64: `avro_columns.SchemaColumns.json_form`) give each image's text exactly as
-the record-by-record way writes it (`formats.row_text`), and the rows are laid out as `CHANGELOG_SCHEMA`. The
-records that decode does not vouch for (`RangeColumns.odd`: frames, schema ids or bodies the bulk reader
-refuses, unknown op codes, truncates and messages, missing images or keys, values their column type does
-not take...) are decoded record by record, alone, and put in their place by (offset, change index). A batch
-holding something the bulk way cannot take at all (`NotVectorisable`: a schema whose document form needs
-another conversion, an image column of a type the text does not take) and every later batch of its range
-go record by record.
-
-JSON values are decoded record by record here. The bulk way with texts is faster on JSON with schema blocks
-(docs/design/materializer-state.md, last section), but its texts spell some values otherwise than the
-reference's (an integer literal in a double column, payload keys in another order than the schema's fields),
-and the state digests the texts, so the two ways must agree on them first.
-Settings that are not the plain path's (`vector_plan`) go record by record as well. Either way a range is read
-as value chunks that keep their records: the record-by-record way builds a record's batch (its headers) only
-where the rows keep its raw bytes (`ChangelogBatchDecoder.chunk`).
+with `with_texts`) up to its changelog rows: the columns parsed by the declared types (JSON by `pyarrow.json`
+per schema block; Avro by the bulk reader, in the reference document's form: `avro_columns.SchemaColumns.json_form`)
+give each image's text exactly as the record-by-record way writes it (`formats.row_text`; the reference reads
+an image as its schema declares it, `changelog.declared_image`, so any valid spelling of the same values gives
+the same text), and the rows are laid out as `CHANGELOG_SCHEMA`. The records that decode does not vouch for
+(`RangeColumns.odd`: frames, schema ids or bodies the bulk reader refuses, JSON without a schema block among
+others with one, unknown op codes, truncates and messages, missing images or keys, values their column type
+does not take...) are decoded record by record, alone, and put in their place by (offset, change index). A
+batch holding something the bulk way cannot take at all (`NotVectorisable`: a schema whose document form needs
+another conversion, an image column of a type the text does not take, a column no schema declares, values all
+without a schema block, whose texts are the records' own spelling) and every later batch of its range go record
+by record. Settings that are not the plain path's (`vector_plan`) go record by record as well. Either way a
+range is read as value chunks that keep their records: the record-by-record way builds a record's batch (its
+headers) only where the rows keep its raw bytes (`ChangelogBatchDecoder.chunk`).
 
 The rows hold what the bucket stage reads (`STAGE_FIELDS`) exactly as the record-by-record way gives them;
 of the others, `snapshot` is left null (the bucket stage does not read it). An image's columns are written
-in its schema's field order, the order the Avro record holds them in. With `typed`, the rows decoded in bulk
-also carry each image's columns typed (`rows.names.TYPED_PREFIX`; the records decoded record by record carry
-none), so that the net rows are not typed from their texts again (`materialize.payload`).
+in its schema's field order. With `typed`, the rows decoded in bulk also carry each image's columns typed
+(`rows.names.TYPED_PREFIX`; the records decoded record by record carry none), so that the net rows are not
+typed from their texts again (`materialize.payload`).
 `tests/unit/service/kafka_to_delta/source/test_changelog_columns.py` holds the two ways equal.
 """
 
@@ -54,7 +52,6 @@ from service.kafka_to_delta.source.debezium_columns import (
     NotVectorisable,
     RangeColumns,
     VectorPlan,
-    is_avro,
     vector_plan,
 )
 from service.kafka_to_delta.source.wrapper_layouts import BARE
@@ -72,7 +69,7 @@ class BulkChangelog:
         self.decoder = decoder
         self.typed = typed
         self.plan: VectorPlan | None = None
-        if primary_key is not None and is_avro(decoder.decode_value):
+        if primary_key is not None:
             self.plan = vector_plan(decoder, primary_key)
 
     def range_decoder(self) -> "RangeChangelog":

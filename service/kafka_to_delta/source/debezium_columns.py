@@ -218,8 +218,9 @@ class RangeColumns:
     (`ROW_TEXT`, from the values in the reference document's form), its change kind (`KIND`) and its
     unchanged columns (`UNCHANGED_TEXT`): the decode stage's rows (`changelog_columns`)."""
     with_typed: bool = False
-    """With `with_texts`, on Avro: each changelog row also carries its image's columns typed as the row's
-    declared types type them (`TYPED_PREFIX` columns, `TYPED_IMAGE` where they hold the image)."""
+    """With `with_texts`: each changelog row of a record declaring its columns (Avro, JSON with a schema block)
+    also carries its image's columns typed as the row's declared types type them (`TYPED_PREFIX` columns,
+    `TYPED_IMAGE` where they hold the image)."""
     _pending: list[pa.Table] = field(default_factory=list)
     """Changelog rows of chunks added since the last `reduced`."""
     _held_pending: dict[str, list[pa.Table]] = field(default_factory=dict)
@@ -292,6 +293,14 @@ class RangeColumns:
         positions = present.to_numpy()
         groups, payloads = self.layouts.split(values.take(present))
         odd = groups == ODD
+        if self.with_texts:
+            # A schema-less image's text is the record's own key order and spelling, which columns cannot
+            # show (a key left out, keys in another order): such records go record by record, and a range
+            # of them all the record-by-record way.
+            bare = groups == BARE
+            if bare.all():
+                raise NotVectorisable("schema-less JSON values (their texts are the records' own spelling)")
+            odd |= bare
         parts = []
         for group in np.unique(groups[~odd]):
             members = np.flatnonzero(groups == group)
@@ -340,7 +349,7 @@ class RangeColumns:
         accepted = self._screened(payloads)
         members = np.flatnonzero(accepted)
         parsed, members = self._parse(group, payloads, members)
-        rows, kept = self._changelog(parsed, group)
+        rows, kept = self._changelog(parsed, group, parsed if self.with_typed and group != BARE else None)
         keep = np.zeros(len(payloads), np.bool_)
         keep[members[kept]] = True
         if rows.num_rows:

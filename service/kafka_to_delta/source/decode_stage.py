@@ -108,8 +108,8 @@ class DecodedRanges:
     `STREAM_SPARK_SCHEMA`): its changelog rows and watermark candidates, decoded in the reading task,
     so the raw records never cross to the JVM and back to a second Python stage. Picklable.
 
-    `bulk`: the rows go to the bucket stage, which reads `STAGE_FIELDS` only: Avro values are decoded in
-    bulk where they can be (`changelog_columns`, `snapshot` left null), and how each range went is
+    `bulk`: the rows go to the bucket stage, which reads `STAGE_FIELDS` only: values that declare their
+    columns (Avro, JSON with schema blocks) are decoded in bulk where they can be (`changelog_columns`, `snapshot` left null), and how each range went is
     reported to `ways`; otherwise record by record. `typed`: the rows decoded in bulk also carry their typed
     image columns (for a bucket stage that passes them on to its payload)."""
 

@@ -5,15 +5,18 @@ Hypothesis draws Avro ranges as `test_avro_ranges` does (every logical type `tes
 two schema ids, deletes and tombstones, one damaged record, `ignore_null_updates` on or off) and cuts them
 into batches; `derandomize=True`. Fixed cases: a schema of the kinds a Debezium capture of PostgreSQL
 holds goes the bulk way in every batch, TOAST placeholders included; a schema whose document form needs a
-conversion goes record by record, saying why; JSON values go record by record.
+conversion goes record by record, saying why. Debezium JSON ranges drawn as `test_debezium_columns` draws them,
+spelled as Debezium writes them and otherwise; schema-less JSON goes record by record.
 """
 
 from __future__ import annotations
 
+import json
 import random
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -35,7 +38,14 @@ from tests.unit.connectors.schema_registry.test_avro_columns import (  # noqa: F
     client,
 )
 from tests.unit.service.kafka_to_delta.source.test_avro_ranges import AVRO_RANGES, avro_range
-from tests.unit.service.kafka_to_delta.source.test_debezium_columns import _batches
+from tests.unit.service.kafka_to_delta.source.test_debezium_columns import (
+    FIXED_SEEDS,
+    RANDOM_SEED,
+    _batches,
+    _ignores_nulls,
+    _Range,
+    _schema,
+)
 from vocabulary.errors import DecodeError
 
 _PIPELINE = PipelineSettings(name="p", topics=["t"], table="t", primary_key=["id"])
@@ -209,8 +219,42 @@ def test_a_document_form_needing_a_conversion_goes_record_by_record(client) -> N
     assert decode.bulk == 0 and "conversion" in (decode.fallback or "")
 
 
-def test_json_values_go_record_by_record() -> None:
-    assert BulkChangelog(batch_decoder(_PIPELINE), ("id",)).plan is None
+@pytest.mark.parametrize("seed", [*FIXED_SEEDS[:24], RANDOM_SEED])
+def test_json_changes_decode_in_bulk_as_record_by_record(seed: int) -> None:
+    # Debezium JSON ranges as `test_debezium_columns` draws them (with or without schema blocks or both, a
+    # column added mid-range, TOAST placeholders, odd records), in two of three seeds spelled otherwise
+    # (integer literals in the float column, keys in another order, a column left out): the same rows, and
+    # the typed images carried equal to the rows typed from their texts.
+    rng = random.Random(seed)
+    source = _Range(rng, odd=seed % 2 == 1, spelled=seed % 3 != 0)
+    for _ in range(rng.randrange(1, 300)):
+        source.add_change(rng.randrange(60))
+    pipeline = PipelineSettings(name="p", topics=["t"], table="t", primary_key=["id"],
+                                table_shape={"ignore_null_updates": _ignores_nulls(seed)})
+    batches = _batches(source.pairs, rng)
+    try:
+        decode = _both_ways(batch_decoder(pipeline), batches, typed=True, seed=seed)
+    except AssertionError as exc:
+        raise AssertionError(f"seed {seed}: {exc}") from exc
+    if source.mode == "never":  # schema-less: a text is the record's own spelling
+        assert decode.bulk == 0 and "schema-less" in (decode.fallback or ""), (seed, decode.fallback)
+    elif source.mode == "always":
+        assert (decode.bulk, decode.fallback) == (len(batches), None), (seed, decode.fallback)
+        if not source.odd_records:
+            assert decode.odd == 0 and decode.carried == len(batches), seed
+
+
+def test_a_schema_less_json_record_goes_record_by_record_among_schema_blocks() -> None:
+    def record(key: int, wrapped: bool) -> tuple[bytes, bytes]:
+        document = {"before": None, "after": {"id": key, "name": "n", "amount": 1.5, "n32": 1, "flag": True,
+                                              "day": 1, "at": 5, "at_ms": 5, "ratio": 0.5}, "op": "c"}
+        body = {"schema": _schema("int64"), "payload": document} if wrapped else document
+        return b'{"id":%d}' % key, json.dumps(body).encode()
+
+    pairs = [record(key, wrapped=key != 3) for key in range(6)]
+    batches = _batches(pairs, random.Random(0))
+    decode = _both_ways(batch_decoder(_PIPELINE), batches, typed=True)
+    assert (decode.bulk, decode.odd, decode.fallback) == (len(batches), 1, None)
 
 
 def test_the_driver_learns_how_each_range_was_decoded(spark, client) -> None:  # noqa: F811
@@ -227,7 +271,7 @@ def test_the_driver_learns_how_each_range_was_decoded(spark, client) -> None:  #
     assert decoded[1].odd == decoded[0].odd + 1  # the damaged record alone went record by record
     for one in decoded:
         ways.report(one)
-    ways.report(BulkChangelog(batch_decoder(_PIPELINE), ("id",)).range_decoder())  # JSON: not counted
+    ways.report(BulkChangelog(batch_decoder(_PIPELINE), None).range_decoder())  # not the bulk way's: not counted
     reported = ways.take()
     assert {name: reported[name] for name in ("vectorised", "record_by_record", "odd_records")} == {
         "vectorised": 2, "record_by_record": 1, "odd_records": sum(one.odd for one in decoded)}
