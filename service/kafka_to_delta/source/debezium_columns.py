@@ -286,12 +286,12 @@ class RangeColumns:
         """(changelog rows of the chunk's JSON values per schema version, `__record` their position
         in the chunk; positions of the odd records)."""
         assert self.layouts is not None
-        values = pa.array(chunk.values, pa.binary())
-        present = pc.indices_nonzero(values.is_valid())  # tombstones, which follow a delete, give nothing
-        if not len(present):
+        values = chunk.values
+        positions = np.flatnonzero(np.fromiter((value is not None for value in values), np.bool_, len(values)))
+        if not len(positions):  # tombstones, which follow a delete, give nothing
             return [], np.zeros(0, np.int64)
-        positions = present.to_numpy()
-        groups, payloads = self.layouts.split(values.take(present))
+        groups, payloads = self.layouts.split(values if len(positions) == len(values)
+                                              else [values[position] for position in positions])
         odd = groups == ODD
         if self.with_texts:
             # A schema-less image's text is the record's own key order and spelling, which columns cannot
@@ -304,7 +304,8 @@ class RangeColumns:
         parts = []
         for group in np.unique(groups[~odd]):
             members = np.flatnonzero(groups == group)
-            rows, refused = self._group_changes(int(group), payloads.take(pa.array(members)))
+            chosen = payloads if len(members) == len(payloads) else [payloads[member] for member in members]
+            rows, refused = self._group_changes(int(group), pa.array(chosen, pa.binary()))
             odd[members[refused]] = True
             if rows.num_rows:
                 parts.append(rows.set_column(rows.schema.get_field_index(_RECORD), _RECORD,

@@ -1,4 +1,4 @@
-"""Kafka Connect JSON wrappers of one range, told apart by their bytes and cut open in Arrow.
+"""Kafka Connect JSON wrappers of one range, told apart by their bytes and cut open.
 
 The JSON converter writes `{"schema": S, "payload": P}` with the same S record after record,
 until a DDL change brings the next version. A layout is the bytes around P of one such record
@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from connectors.delta.connect_types import (
     CONNECT_FIELD,
@@ -37,7 +36,7 @@ BARE = -1
 """Group of values without a wrapper (documents without a schema block)."""
 ODD = -2
 """Group of values the caller decodes the reference way."""
-_LOOKS_WRAPPED = r'^\s*\{\s*"(schema|payload)"\s*:'
+_LOOKS_WRAPPED = re.compile(rb'[\t\n\f\r ]*\{[\t\n\f\r ]*"(schema|payload)"[\t\n\f\r ]*:')
 _PAYLOAD_KEY = re.compile(rb'"payload"\s*:\s*')
 _SCHEMA_AFTER = re.compile(rb'\s*,\s*"schema"\s*:')
 _NESTED_CONNECT_TYPES = (CONNECT_STRUCT, "array", "map")
@@ -141,37 +140,48 @@ class Layouts:
         self.documents = documents
         self.known: list[Layout] = []
 
-    def split(self, values: pa.Array) -> tuple[np.ndarray, pa.Array]:
+    def split(self, values: list[bytes]) -> tuple[np.ndarray, list[bytes]]:
         """(group of each value: a layout index, `BARE` or `ODD`; each value's payload bytes: the
-        slice inside its wrapper, the value itself when bare)."""
+        slice inside its wrapper, the value itself when bare).
+
+        The values are cut as bytes, so that only the payloads parsed are copied into Arrow (a Debezium
+        value is mostly its schema block): by the layouts known, then by the layout learnt from the first value
+        left that looks wrapped, until none is left or `MAX_LAYOUTS` were tried."""
         groups = np.full(len(values), BARE, np.int32)
-        payloads = values
-        looks_wrapped = pc.fill_null(pc.match_substring_regex(values, _LOOKS_WRAPPED), False)
-        pending = np.asarray(looks_wrapped.to_numpy(zero_copy_only=False), np.bool_)
-        tried = 0
-        while True:
-            for index, layout in enumerate(self.known):
-                if not pending.any():
-                    break
-                matches = pc.and_(pc.starts_with(values, pattern=layout.prefix.decode()),
-                                  pc.ends_with(values, pattern=layout.suffix.decode()))
-                hit = pending & np.asarray(matches.to_numpy(zero_copy_only=False), np.bool_)
-                if hit.any():
-                    groups[hit] = index
-                    pending &= ~hit
-                    cut = pc.binary_slice(values, len(layout.prefix), -len(layout.suffix) if layout.suffix else None)
-                    payloads = pc.if_else(pa.array(hit), cut, payloads)
-            if not pending.any():
+        payloads = list(values)
+        rest = list(range(len(values)))
+        cut, tried = 0, 0
+        while rest:
+            for index in range(cut, len(self.known)):
+                rest = self._cut(values, rest, index, groups, payloads)
+            cut = len(self.known)
+            wrapped = [position for position in rest if _LOOKS_WRAPPED.match(values[position])]
+            if not wrapped:
                 break
             if tried >= MAX_LAYOUTS or len(self.known) >= MAX_LAYOUTS:
-                groups[pending] = ODD
+                groups[wrapped] = ODD
                 break
-            first = int(np.flatnonzero(pending)[0])
-            learnt = learn_layout(values[first].as_py(), self.documents)
+            first = wrapped[0]
+            learnt = learn_layout(values[first], self.documents)
             tried += 1
             if learnt is None or learnt in self.known:
                 groups[first] = ODD
-                pending[first] = False
+                rest.remove(first)
                 continue
             self.known.append(learnt)
         return groups, payloads
+
+    def _cut(self, values: list[bytes], rest: list[int], index: int, groups: np.ndarray,
+             payloads: list[bytes]) -> list[int]:
+        """Cut the values at `rest` of layout `index` (their group and payload set); the others."""
+        layout = self.known[index]
+        prefix, suffix, after = layout.prefix, layout.suffix, len(layout.prefix)
+        unmatched = []
+        for position in rest:
+            value = values[position]
+            if value.startswith(prefix) and value.endswith(suffix):
+                groups[position] = index
+                payloads[position] = value[after:len(value) - len(suffix)]
+            else:
+                unmatched.append(position)
+        return unmatched
