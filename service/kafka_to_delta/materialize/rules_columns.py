@@ -147,8 +147,11 @@ class _Sorted:
         return self._column(name).take(self.order.take(pa.array(positions, mask=positions < 0)))
 
     def rows(self, chosen: np.ndarray, without: list[str]) -> pa.Table:
-        """The changes at the `chosen` positions of the order, without the columns `without`."""
-        return self.changes.drop_columns(without).take(self.order.filter(pa.array(chosen)))
+        """The changes at the `chosen` positions of the order, without the columns `without` (each taken from
+        its joined column: the row texts are joined already, for the winners)."""
+        positions = self.order.filter(pa.array(chosen))
+        schema = pa.schema([field for field in self.changes.schema if field.name not in without])
+        return pa.Table.from_arrays([self._column(field.name).take(positions) for field in schema], schema=schema)
 
 
 def _flags(mask: pa.Array | pa.ChunkedArray) -> np.ndarray:
