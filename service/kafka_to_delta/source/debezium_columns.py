@@ -290,8 +290,7 @@ class RangeColumns:
         positions = np.flatnonzero(np.fromiter((value is not None for value in values), np.bool_, len(values)))
         if not len(positions):  # tombstones, which follow a delete, give nothing
             return [], np.zeros(0, np.int64)
-        groups, payloads = self.layouts.split(values if len(positions) == len(values)
-                                              else [values[position] for position in positions])
+        groups, payloads = self.layouts.split([value for value in values if value is not None])
         odd = groups == ODD
         if self.with_texts:
             # A schema-less image's text is the record's own key order and spelling, which columns cannot
