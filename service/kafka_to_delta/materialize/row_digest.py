@@ -20,6 +20,10 @@ import base64
 import hashlib
 from dataclasses import replace
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from service.kafka_to_delta.materialize.key_state import PkState, decode_state, encode_state
 
 PREFIX = "#"
@@ -49,3 +53,32 @@ def digested_state(text: str | None) -> str | None:
     state = decode_state(text)
     rows = [live if is_digest(live.row) else replace(live, row=row_digest(live.row)) for live in state.rows]
     return encode_state(PkState(rows, state.tombstones))
+
+
+def row_digests(rows: pa.Array, chosen: np.ndarray) -> pa.Array:
+    """`row_digest` of each of the `chosen` rows (null elsewhere), hashed from the column's buffer: no row
+    becomes a Python string. The digests are encoded at once: each padded to 18 bytes (a whole number of
+    base64 quanta), whose first 22 characters are its unpadded encoding."""
+    at = np.flatnonzero(chosen & _flags(pc.is_valid(rows)))
+    if not at.size:
+        return pa.nulls(len(rows), pa.string())
+    _, offsets_buffer, data_buffer = rows.buffers()
+    width = np.int64 if pa.types.is_large_string(rows.type) else np.int32
+    offsets = np.frombuffer(offsets_buffer, width)[rows.offset:rows.offset + len(rows) + 1].tolist()
+    data = memoryview(data_buffer) if data_buffer is not None else memoryview(b"")
+    blake2b = hashlib.blake2b
+    padded = b"".join(blake2b(data[offsets[i]:offsets[i + 1]], digest_size=16).digest() + b"\0\0"
+                      for i in at.tolist())
+    encoded = np.frombuffer(base64.urlsafe_b64encode(padded), np.uint8).reshape(-1, 24)[:, :22]
+    texts = np.empty((at.size, 23), np.uint8)
+    texts[:, 0] = ord(PREFIX)
+    texts[:, 1:] = encoded
+    digests = pa.StringArray.from_buffers(at.size, pa.py_buffer(np.arange(0, 23 * at.size + 1, 23, dtype=np.int32)),
+                                          pa.py_buffer(texts.tobytes()))
+    positions = np.full(len(rows), -1)
+    positions[at] = np.arange(at.size)
+    return digests.take(pa.array(positions, mask=positions < 0))
+
+
+def _flags(mask: pa.Array) -> np.ndarray:
+    return pc.fill_null(mask, False).to_numpy(zero_copy_only=False)

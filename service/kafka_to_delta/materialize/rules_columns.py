@@ -29,9 +29,9 @@ import pyarrow.compute as pc
 
 from service.kafka_to_delta.materialize.bucket_document import StoredState
 from service.kafka_to_delta.materialize.bulk import ARRIVAL_ORDER, ERROR_PREFIX
-from service.kafka_to_delta.materialize.key_state import one_row_state
-from service.kafka_to_delta.materialize.row_digest import digested_state, row_digest
-from service.kafka_to_delta.materialize.rules_fast import stored_row
+from service.kafka_to_delta.materialize.key_state_columns import StoredRows, escaped, one_row_states
+from service.kafka_to_delta.materialize.row_digest import PREFIX
+from service.kafka_to_delta.materialize.row_digest import row_digests as digests_of
 from service.kafka_to_delta.rows.ipc import table_records
 from service.kafka_to_delta.rows.names import CHANGES_COLUMN, GROUP, Column, typed_names
 from service.kafka_to_delta.rows.spark import NET_ARROW_SCHEMA
@@ -41,6 +41,8 @@ _ADDS = pa.array([ChangeKind.INSERT.value, ChangeKind.UPDATE_AFTER.value])
 _RETRACTIONS = pa.array([ChangeKind.UPDATE_BEFORE.value, ChangeKind.DELETE.value])
 _UPSERT, _DELETE = ChangeKind.UPDATE_AFTER.value, ChangeKind.DELETE.value
 _ZERO_COUNTERS = ("conflicts", "rollbacks", "stale_dropped", "cleared_state_warnings")
+_NONE = (None, None)
+_NO_TEXT = pa.scalar(None, pa.string())
 
 
 def compact_columns(changes: pa.Table, states: dict[str, StoredState],
@@ -79,43 +81,45 @@ def compact_columns(changes: pa.Table, states: dict[str, StoredState],
     # (`bulk.net_values`); alone in the call, it is passed on as it is.
     key_ok &= ~(_flags(pc.is_valid(ordered.at(Column.UNCHANGED, ends))) & (ends > starts))
 
-    keys = group.take(pa.array(starts)).to_pylist()
-    upsert_keys = upsert_key.take(pa.array(starts)).to_pylist()
-    last_rows = ordered.at(Column.ROW, ends).to_pylist()
-    positions = zip(*(ordered.at(name, ends).to_pylist() for name in (Column.TOPIC, Column.PARTITION, Column.OFFSET)))
-    decided: list[int] = []
-    net_kinds: list[str | None] = []
-    state_bytes: list[int] = []
-    for at, (key, upsert, row, position, ok) in enumerate(zip(keys, upsert_keys, last_rows, positions, key_ok)):
-        if not ok:
-            continue
-        stored = states.get(key)
-        previous = None if stored is None else stored[0]
-        if row_digests:
-            previous = digested_state(previous)
-        common, live = stored_row(previous, upsert)
-        if not common or (live is None and is_retraction[starts[at]]):
-            key_ok[at] = False
-            continue
-        emitted = None if live is None else live[0]
-        if is_add[ends[at]]:
-            kept = row_digest(row) if row_digests else row
-            text = one_row_state(upsert, kept, (position[0], int(position[1]), int(position[2])))
-            states[key] = (text, None)
-            net_kinds.append(_UPSERT if kept != emitted else None)
-            state_bytes.append(len(text.encode()))
-        else:
+    at_starts = pa.array(starts)
+    keys = group.take(at_starts)
+    stored_texts = pa.array([states.get(key, _NONE)[0] for key in keys.to_pylist()], pa.string())
+    stored = StoredRows(stored_texts)
+    upsert = upsert_key.take(at_starts)
+    emitted = stored.row  # the live row as it stands in the state text (escaped), null: none
+    # A stored state in another layout, or naming another upsert key, or (keeping digests) holding a row's
+    # text, is the rules' (`digested_state`).
+    common = pc.or_(pc.is_null(stored_texts), stored.matched)
+    common = pc.and_kleene(common, pc.fill_null(pc.equal(stored.upsert_key, escaped(upsert)), True))
+    if row_digests:
+        common = pc.and_kleene(common, pc.fill_null(pc.starts_with(emitted, PREFIX), True))
+    key_ok &= _flags(common)
+    key_ok &= ~(is_retraction[starts] & ~_flags(pc.is_valid(emitted)))  # the rules log a retraction finding none
+    adds = is_add[ends]
+    winners = ordered.at(Column.ROW, ends)
+    kept = digests_of(winners, key_ok & adds) if row_digests else winners
+    texts = one_row_states(upsert, kept, *(ordered.at(name, ends) for name in (Column.TOPIC, Column.PARTITION,
+                                                                                   Column.OFFSET)))
+    texts = pc.if_else(pa.array(adds), texts, _NO_TEXT)
+    same = pc.fill_null(pc.equal(kept if row_digests else escaped(kept), emitted), False)
+    kinds = pc.if_else(pa.array(adds), pc.if_else(same, _NO_TEXT, _UPSERT),
+                       pc.if_else(pc.is_valid(emitted), _DELETE, _NO_TEXT))
+    chosen = pa.array(key_ok)
+    for key, text in zip(keys.filter(chosen).to_pylist(), texts.filter(chosen).to_pylist()):
+        if text is None:
             states.pop(key, None)
-            net_kinds.append(_DELETE if emitted is not None else None)
-            state_bytes.append(0)
-        decided.append(at)
+        else:
+            states[key] = (text, None)
     left = np.repeat(~key_ok, ends - starts + 1)
     rest = table_records(ordered.rows(left, typed)) if left.any() else []
-    if not decided:
+    if not key_ok.any():
         return None, rest
+    decided = np.flatnonzero(key_ok)
     with_types = np.where(_flags(ordered.valid(Column.TYPES)), np.arange(count), -1)
     last_types = np.maximum.reduceat(with_types, starts)  # each key's last change declaring types, or -1
-    return _net_rows(ordered, starts[decided], ends[decided], last_types[decided], net_kinds, state_bytes), rest
+    state_bytes = pc.fill_null(pc.binary_length(texts), 0).filter(chosen)
+    return _net_rows(ordered, starts[decided], ends[decided], last_types[decided], kinds.filter(chosen),
+                     state_bytes), rest
 
 
 class _Sorted:
@@ -160,10 +164,9 @@ def _flags(mask: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 
 def _net_rows(ordered: _Sorted, starts: np.ndarray, ends: np.ndarray, last_types: np.ndarray,
-              kinds: list[str | None], state_bytes: list[int]) -> pa.Table:
+              kind: pa.Array, state_bytes: pa.Array) -> pa.Table:
     """The net rows (`bulk.net_values`) of the keys whose changes run from `starts` to `ends` in `ordered`
     (`last_types`: the position of each key's last change declaring column types, or -1)."""
-    kind = pa.array(kinds, pa.string())
     columns = {
         Column.KEY: ordered.at(GROUP, ends),
         Column.KIND: kind,
@@ -171,11 +174,11 @@ def _net_rows(ordered: _Sorted, starts: np.ndarray, ends: np.ndarray, last_types
         Column.UNCHANGED: pc.if_else(pc.equal(kind, _UPSERT), ordered.at(Column.UNCHANGED, ends), None),
         Column.TYPES: ordered.at(Column.TYPES, last_types),
         CHANGES_COLUMN: pa.array(ends - starts + 1, pa.int64()),
-        "state_bytes": pa.array(state_bytes, pa.int64()),
-        **{name: pa.array(np.zeros(len(kinds), np.int64)) for name in _ZERO_COUNTERS},
+        "state_bytes": state_bytes,
+        **{name: pa.array(np.zeros(len(kind), np.int64)) for name in _ZERO_COUNTERS},
         **{name: ordered.at(name, ends) for name in (Column.TOPIC, Column.PARTITION, Column.OFFSET, Column.TIMESTAMP)},
     }
-    arrays = [columns[field.name].cast(field.type) if field.name in columns else pa.nulls(len(kinds), field.type)
+    arrays = [columns[field.name].cast(field.type) if field.name in columns else pa.nulls(len(kind), field.type)
               for field in NET_ARROW_SCHEMA]
     net = pa.Table.from_arrays(arrays, schema=NET_ARROW_SCHEMA)
     for name in typed_names(ordered.changes.column_names):  # the winner's typed image: the net row's (`payload`)

@@ -148,12 +148,15 @@ def test_a_call_of_one_key_replacing_its_row_is_decided_on_the_columns():
 @pytest.mark.parametrize("seed", [*SEEDS, run_seed(2**32)])
 def test_a_decided_net_row_carries_its_winners_typed_image(seed):
     rnd = random.Random(seed)
-    records = _call(rnd, 0, False) + _call(rnd, 100, False)
-    table = pa.Table.from_pylist(records, schema=STAGE_SCHEMA)
-    values = [None if r["row"] is None else orjson.loads(r["row"])["v"] for r in records]
-    table = table.append_column(TYPED_PREFIX + "v", pa.array(values, pa.int32()))
-    table = table.append_column(TYPED_IMAGE, pa.array([v is not None for v in values]))
-    columns, rest = compact_columns(table, {}, False)
+    for _ in range(20):  # a call whose every key is left to the rules (no stored rows: retractions first) is drawn again
+        records = _call(rnd, 0, False) + _call(rnd, 100, False)
+        table = pa.Table.from_pylist(records, schema=STAGE_SCHEMA)
+        values = [None if r["row"] is None else orjson.loads(r["row"])["v"] for r in records]
+        table = table.append_column(TYPED_PREFIX + "v", pa.array(values, pa.int32()))
+        table = table.append_column(TYPED_IMAGE, pa.array([v is not None for v in values]))
+        columns, rest = compact_columns(table, {}, False)
+        if columns is not None:
+            break
     assert columns is not None, f"seed {seed}"
     assert all(name in STAGE_FIELDS for record in rest for name in record)  # the rules get no typed images
     for net in columns.to_pylist():
