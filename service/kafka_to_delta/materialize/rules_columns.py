@@ -6,8 +6,9 @@ dict per key. For the keys of the common shape (`rules_fast.simple_outcome`: one
 sequence_by, a stored state of at most that upsert key's live row) the outcome depends on the key's
 last change alone, so here the changes are sorted by (key, arrival) in Arrow, each key's last change is
 found from the group boundaries, and the net rows are taken as columns (with the winner's typed image
-columns where the changes carry them). Python only touches each key once, for its stored state (parse it,
-write the new one, digest the winner).
+columns where the changes carry them). The stored states are read and the new ones written on columns too
+(`key_state_columns`), and the winners' digests hashed from the row column's buffer (`row_digest.row_digests`):
+Python touches each key only to hash its winner and to put its new state in the call's dict.
 
 A key is left to the rules (its changes returned as dicts, in arrival order, for `compact_many`) when
 any of its changes falls outside the common shape, when its stored state does, when a retraction finds
