@@ -24,9 +24,14 @@ URL`, else an Apicurio started for the run (the registry the tests use).
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `tests` (the registry)
+
 # First, as the service's own entry point does: importing the package sets the native allocators'
 # defaults (service/runtime/allocators.py), which count only if set before pyarrow and deltalake load.
-import service  # noqa: F401
+import service  # noqa: F401, E402
 
 # isort: split
 import argparse
@@ -41,7 +46,6 @@ import time
 import uuid
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import ExitStack, contextmanager
-from pathlib import Path
 from typing import Iterator
 
 import pyarrow as pa
