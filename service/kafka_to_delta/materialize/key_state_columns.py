@@ -37,10 +37,11 @@ def escaped(texts: pa.Array) -> pa.Array:
     return texts
 
 
-def one_row_states(upsert_keys: pa.Array, rows: pa.Array, topics: pa.Array, partitions: pa.Array,
+def one_row_states(upsert_keys: pa.Array, escaped_rows: pa.Array, topics: pa.Array, partitions: pa.Array,
                    offsets: pa.Array) -> pa.Array:
-    """`one_row_state` of each position's (upsert key, row, (topic, partition, offset)); null where any is."""
-    pieces = [f'{{"v":{STATE_VERSION},"l":[{{"r":"', escaped(rows), '","p":["', escaped(topics), '",',
+    """`one_row_state` of each position's (upsert key, row, (topic, partition, offset)), the rows given as
+    `escaped` writes them (the caller compares them with `StoredRows.row` too); null where any is."""
+    pieces = [f'{{"v":{STATE_VERSION},"l":[{{"r":"', escaped_rows, '","p":["', escaped(topics), '",',
               pc.cast(partitions, pa.int64()).cast(pa.string()), ",", pc.cast(offsets, pa.int64()).cast(pa.string()),
               '],"k":"', escaped(upsert_keys), '"}]}']
     return pc.binary_join_element_wise(*pieces, "")

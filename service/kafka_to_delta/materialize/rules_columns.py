@@ -98,11 +98,12 @@ def compact_columns(changes: pa.Table, states: dict[str, StoredState],
     key_ok &= ~(is_retraction[starts] & ~_flags(pc.is_valid(emitted)))  # the rules log a retraction finding none
     adds = is_add[ends]
     winners = ordered.at(Column.ROW, ends)
-    kept = digests_of(winners, key_ok & adds) if row_digests else winners
+    # The kept rows as the state text holds them: a digest needs no escape (`PREFIX` and base64's URL alphabet).
+    kept = digests_of(winners, key_ok & adds) if row_digests else escaped(winners)
     texts = one_row_states(upsert, kept, *(ordered.at(name, ends) for name in (Column.TOPIC, Column.PARTITION,
                                                                                    Column.OFFSET)))
     texts = pc.if_else(pa.array(adds), texts, _NO_TEXT)
-    same = pc.fill_null(pc.equal(kept if row_digests else escaped(kept), emitted), False)
+    same = pc.fill_null(pc.equal(kept, emitted), False)
     kinds = pc.if_else(pa.array(adds), pc.if_else(same, _NO_TEXT, _UPSERT),
                        pc.if_else(pc.is_valid(emitted), _DELETE, _NO_TEXT))
     chosen = pa.array(key_ok)

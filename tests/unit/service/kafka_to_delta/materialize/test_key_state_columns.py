@@ -46,7 +46,8 @@ def test_new_states_are_one_row_states_and_read_back(seed):
     keys, rows, topics = _texts(rnd, count), _texts(rnd, count), _texts(rnd, count, nulls=False)
     partitions = [rnd.randint(0, 2**31 - 1) for _ in range(count)]
     offsets = [rnd.choice([0, rnd.randint(0, 2**62)]) for _ in range(count)]
-    states = one_row_states(pa.array(keys, pa.string()), pa.array(rows, pa.string()), pa.array(topics, pa.string()),
+    states = one_row_states(pa.array(keys, pa.string()), escaped(pa.array(rows, pa.string())),
+                            pa.array(topics, pa.string()),
                             pa.array(partitions, pa.int32()), pa.array(offsets, pa.int64())).to_pylist()
     for state, key, row, position in zip(states, keys, rows, zip(topics, partitions, offsets)):
         assert state == (None if key is None or row is None else one_row_state(key, row, position)), f"seed {seed}"

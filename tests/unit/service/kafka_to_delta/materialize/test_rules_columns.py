@@ -148,7 +148,7 @@ def test_a_call_of_one_key_replacing_its_row_is_decided_on_the_columns():
 @pytest.mark.parametrize("seed", [*SEEDS, run_seed(2**32)])
 def test_a_decided_net_row_carries_its_winners_typed_image(seed):
     rnd = random.Random(seed)
-    for _ in range(20):  # a call whose every key is left to the rules (no stored rows: retractions first) is drawn again
+    for _ in range(20):  # a call whose every key is left to the rules (retractions first) is drawn again
         records = _call(rnd, 0, False) + _call(rnd, 100, False)
         table = pa.Table.from_pylist(records, schema=STAGE_SCHEMA)
         values = [None if r["row"] is None else orjson.loads(r["row"])["v"] for r in records]
