@@ -166,6 +166,33 @@ def test_what_does_not_fit_is_merged(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert DeltaTable(str(plain)).version() == 1
 
 
+def test_files_kept_in_memory_are_rewritten_above_the_size_limit(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above `MAX_REWRITE_BYTES`, a batch whose files' rows the small commits kept (they wrote them) is still a
+    small commit, equal to the MERGE; once those rows are no longer kept, the MERGE."""
+    fast, reference = tmp_path / "fast", tmp_path / "reference"
+    for path in (fast, reference):
+        write_deltalake(str(path), pa.table({"id": [1, 2], "v": ["a", "b"]}), configuration=CDF_ENABLED)
+    tables = [DeltaRsTable(str(fast)), DeltaRsTable(str(reference), small_commits=False)]
+
+    def merge(batch_id: int, ids: list[int]) -> None:
+        batch = pa.table({"id": ids, "v": [f"{i}.{batch_id}" for i in ids], DELETE_FLAG: [False] * len(ids)})
+        for table in tables:
+            table.merge(batch, ("id",), APP, batch_id)
+
+    merge(0, [1, 3])  # within the limit: a small commit rewriting the first file, whose rows it keeps
+    monkeypatch.setattr(small, "MAX_REWRITE_BYTES", 10)
+    merge(1, [3, 4])  # touches the file batch 0 wrote
+    assert _engines(DeltaTable(str(fast)))[0] == SMALL
+    for uri in DeltaTable(str(fast)).file_uris():  # the rows no longer kept (as when other tables' took their place)
+        data_file_rows.KEPT.drop(str(fast), os.path.basename(uri))
+    merge(2, [3, 5])
+    assert _engines(DeltaTable(str(fast)))[0] != SMALL
+    assert _feed(fast, 1) == _feed(reference, 1)
+    assert sorted(DeltaTable(str(fast)).to_pyarrow_table().to_pylist(), key=lambda r: r["id"]) == sorted(
+        DeltaTable(str(reference)).to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
+
+
 def test_a_lost_race_gives_way_to_the_merge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Another writer commits the next version after the snapshot was taken: seen before the commit (the
     snapshot is not current), or only when creating the log entry (the race); either way the small
