@@ -174,7 +174,7 @@ def batch_changes(payloads: pa.Table) -> BatchChanges:
             # A key in several ranges: its last change, filled across them. Keys apart (the bucket stage's net
             # rows, ranges of different keys) are their own last changes, with nothing to fill.
             if pc.count_distinct(changes.column(Meta.KEY), mode="all").as_py() < changes.num_rows:
-                changes = filled_last_rows(changes.sort_by([(name, "ascending") for name in Meta.ORDER]))
+                changes = filled_last_rows(changes)
         else:
             changes = _conformed(ranges[0], types)
         changes = without_truncated(changes, truncates)

@@ -23,11 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from service.kafka_to_delta.materialize.last_change import last_rows
 from service.kafka_to_delta.rows.names import Meta
 from vocabulary.changes import ChangeKind
-
-_FILL_KEY = "__cdc_fill_key"
 
 
 def _contains(unchanged: pa.ChunkedArray, texts: list[str], lists: list[list[str]], column: str) -> np.ndarray:
@@ -37,14 +34,25 @@ def _contains(unchanged: pa.ChunkedArray, texts: list[str], lists: list[list[str
     return named[code.to_numpy()]
 
 
-def filled_last_rows(ordered: pa.Table) -> pa.Table:
-    """The last row per key of `ordered` (the ranges' rows in source order, conformed to one
-    schema), its unchanged columns filled across ranges."""
-    last = last_rows(ordered, Meta.KEY)
+def filled_last_rows(changes: pa.Table) -> pa.Table:
+    """The last row per key of `changes` (the ranges' rows, conformed to one schema, in any order: source
+    order is `Meta.ORDER`), in source order, its unchanged columns filled across ranges.
+
+    Only the columns that decide (key, kind, unchanged, topic, partition) are put in source order; the row
+    columns (the long texts of a real table among them) are taken once for the rows kept, and a filled
+    column's values once for the images it is filled from."""
+    if changes.num_rows == 0:
+        return changes
+    sequence = pc.sort_indices(changes.select(list(Meta.ORDER)), [(name, "ascending") for name in Meta.ORDER])
+    ordered = changes.select([Meta.KEY, Meta.KIND, Meta.UNCHANGED, Meta.TOPIC, Meta.PARTITION]).take(sequence)
+    sequence = sequence.to_numpy()
+    kept = _last_positions(ordered.column(Meta.KEY))
+    last = changes.take(pa.array(sequence[kept]))
     unchanged = last.column(Meta.UNCHANGED)
     if unchanged.null_count == last.num_rows:
         return last
-    ordered, last = ordered.append_column(_FILL_KEY, _fill_key(ordered)), last.append_column(_FILL_KEY, _fill_key(last))
+    fill_keys = _fill_key(ordered)
+    last_keys = fill_keys.take(pa.array(kept))
     texts = pc.unique(ordered.column(Meta.UNCHANGED).drop_null()).to_pylist()
     lists = [json.loads(text) for text in texts]
     wanted = [c for c in dict.fromkeys(c for names in lists for c in names) if c in last.column_names]
@@ -57,21 +65,28 @@ def filled_last_rows(ordered: pa.Table) -> pa.Table:
         if not need.any():
             continue
         holds = upserts & ~_contains(ordered.column(Meta.UNCHANGED), texts, lists, column)
-        values = pc.if_else(pa.array(deletes), pa.scalar(None, ordered.schema.field(column).type), ordered.column(column))
-        holders = last_rows(pa.table({_FILL_KEY: ordered.column(_FILL_KEY), column: values})
-                            .filter(pa.array(holds | deletes)), _FILL_KEY)
-        position = pc.index_in(last.column(_FILL_KEY), value_set=holders.column(_FILL_KEY))
+        candidates = np.flatnonzero(holds | deletes)
+        holders = candidates[_last_positions(fill_keys.take(pa.array(candidates)))]  # each key's latest
+        position = pc.index_in(last_keys, value_set=fill_keys.take(pa.array(holders)))
         found = need & position.is_valid().to_numpy(zero_copy_only=False)
         if not found.any():
             continue
-        values = holders.column(column).take(position)
+        stored = changes.column(column).take(pa.array(sequence[holders]))
+        stored = pc.if_else(pa.array(deletes[holders]), pa.scalar(None, stored.type), stored)  # a delete: null
         index = last.schema.get_field_index(column)
-        last = last.set_column(index, column, pc.if_else(pa.array(found), values, last.column(column)))
+        last = last.set_column(index, column, pc.if_else(pa.array(found), stored.take(position), last.column(column)))
         filled[column] = found
     if filled:
         last = last.set_column(last.schema.get_field_index(Meta.UNCHANGED), Meta.UNCHANGED,
                                _still_unchanged(unchanged, filled))
-    return last.drop_columns([_FILL_KEY])
+    return last
+
+
+def _last_positions(keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """The position of each key's last occurrence in `keys`, ascending."""
+    grouped = pa.table({"k": keys, "i": pa.array(np.arange(len(keys), dtype=np.int64))}).group_by(
+        "k", use_threads=False).aggregate([("i", "max")])
+    return np.sort(grouped.column("i_max").to_numpy())
 
 
 def _fill_key(table: pa.Table) -> pa.ChunkedArray:
