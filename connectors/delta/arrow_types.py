@@ -352,14 +352,15 @@ def widens(old: pa.DataType, new: pa.DataType) -> bool:
 def string_list_texts(column: pa.ListArray) -> pa.Array:
     """Lists of strings as compact JSON, as `json.dumps` writes them (`typed_column`'s text of a list): an
     item of printable ASCII without a quote or a backslash is itself in quotes (vectorised); any other item
-    (non-ASCII, escapes) is written by `json.dumps`, that item alone."""
+    (non-ASCII, escapes) is written by `json.dumps`, once per distinct such item."""
     items = column.flatten()  # the elements of the valid lists, in order
     quoted = pc.binary_join_element_wise('"', items, '"', "")
     plain = pc.match_substring_regex(items, PLAIN_TEXT)
     odd = pc.invert(pc.fill_null(plain, True))
-    if pc.any(odd).as_py():
-        written = [json.dumps(item) for item in items.filter(odd).to_pylist()]
-        quoted = pc.replace_with_mask(quoted, odd, pa.array(written, pa.string()))
+    if pc.any(odd).as_py():  # each distinct such item written once (list items repeat: tags, codes, enums)
+        distinct = pc.unique(items.filter(odd))
+        written = pa.array([json.dumps(item) for item in distinct.to_pylist()], pa.string())
+        quoted = pc.replace_with_mask(quoted, odd, written.take(pc.index_in(items.filter(odd), value_set=distinct)))
     quoted = pc.fill_null(quoted, "null")
     lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy()
     offsets = np.zeros(len(column) + 1, np.int32)

@@ -757,10 +757,7 @@ class RangeColumns:
                 kept &= ~found
             net = net.set_column(net.schema.get_field_index(flag), flag, pa.array(kept))
             pieces.append((name, kept))
-        texts = np.full(net.num_rows, None, object)
-        for row in np.flatnonzero(np.logical_or.reduce([kept for _, kept in pieces])) if pieces else ():
-            texts[row] = json.dumps([name for name, kept in pieces if kept[row]], separators=(",", ":"))
-        return net.append_column(_UNCHANGED, pa.array(texts, pa.string()))
+        return net.append_column(_UNCHANGED, _unchanged_texts(net.num_rows, pieces))
 
     # -- the range's result -----------------------------------------------------------------------
 
@@ -796,6 +793,17 @@ class RangeColumns:
                 else:
                     raise NotVectorisable(f"column {name!r} of schema-less records is {data_type}")
         return net, declared, seen
+
+
+def _unchanged_texts(rows: int, pieces: list[tuple[str, np.ndarray]]) -> pa.Array:
+    """Per row, the JSON list of the columns `pieces` leave to the sink there (null where none), written
+    once per distinct combination."""
+    if not pieces:
+        return pa.nulls(rows, pa.string())
+    combos, inverse = np.unique(np.column_stack([kept for _, kept in pieces]), axis=0, return_inverse=True)
+    texts = [json.dumps([name for (name, _), flag in zip(pieces, combo) if flag], separators=(",", ":"))
+             if combo.any() else None for combo in combos]
+    return pa.array(texts, pa.string()).take(pa.array(inverse.reshape(-1), pa.int64()))
 
 
 def _due(waiting: list[pa.Table], reduced: pa.Table | None) -> bool:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import base64
+import json
+import random
 from datetime import date, datetime, timezone
 from decimal import Decimal
 
 import pyarrow as pa
 import pytest
 
-from connectors.delta.arrow_types import arrow_type, infer_types, merge_types, rows_to_table
+from connectors.delta.arrow_types import arrow_type, infer_types, merge_types, rows_to_table, string_list_texts
 from connectors.delta.connect_types import connect_schema_to_types
+from tests.support.run_seed import run_seed
 
 SECRET = "s3cr3t-personal-data"
 DECIMAL = "org.apache.kafka.connect.data.Decimal"
@@ -336,3 +339,18 @@ def test_merge_types_widens_decimals_to_hold_both():
     assert merge_types({"m": "decimal(8,2)"}, {"m": "decimal(8,4)"}) == {"m": "decimal(10,4)"}
     assert merge_types({"m": "decimal(38,2)"}, {"m": "decimal(38,4)"}) == {"m": "decimal(38,2)"}  # no 128-bit type holds both
     assert merge_types({"m": "decimal(8,2)"}, {"m": "string"}) == {"m": "decimal(8,2)"}
+
+
+_LIST_WORDS = ["vip", "größe", "🏷", "o'neil", 'say "hi"', "back\\slash", "tab\there", "", None]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, run_seed(1 << 30)])
+def test_string_list_texts_are_what_json_dumps_writes(seed: int) -> None:
+    """Lists of texts (nulls, empty lists, null items; items needing escapes repeating, written once each) as
+    compact JSON, as `json.dumps` writes each list."""
+    rng = random.Random(seed)
+    lists = [None if rng.random() < 0.1 else [rng.choice(_LIST_WORDS) for _ in range(rng.randrange(4))]
+             for _ in range(rng.randrange(1, 300))]
+    texts = string_list_texts(pa.array(lists, pa.list_(pa.string())))
+    assert texts.to_pylist() == [None if items is None else json.dumps(items, separators=(",", ":"))
+                                 for items in lists], seed
