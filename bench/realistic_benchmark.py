@@ -90,6 +90,7 @@ ROWS = ("workload-compact", "workload-spaced", "capture-schemas-p1", "capture-sc
         "capture-plain-p4", "capture-avro-p1", "capture-avro-p4")
 SECTIONS = ("steady", "materializer", "freshness")
 _RANGES = re.compile(r'^cdc_ranges_total\{(?=[^}]*decode="(\w+)")[^}]*\} ([0-9.e+]+)$', re.M)
+_RANGES_READ = re.compile(r"pipeline bench: batch \d+ -> .* from (\d+) Kafka range\(s\) \((\d+) in bulk\)")
 _FALLBACK = re.compile(r"pipeline bench: (\d+) Kafka range\(s\) decoded record by record, e\.g\. (.*)$", re.M)
 _CLOCK = re.compile(r"\.(\d+)@")
 _SCRAPE_S = 0.5
@@ -291,11 +292,20 @@ class RangeScraper(threading.Thread):
 
 
 def decode_statistics(scraper: RangeScraper, log: Path) -> dict:
-    """Ranges vectorised / record by record (last scrape) and the fallback reasons the log names."""
+    """Ranges vectorised / record by record (the batches' log lines; the last scrape of /metrics where they do
+    not say: a scrape misses the batches of the service's last half second) and the fallback reasons the log
+    names."""
+    text = log.read_text(errors="replace")
     reasons: Counter = Counter()
-    for count, reason in _FALLBACK.findall(log.read_text(errors="replace")):
+    for count, reason in _FALLBACK.findall(text):
         reasons[reason.strip()[:200]] += int(count)
-    return {"vectorised": scraper.ranges.get("vectorised"), "record_by_record": scraper.ranges.get("record_by_record"),
+    batches = [(int(total), int(bulk)) for total, bulk in _RANGES_READ.findall(text)]
+    if batches:
+        vectorised = sum(bulk for _, bulk in batches)
+        record_by_record = sum(total for total, _ in batches) - vectorised
+    else:
+        vectorised, record_by_record = scraper.ranges.get("vectorised"), scraper.ranges.get("record_by_record")
+    return {"vectorised": vectorised, "record_by_record": record_by_record,
             "fallback_ranges": sum(reasons.values()), "fallback_reasons": dict(reasons)}
 
 

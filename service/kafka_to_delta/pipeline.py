@@ -95,9 +95,10 @@ def stage_config(pipeline: PipelineSettings, key_buckets: int = DEFAULT_KEY_BUCK
 
 
 def _ranges_read(prepared: BatchChanges) -> str:
-    """How many Kafka ranges (pieces of partitions) the plain path read in parallel, for the log."""
+    """How many Kafka ranges (pieces of partitions) the plain path read in parallel, and how many of them were
+    decoded in bulk, for the log."""
     ranges = prepared.vectorised + prepared.record_by_record
-    return f" from {ranges} Kafka range(s)" if ranges else ""
+    return f" from {ranges} Kafka range(s) ({prepared.vectorised} in bulk)" if ranges else ""
 
 
 class IngestPipeline(TableQuery):
