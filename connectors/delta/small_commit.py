@@ -151,10 +151,10 @@ def _affordable(root: str, files: list[DataFile], merge_on_read: bool) -> bool:
     the MERGE reads and joins them: a steady batch of 55,794 net changes of the realistic capture rewriting
     its 52 MB file committed in 0.24-0.26 s against the MERGE's 0.45 s (docs/design/merge-on-read.md); read
     back from their files, the two cost about the same."""
+    size = sum(file.size for file in files)
     if merge_on_read:
-        return sum(file.size for file in files) <= MAX_READ_BYTES
-    return sum(file.size for file in files) <= MAX_REWRITE_BYTES or all(
-        KEPT.get(root, file.path) is not None for file in files)
+        return size <= MAX_READ_BYTES
+    return size <= MAX_REWRITE_BYTES or all(KEPT.get(root, file.path) is not None for file in files)
 
 
 def _typed_changes(changes: pa.Table, schema: pa.Schema, data: list[str]) -> pa.Table | None:

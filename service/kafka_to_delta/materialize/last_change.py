@@ -17,13 +17,17 @@ def last_rows(table: pa.Table, key: str) -> pa.Table:
     kept are taken chunk by chunk (`taken_in_order`)."""
     if table.num_rows == 0:
         return table
-    index = pa.array(np.arange(table.num_rows, dtype=np.int64))
-    grouped = pa.table({"k": table.column(key), "i": index}).group_by("k", use_threads=False).aggregate(
-        [("i", "max")]
-    )
-    if grouped.num_rows == table.num_rows:
+    positions = last_positions(table.column(key))
+    if len(positions) == table.num_rows:
         return table
-    return taken_in_order(table, np.sort(grouped.column("i_max").to_numpy()))
+    return taken_in_order(table, positions)
+
+
+def last_positions(keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """The position of each value's last occurrence in `keys`, ascending."""
+    grouped = pa.table({"k": keys, "i": pa.array(np.arange(len(keys), dtype=np.int64))}).group_by(
+        "k", use_threads=False).aggregate([("i", "max")])
+    return np.sort(grouped.column("i_max").to_numpy())
 
 
 def taken_in_order(table: pa.Table, positions: np.ndarray) -> pa.Table:

@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from service.kafka_to_delta.materialize.last_change import last_positions
 from service.kafka_to_delta.rows.names import Meta
 from vocabulary.changes import ChangeKind
 
@@ -46,7 +47,7 @@ def filled_last_rows(changes: pa.Table) -> pa.Table:
     sequence = pc.sort_indices(changes.select(list(Meta.ORDER)), [(name, "ascending") for name in Meta.ORDER])
     ordered = changes.select([Meta.KEY, Meta.KIND, Meta.UNCHANGED, Meta.TOPIC, Meta.PARTITION]).take(sequence)
     sequence = sequence.to_numpy()
-    kept = _last_positions(ordered.column(Meta.KEY))
+    kept = last_positions(ordered.column(Meta.KEY))
     last = changes.take(pa.array(sequence[kept]))
     unchanged = last.column(Meta.UNCHANGED)
     if unchanged.null_count == last.num_rows:
@@ -66,7 +67,7 @@ def filled_last_rows(changes: pa.Table) -> pa.Table:
             continue
         holds = upserts & ~_contains(ordered.column(Meta.UNCHANGED), texts, lists, column)
         candidates = np.flatnonzero(holds | deletes)
-        holders = candidates[_last_positions(fill_keys.take(pa.array(candidates)))]  # each key's latest
+        holders = candidates[last_positions(fill_keys.take(pa.array(candidates)))]  # each key's latest
         position = pc.index_in(last_keys, value_set=fill_keys.take(pa.array(holders)))
         found = need & position.is_valid().to_numpy(zero_copy_only=False)
         if not found.any():
@@ -80,13 +81,6 @@ def filled_last_rows(changes: pa.Table) -> pa.Table:
         last = last.set_column(last.schema.get_field_index(Meta.UNCHANGED), Meta.UNCHANGED,
                                _still_unchanged(unchanged, filled))
     return last
-
-
-def _last_positions(keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """The position of each key's last occurrence in `keys`, ascending."""
-    grouped = pa.table({"k": keys, "i": pa.array(np.arange(len(keys), dtype=np.int64))}).group_by(
-        "k", use_threads=False).aggregate([("i", "max")])
-    return np.sort(grouped.column("i_max").to_numpy())
 
 
 def _fill_key(table: pa.Table) -> pa.ChunkedArray:
