@@ -14,7 +14,7 @@ from typing import Iterable, Iterator, cast
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from connectors.kafka.cluster import client_config
 from connectors.kafka.errors import KafkaUnavailable
@@ -135,6 +135,18 @@ class _Values:
         ts_ms = message.timestamp()[1]
         self.chunk.timestamps.append(ts_ms if ts_ms is not None and ts_ms >= 0 else None)
 
+    def add_all(self, messages: list) -> None:
+        """Records read together, none an error, all inside the range: as `add` does one by one, with the
+        messages' own methods mapped over them (no Python bytecode per record)."""
+        chunk = self.chunk
+        if chunk.first_key is None:
+            chunk.first_key = next(filter(None, map(Message.key, messages)), None)
+        if chunk.messages is not None:
+            chunk.messages.extend(messages)
+        chunk.values.extend(map(Message.value, messages))
+        chunk.offsets.extend(cast("Iterable[int]", map(Message.offset, messages)))
+        chunk.timestamps.extend(ts if ts is not None and ts >= 0 else None for _, ts in map(Message.timestamp, messages))
+
     def __len__(self) -> int:
         return len(self.chunk.offsets)
 
@@ -166,6 +178,11 @@ class _Columns:
         self.timestamps.append(ts_ms * 1000 if ts_ms is not None and ts_ms >= 0 else None)
         headers = message.headers()
         self.headers.append([{"key": k, "value": v} for k, v in headers] if headers else None)
+
+    def add_all(self, messages: list) -> None:
+        """Records read together, none an error, all inside the range."""
+        for message in messages:
+            self.add(message, message.offset())
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -411,6 +428,11 @@ def _consume(consumer: Consumer, tp: TopicPartition, end: int, columns: _Columns
         # Ask for no more than the range still holds: consume() waits until it has that many.
         wanted = max(1, min(BATCH_ROWS, end - position))
         messages = consumer.consume(num_messages=wanted, timeout=_POLL_TIMEOUT_S)
+        if messages and not any(map(Message.error, messages)) and cast(int, messages[-1].offset()) < end:
+            columns.add_all(messages)  # the common case: records only, all of the range
+            position = cast(int, messages[-1].offset()) + 1
+            messages = []
+            last_progress = time.monotonic()
         for message in messages:
             error = message.error()
             if error is not None:

@@ -2,8 +2,9 @@
 
 A record that declares its columns (a Kafka Connect schema block, an Avro schema) is read as Kafka Connect's
 converters read it: the image holds every declared column in the declared order (a column the payload leaves
-out is null), then any column the schema does not declare, in the payload's order; a float column's
-integer literal (`1`, `12345678901234567890`) is the float it stands for (`1.0`, `1.2345678901234567e+19`).
+out is null) and nothing else (a key the schema does not declare is dropped, as Kafka Connect's `JsonConverter`
+drops it); a float column's integer literal (`1`, `12345678901234567890`) is the float it stands for (`1.0`,
+`1.2345678901234567e+19`).
 
 So the rows' texts (`changelog_batch`), which the materializer's state compares and digests, are the same for
 the same values however the JSON spelled them, and the same as the bulk decoder writes them
@@ -23,20 +24,17 @@ _FLOAT_TYPES = frozenset({TypeName.FLOAT64, TypeName.FLOAT32})
 class DeclaredImage:
     """`image -> image` for the records declaring `types` (column -> type name, in declared order)."""
 
-    __slots__ = ("order", "declared", "floats")
+    __slots__ = ("order", "floats")
 
     def __init__(self, types: dict[str, str]) -> None:
         self.order = tuple(types)
-        self.declared = frozenset(types)
         self.floats = tuple(name for name, kind in types.items() if kind in _FLOAT_TYPES)
 
     def __call__(self, image: dict[str, Any]) -> dict[str, Any]:
         """`image` in its declared form; the same dict when it already is (never changed in place)."""
         copied = False
         if tuple(image) != self.order:
-            extra = {name: value for name, value in image.items() if name not in self.declared}
             image = {name: image.get(name) for name in self.order}
-            image.update(extra)
             copied = True
         for name in self.floats:
             value = image[name]

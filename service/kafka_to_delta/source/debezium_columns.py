@@ -34,7 +34,9 @@ checks above. Non-finite doubles become null, as the reference's JSON rows make 
 What still sends the whole range back (`NotVectorisable`): settings other than envelopes with an
 op field and plain op groupings; declared types other than integers, floats, booleans, text,
 dates and integer-coded millisecond/microsecond timestamps; a row column no schema declares next
-to declared ones; nested inferred columns; integers of 19 digits or more in the range where a
+to declared ones whose types are not all known (a map, an array of structs: then the other fields are
+inferred; where every declared column has its type, an undeclared key is dropped, as the reference and
+Kafka Connect drop it, and the envelope's other fields are not built); nested inferred columns; integers of 19 digits or more in the range where a
 column inferred as float holds a value that large (the envelope's `ts_ns` alone does not); key values other than integers, booleans and text; a column typed
 differently by two images or schema versions in a way Arrow cannot unify; more than
 `_MAX_REFUSED` records refused by `pyarrow.json` in one batch; a key with changes among both
@@ -55,7 +57,9 @@ import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from itertools import repeat
+from operator import is_not
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import pyarrow as pa
@@ -224,6 +228,8 @@ class RangeColumns:
     _pending: list[pa.Table] = field(default_factory=list)
     """Changelog rows of chunks added since the last `reduced`."""
     _held_pending: dict[str, list[pa.Table]] = field(default_factory=dict)
+    reads_envelope: ClassVar[bool] = False
+    """Whether the changelog rows take envelope fields besides the op and the images (then they are parsed)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.documents, JsonDocuments):
@@ -287,10 +293,11 @@ class RangeColumns:
         in the chunk; positions of the odd records)."""
         assert self.layouts is not None
         values = chunk.values
-        positions = np.flatnonzero(np.fromiter((value is not None for value in values), np.bool_, len(values)))
+        positions = np.flatnonzero(np.fromiter(map(is_not, values, repeat(None)), np.bool_, len(values)))
         if not len(positions):  # tombstones, which follow a delete, give nothing
             return [], np.zeros(0, np.int64)
-        groups, payloads = self.layouts.split([value for value in values if value is not None])
+        present = values if len(positions) == len(values) else [values[position] for position in positions.tolist()]
+        groups, payloads = self.layouts.split(cast(list[bytes], present))
         odd = groups == ODD
         if self.with_texts:
             # A schema-less image's text is the record's own key order and spelling, which columns cannot
@@ -377,9 +384,12 @@ class RangeColumns:
         breaks = per_value(np.flatnonzero((data == _NEWLINE) | (data == _RETURN)))
         return whole & (brackets <= MAX_NESTING) & (breaks == 0)
 
-    def _explicit(self, group: int) -> pa.Schema:
+    def _explicit(self, group: int) -> tuple[pa.Schema, str]:
         """The parse schema of a group: its declared row types (or the range's known inferred
-        ones); other columns are inferred."""
+        ones); and what `pyarrow.json` does with the other fields: "ignore" where every column is
+        declared with its type (what the reference reads of such a record: `changelog.declared_image`;
+        the envelope's other fields, `source` first, are not built), else "infer"."""
+        complete = False
         if group == BARE:
             types = dict(self.bare_types)
         else:
@@ -387,11 +397,13 @@ class RangeColumns:
             parsed = {name: layout.nested[name] if name in layout.nested else parse_type(type_name)
                       for name, type_name in layout.types.items()}
             types = {name: data_type for name, data_type in parsed.items() if data_type is not None}
+            complete = len(types) == len(parsed)
             if len({name.lower() for name in layout.types}) != len(layout.types):
                 raise NotVectorisable("declared columns differ only by case")
         types.update(self.nested_types.get(group, {}))
         row = pa.struct([pa.field(name, data_type) for name, data_type in types.items()])
-        return pa.schema([(self.plan.op, pa.string()), (self.plan.before, row), (self.plan.after, row)])
+        schema = pa.schema([(self.plan.op, pa.string()), (self.plan.before, row), (self.plan.after, row)])
+        return schema, "ignore" if complete and not self.reads_envelope else "infer"
 
     def _layout(self, group: int) -> Layout:
         assert self.layouts is not None
@@ -400,7 +412,7 @@ class RangeColumns:
     def _parse(self, group: int, payloads: pa.Array, members: np.ndarray) -> tuple[pa.Table, np.ndarray]:
         """The parsed payloads at `members`, and the members parsed (a record `pyarrow.json`
         refuses, found by the row its error names, is left out)."""
-        schema = self._explicit(group)
+        schema, others = self._explicit(group)
         for _ in range(_MAX_REFUSED + 1):
             if not len(members):
                 return schema.empty_table(), members
@@ -409,7 +421,7 @@ class RangeColumns:
             try:
                 table = pj.read_json(
                     pa.py_buffer(buffer), read_options=pj.ReadOptions(use_threads=False, block_size=len(buffer) + 1),
-                    parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer"),
+                    parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior=others),
                 )
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 row = _ERROR_ROW.search(str(exc))
@@ -431,10 +443,10 @@ class RangeColumns:
                 fixed.update(inferred)
                 self.order.update(dict.fromkeys(child.name for side in (self.plan.before, self.plan.after)
                                                 for child in table.schema.field(side).type))  # as first seen
-                schema = self._explicit(group)
+                schema, others = self._explicit(group)
                 continue
             if self._learn(table, buffer, group):  # text Arrow took for timestamps: parse it as text
-                schema = self._explicit(group)
+                schema, others = self._explicit(group)
                 continue
             return table, members
         raise NotVectorisable(f"pyarrow.json refused more than {_MAX_REFUSED} values of one batch")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import cast
+from typing import ClassVar, cast
 
 import numpy as np
 import pyarrow as pa
@@ -112,6 +112,7 @@ class HistoryColumns(RangeColumns):
     sequence: tuple[str, ...] = ()
     """The sequence value's path (`sequence_path`)."""
     kept: list[pa.Table] = field(default_factory=list)
+    reads_envelope: ClassVar[bool] = True  # the sequence value
 
     def _changelog(self, parsed: pa.Table, group: int, typed: pa.Table | None = None) -> tuple[pa.Table, np.ndarray]:
         rows, keep = super()._changelog(parsed, group, typed)

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from itertools import repeat
+from operator import getitem
+from typing import Any, Iterable, cast
 
 import numpy as np
 import pyarrow as pa
@@ -175,13 +177,17 @@ class Layouts:
              payloads: list[bytes]) -> list[int]:
         """Cut the values at `rest` of layout `index` (their group and payload set); the others."""
         layout = self.known[index]
-        prefix, suffix, after = layout.prefix, layout.suffix, len(layout.prefix)
-        unmatched = []
-        for position in rest:
-            value = values[position]
-            if value.startswith(prefix) and value.endswith(suffix):
-                groups[position] = index
-                payloads[position] = value[after:len(value) - len(suffix)]
-            else:
-                unmatched.append(position)
-        return unmatched
+        chosen = values if len(rest) == len(values) else [values[position] for position in rest]
+        # bytes' own methods mapped over the values: no Python bytecode runs per value
+        matched = np.fromiter(map(bytes.startswith, chosen, repeat(layout.prefix)), np.bool_, len(chosen))
+        matched &= np.fromiter(map(bytes.endswith, chosen, repeat(layout.suffix)), np.bool_, len(chosen))
+        positions = np.asarray(rest, np.int64)
+        at = positions[matched]
+        groups[at] = index
+        inside = slice(len(layout.prefix), -len(layout.suffix) if layout.suffix else None)
+        if len(at) == len(values):  # every value of the chunk: positions 0..n-1
+            payloads[:] = cast("Iterable[bytes]", map(getitem, values, repeat(inside)))
+        else:
+            for position in at.tolist():
+                payloads[position] = values[position][inside]
+        return positions[~matched].tolist()

@@ -389,8 +389,14 @@ def test_a_range_decoded_record_by_record_says_why_without_quoting_values() -> N
     one_odd = merged([value({**row, "id": i}) for i in range(5)] + [value({**row, "id": 9, "at": secret})])
     assert one_odd.fallbacks == [] and (one_odd.vectorised, one_odd.record_by_record) == (1, 0)
     assert one_odd.odd_records == 1  # that record alone was decoded record by record
-    undeclared = value({**row, "id": 2, "extra": "text"})  # a row column next to declared ones: the range falls back
-    fell_back = merged([value(row), undeclared])
+    undeclared = value({**row, "id": 2, "extra": "text"})  # dropped, as the reference and Kafka Connect drop it
+    dropped = merged([value(row), undeclared])
+    assert dropped.fallbacks == [] and (dropped.vectorised, dropped.record_by_record) == (1, 0)
+    assert "extra" not in dropped.changes.column_names
+    mapped = {"field": "attrs", "type": "map", "keys": {"type": "string"}, "values": {"type": "string"}, "optional": True}
+    for side in schema["fields"][:2]:  # a declared map: its type is inferred, so are the fields no schema declares
+        side["fields"].append(mapped)
+    fell_back = merged([value(row), value({**row, "id": 2, "extra": "text", "attrs": {"k": "v"}})])
     assert (fell_back.vectorised, fell_back.record_by_record) == (0, 1)
     assert fell_back.fallbacks == ["a row column no schema declares next to declared ones"]
     assert all(str(secret) not in reason and "987654" not in reason for reason in fell_back.fallbacks)
@@ -405,3 +411,29 @@ def test_a_range_decoded_record_by_record_says_why_without_quoting_values() -> N
 def test_a_refused_value_is_named_without_its_text() -> None:
     error = pa.ArrowInvalid("JSON parse error: Column(/after/at) changed from number to 987654321987654321987 in row 3")
     assert _shown(error) == "ArrowInvalid at /after/at"
+
+
+def test_a_key_no_schema_declares_is_dropped_by_both_ways() -> None:
+    """Connect's reading: a declaring record's undeclared image key is not a column (the bulk way does not
+    even build it, nor the envelope's other fields); with a declared map, whose type is inferred, the range goes
+    record by record and the key is dropped all the same."""
+    schema = _schema("int64")
+    row = {name: None for name in _COLUMNS}
+
+    def pair(document: dict, declared: dict = schema) -> tuple[bytes, bytes]:
+        envelope = {"schema": declared, "payload": {"before": None, "after": document, "op": "c",
+                                                     "source": {"lsn": document["id"], "extra": [1]}}}
+        return json.dumps({"id": document["id"]}).encode(), json.dumps(envelope).encode()
+
+    pairs = [pair({**row, "id": 1, "extra": "x"}), pair({**row, "id": 2}), pair({"extra": 3, **row, "id": 3})]
+    info = both_ways(pairs, random.Random(0))
+    assert info is not None and info["vectorised"]
+    mapped = json.loads(json.dumps(schema))
+    for side in mapped["fields"][:2]:
+        side["fields"].append({"field": "attrs", "type": "map", "keys": {"type": "string"},
+                               "values": {"type": "string"}, "optional": True})
+    info = both_ways([pair({**row, "id": 1, "extra": "x", "attrs": {"k": "v"}}, mapped)], random.Random(0))
+    assert info is not None and not info["vectorised"]
+    exact = _payloads(PartitionReducer(batch_decoder(PipelineSettings(name="p", topics=["t"], table="t", primary_key=["id"])),
+                                       ("id",), vectorised=False), _batches(pairs, random.Random(0)))
+    assert "extra" not in _merged(exact)[0].column_names
