@@ -46,6 +46,8 @@ _MAX_RESPONSE_BYTES = 1 << 30
 _QUEUED_KIB = 8 * 1024
 FETCH_QUEUE_BACKOFF_MS = 10
 """How long librdkafka waits to fetch again once a partition's prefetch queue is full (its default, 1,000)."""
+FETCH_WAIT_MAX_MS = 10
+"""How long the broker may hold a reader's fetch for records not yet written (librdkafka's default, 500)."""
 _POLL_TIMEOUT_S = 1.0
 _STALL_TIMEOUT_S = 120.0
 _IDLE_PER_CONFIG = 4  # idle consumers kept per configuration: a task's reads run one after another
@@ -340,6 +342,14 @@ def _reader_config(options: dict[str, str]) -> dict[str, str]:
     # of its task time waiting in `consume()`: read+decode+reduce 2.6-2.7 s, with 10 ms 0.9 s
     # (docs/design/ingest-data-path.md). A setting in the pipeline's Kafka options wins.
     config.setdefault("fetch.queue.backoff.ms", str(FETCH_QUEUE_BACKOFF_MS))
+    # A range ends at or below the high watermark it was planned at, so the broker holds its records: the only
+    # fetch that waits for new ones is the prefetch past the range's end once it reaches the log end, which
+    # the broker then holds for `fetch.wait.max.ms`. The consumer's next fetch goes out when that one returns,
+    # so a kept consumer (`IDLE_CONSUMERS`) reading its next range waited for it: on the capture's topic of
+    # four partitions, the second range of each task spent 0.58-0.61 s in `consume()` against 0.21-0.26 s
+    # (docs/design/ingest-data-path.md, "A fetch held at the log end"). A setting in the pipeline's Kafka
+    # options wins.
+    config.setdefault("fetch.wait.max.ms", str(FETCH_WAIT_MAX_MS))
     # Only a partition first seen after the query started is planned below its low watermark.
     config["auto.offset.reset"] = "earliest"
     return config

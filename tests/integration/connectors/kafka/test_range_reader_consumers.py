@@ -2,8 +2,9 @@
 
 A reader decodes between its reads, so librdkafka's prefetch queue fills up and the partition's next
 fetch is put off by `fetch.queue.backoff.ms` (librdkafka's default: a second, which a steady batch spent
-waiting in `consume()`). Every consumer the readers open gets the short backoff unless the pipeline's
-Kafka options set one; the records read are the range's either way.
+waiting in `consume()`); and the prefetch past a range's end, once at the log end, is held by the broker for
+`fetch.wait.max.ms`, which holds the consumer's next range. Every consumer the readers open gets the short
+backoff and wait unless the pipeline's Kafka options set them; the records read are the range's either way.
 
 A process keeps its readers' consumers connected between reads (`range_reader.IDLE_CONSUMERS`): the
 next read, of any range, takes the last one's consumer, and a read that failed or was left unfinished
@@ -23,7 +24,12 @@ import pytest
 from confluent_kafka import Consumer, Producer
 
 from connectors.kafka import range_reader
-from connectors.kafka.range_reader import FETCH_QUEUE_BACKOFF_MS, read_values, read_values_of_ranges
+from connectors.kafka.range_reader import (
+    FETCH_QUEUE_BACKOFF_MS,
+    FETCH_WAIT_MAX_MS,
+    read_values,
+    read_values_of_ranges,
+)
 from service.operations.workload import create_topics
 
 
@@ -52,7 +58,8 @@ def opened(monkeypatch) -> list[dict]:
     return configs
 
 
-@pytest.mark.parametrize("options", [{}, {"fetch.queue.backoff.ms": "250"}], ids=["default", "pipeline-option"])
+@pytest.mark.parametrize("options", [{}, {"fetch.queue.backoff.ms": "250", "fetch.wait.max.ms": "300"}],
+                         ids=["default", "pipeline-option"])
 def test_every_reader_consumer_fetches_again_soon_once_its_queue_is_full(kafka_bootstrap: str, topic: str,
                                                                          opened: list[dict], options: dict):
     settings = {"bootstrap.servers": kafka_bootstrap, **options}
@@ -63,6 +70,9 @@ def test_every_reader_consumer_fetches_again_soon_once_its_queue_is_full(kafka_b
     want = options.get("fetch.queue.backoff.ms", str(FETCH_QUEUE_BACKOFF_MS))
     assert len(opened) == 1 and opened[0]["fetch.queue.backoff.ms"] == want  # the second read reused the first's
     assert int(FETCH_QUEUE_BACKOFF_MS) < 100  # librdkafka's default is 1,000
+    # nor does the broker hold its fetches at the log end (which would hold its next range's first fetch)
+    assert opened[0]["fetch.wait.max.ms"] == options.get("fetch.wait.max.ms", str(FETCH_WAIT_MAX_MS))
+    assert int(FETCH_WAIT_MAX_MS) < 100  # librdkafka's default is 500
 
 
 def test_a_kept_consumer_reads_each_range_exactly(kafka_bootstrap: str, topic: str, opened: list[dict], monkeypatch):
