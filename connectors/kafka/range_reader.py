@@ -142,7 +142,7 @@ class _Values:
         messages' own methods mapped over them (no Python bytecode per record)."""
         chunk = self.chunk
         if chunk.first_key is None:
-            chunk.first_key = next(filter(None, map(Message.key, messages)), None)
+            chunk.first_key = next((key for key in map(Message.key, messages) if key is not None), None)
         if chunk.messages is not None:
             chunk.messages.extend(messages)
         chunk.values.extend(map(Message.value, messages))

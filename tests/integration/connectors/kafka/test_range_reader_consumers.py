@@ -153,3 +153,16 @@ def test_a_forked_childs_inherited_consumers_are_never_destroyed_nor_taken(monke
     monkeypatch.setattr(range_reader, "Consumer", lambda config: opened.append(config) or Kept())
     taken = pool.take({"group.id": "g"})
     assert opened == [{"group.id": "g"}] and taken is not alive()
+
+
+def test_a_chunks_first_key_is_its_first_key_not_null(kafka_bootstrap: str):
+    """Records taken a whole `consume()` at a time keep `add`'s rule: an empty key is a key, a null one is not."""
+    name = f"range-first-key-{uuid.uuid4().hex[:10]}"
+    create_topics(kafka_bootstrap, [name], 1)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for key in (None, None, b"", b"k"):
+        producer.produce(name, key=key, value=b"v", partition=0)
+    assert producer.flush(30) == 0
+    chunks = list(read_values({"bootstrap.servers": kafka_bootstrap}, name, 0, 0, 4))
+    assert [chunk.first_key for chunk in chunks][:1] == [b""]
+    assert [v for chunk in chunks for v in chunk.values] == [b"v"] * 4
