@@ -139,7 +139,7 @@ class _Values:
 
     def add_all(self, messages: list) -> None:
         """Records read together, none an error, all inside the range: as `add` does one by one, with the
-        messages' own methods mapped over them (no Python bytecode per record)."""
+        messages' own methods mapped over them (one Python step per record left: the timestamp's check)."""
         chunk = self.chunk
         if chunk.first_key is None:
             chunk.first_key = next((key for key in map(Message.key, messages) if key is not None), None)
@@ -147,7 +147,8 @@ class _Values:
             chunk.messages.extend(messages)
         chunk.values.extend(map(Message.value, messages))
         chunk.offsets.extend(cast("Iterable[int]", map(Message.offset, messages)))
-        chunk.timestamps.extend(ts if ts is not None and ts >= 0 else None for _, ts in map(Message.timestamp, messages))
+        chunk.timestamps.extend(ts if ts is not None and ts >= 0 else None
+                                for _, ts in map(Message.timestamp, messages))
 
     def __len__(self) -> int:
         return len(self.chunk.offsets)

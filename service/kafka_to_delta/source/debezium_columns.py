@@ -36,8 +36,9 @@ op field and plain op groupings; declared types other than integers, floats, boo
 dates and integer-coded millisecond/microsecond timestamps; a row column no schema declares next
 to declared ones whose types are not all known (a map, an array of structs: then the other fields are
 inferred; where every declared column has its type, an undeclared key is dropped, as the reference and
-Kafka Connect drop it, and the envelope's other fields are not built); nested inferred columns; integers of 19 digits or more in the range where a
-column inferred as float holds a value that large (the envelope's `ts_ns` alone does not); key values other than integers, booleans and text; a column typed
+Kafka Connect drop it, and the envelope's other fields are not built); nested inferred columns; integers
+of 19 digits or more in the range where a column inferred as float holds a value that large (the
+envelope's `ts_ns` alone does not); key values other than integers, booleans and text; a column typed
 differently by two images or schema versions in a way Arrow cannot unify; more than
 `_MAX_REFUSED` records refused by `pyarrow.json` in one batch; a key with changes among both
 the odd records and the others next to placeholders (the fill would have to cross the two ways).
@@ -296,7 +297,7 @@ class RangeColumns:
         positions = np.flatnonzero(np.fromiter(map(is_not, values, repeat(None)), np.bool_, len(values)))
         if not len(positions):  # tombstones, which follow a delete, give nothing
             return [], np.zeros(0, np.int64)
-        present = values if len(positions) == len(values) else [values[position] for position in positions.tolist()]
+        present = values if len(positions) == len(values) else [values[i] for i in positions.tolist()]
         groups, payloads = self.layouts.split(cast(list[bytes], present))
         odd = groups == ODD
         if self.with_texts:

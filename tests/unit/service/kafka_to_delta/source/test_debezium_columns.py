@@ -371,6 +371,15 @@ def test_an_envelopes_ts_ns_keeps_a_schema_less_float_column_in_bulk() -> None:
     assert both_ways([pair(1, 0.25, ts_ns), pair(2, 1234567890123456789, ts_ns)], random.Random(0)) is not None
 
 
+def _with_a_map(schema: dict) -> dict:
+    """`schema` with a declared map column `attrs` in both images (a type `pyarrow.json` must infer)."""
+    mapped = json.loads(json.dumps(schema))
+    for side in mapped["fields"][:2]:
+        side["fields"].append({"field": "attrs", "type": "map", "keys": {"type": "string"},
+                               "values": {"type": "string"}, "optional": True})
+    return mapped
+
+
 def test_a_range_decoded_record_by_record_says_why_without_quoting_values() -> None:
     pipeline = PipelineSettings(name="p", topics=["t"], table="t", primary_key=["id"])
     schema = _schema("int64")
@@ -393,9 +402,7 @@ def test_a_range_decoded_record_by_record_says_why_without_quoting_values() -> N
     dropped = merged([value(row), undeclared])
     assert dropped.fallbacks == [] and (dropped.vectorised, dropped.record_by_record) == (1, 0)
     assert "extra" not in dropped.changes.column_names
-    mapped = {"field": "attrs", "type": "map", "keys": {"type": "string"}, "values": {"type": "string"}, "optional": True}
-    for side in schema["fields"][:2]:  # a declared map: its type is inferred, so are the fields no schema declares
-        side["fields"].append(mapped)
+    schema = _with_a_map(schema)  # a declared map: its type is inferred, so are the fields no schema declares
     fell_back = merged([value(row), value({**row, "id": 2, "extra": "text", "attrs": {"k": "v"}})])
     assert (fell_back.vectorised, fell_back.record_by_record) == (0, 1)
     assert fell_back.fallbacks == ["a row column no schema declares next to declared ones"]
@@ -428,12 +435,9 @@ def test_a_key_no_schema_declares_is_dropped_by_both_ways() -> None:
     pairs = [pair({**row, "id": 1, "extra": "x"}), pair({**row, "id": 2}), pair({"extra": 3, **row, "id": 3})]
     info = both_ways(pairs, random.Random(0))
     assert info is not None and info["vectorised"]
-    mapped = json.loads(json.dumps(schema))
-    for side in mapped["fields"][:2]:
-        side["fields"].append({"field": "attrs", "type": "map", "keys": {"type": "string"},
-                               "values": {"type": "string"}, "optional": True})
+    mapped = _with_a_map(schema)
     info = both_ways([pair({**row, "id": 1, "extra": "x", "attrs": {"k": "v"}}, mapped)], random.Random(0))
     assert info is not None and not info["vectorised"]
-    exact = _payloads(PartitionReducer(batch_decoder(PipelineSettings(name="p", topics=["t"], table="t", primary_key=["id"])),
-                                       ("id",), vectorised=False), _batches(pairs, random.Random(0)))
+    pipeline = PipelineSettings(name="p", topics=["t"], table="t", primary_key=["id"])
+    exact = _payloads(PartitionReducer(batch_decoder(pipeline), ("id",), vectorised=False), _batches(pairs, random.Random(0)))
     assert "extra" not in _merged(exact)[0].column_names
