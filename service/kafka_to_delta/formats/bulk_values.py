@@ -256,13 +256,14 @@ def _text(column: pa.Array) -> tuple[pa.Array, np.ndarray]:
     except pa.ArrowInvalid:
         pass
     raw = column.cast(pa.binary()).to_pylist()  # rare: locate the bad values one by one
-    misfit = np.array([value is not None and not _is_utf8(value) for value in raw], np.bool_)
+    misfit = np.array([value is not None and not is_utf8(value) for value in raw], np.bool_)
     fixed = pa.array([None if bad or value is None else value.decode() for bad, value in zip(misfit, raw)],
                      pa.string())
     return fixed, misfit
 
 
-def _is_utf8(value: bytes) -> bool:
+def is_utf8(value: bytes) -> bool:
+    """Whether `value` is UTF-8 text."""
     try:
         value.decode()
         return True

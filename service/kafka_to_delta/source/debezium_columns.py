@@ -14,8 +14,10 @@ record it vouches for. A record it cannot vouch for is an odd record (`RangeColu
 caller decodes those alone the record-by-record way, which decides errors, policies and dead
 letters, and merges the two by key in source order. Odd records: a value whose wrapper layout
 cannot be confirmed, that is not one JSON object, holds a raw line break or nests deeper than
-`MAX_NESTING`; one `pyarrow.json` refuses (invalid JSON, a duplicate name, a value of another
-type than its column's), found by the row its error names; an unknown or missing op code
+`MAX_NESTING`, or is not UTF-8 throughout; one `pyarrow.json` refuses (invalid JSON, a duplicate
+name, a value of another type than its column's), found by the row its error names; where the
+envelope's fields are cut out before the parse (below), one that is not a JSON document by RFC 8259
+(`NaN`, a lone surrogate); an unknown or missing op code
 (truncates and messages included); an image missing where the op needs it; a primary key
 missing, null, a placeholder or text that JSON escapes; a declared integer out of its type's
 range. Debezium's unavailable-value placeholder (a TOASTed column left unchanged) is taken in
@@ -36,7 +38,9 @@ op field and plain op groupings; declared types other than integers, floats, boo
 dates and integer-coded millisecond/microsecond timestamps; a row column no schema declares next
 to declared ones whose types are not all known (a map, an array of structs: then the other fields are
 inferred; where every declared column has its type, an undeclared key is dropped, as the reference and
-Kafka Connect drop it, and the envelope's other fields are not built); nested inferred columns; integers
+Kafka Connect drop it, and the envelope's other fields are not built: elsewhere, with the images'
+columns inferred, the op and image fields are cut out of each value first, `formats.envelope_fields`);
+nested inferred columns; integers
 of 19 digits or more in the range where a column inferred as float holds a value that large (the
 envelope's `ts_ns` alone does not); key values other than integers, booleans and text; a column typed
 differently by two images or schema versions in a way Arrow cannot unify; more than
@@ -73,6 +77,7 @@ from service.config.op_mapping import Grouping, parse_op_mapping
 from service.kafka_to_delta.changelog.changelog_batch import ChangelogBatchDecoder
 from service.kafka_to_delta.formats.bulk_values import (
     bulk_column,
+    is_utf8,
     json_lines,
     json_text,
     parse_type,
@@ -82,6 +87,7 @@ from service.kafka_to_delta.formats.debezium_json import (
     UNAVAILABLE_VALUE,
     JsonDocuments,
 )
+from service.kafka_to_delta.formats.envelope_fields import kept_fields
 from service.kafka_to_delta.formats.row_text import row_texts, unchanged_texts
 from service.kafka_to_delta.materialize.last_change import last_rows
 from service.kafka_to_delta.rows.arrow import joined_tables
@@ -182,6 +188,16 @@ def vector_plan(decoder: ChangelogBatchDecoder, primary_key: tuple[str, ...]) ->
             kind = ChangeKind.INSERT if grouping is Grouping.INSERT else ChangeKind.UPDATE_AFTER
             codes[code] = (None, _Side(retract=False, nulls_unchanged=nulls, kind=kind.value))
     return VectorPlan(settings.op, settings.before, settings.after, codes, tuple(primary_key))
+
+
+def _utf8(payloads: pa.Array) -> np.ndarray:
+    """Values that are UTF-8 throughout (the reference decodes a whole value as text first; neither
+    `pyarrow.json` nor `envelope_fields` checks the fields it does not build)."""
+    try:
+        payloads.view(pa.string()).validate(full=True)
+        return np.ones(len(payloads), np.bool_)
+    except pa.ArrowInvalid:  # rare: find them one by one
+        return np.array([value is None or is_utf8(value) for value in payloads.to_pylist()], np.bool_)
 
 
 def _mask(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
@@ -383,7 +399,7 @@ class RangeColumns:
 
         brackets = per_value(np.flatnonzero((data == _OPEN_BRACE) | (data == _OPEN_BRACKET)))
         breaks = per_value(np.flatnonzero((data == _NEWLINE) | (data == _RETURN)))
-        return whole & (brackets <= MAX_NESTING) & (breaks == 0)
+        return whole & (brackets <= MAX_NESTING) & (breaks == 0) & _utf8(payloads)
 
     def _explicit(self, group: int) -> tuple[pa.Schema, str]:
         """The parse schema of a group: its declared row types (or the range's known inferred
@@ -418,7 +434,13 @@ class RangeColumns:
             if not len(members):
                 return schema.empty_table(), members
             chosen = payloads.take(pa.array(members))
-            buffer = json_lines(chosen)
+            if others == "infer" and not self.reads_envelope:  # the envelope's other fields would be built
+                buffer, refused = kept_fields(chosen, (self.plan.op, self.plan.before, self.plan.after))
+                members = members[~refused]
+                if not len(members):
+                    continue
+            else:
+                buffer = json_lines(chosen)
             try:
                 table = pj.read_json(
                     pa.py_buffer(buffer), read_options=pj.ReadOptions(use_threads=False, block_size=len(buffer) + 1),
@@ -429,7 +451,8 @@ class RangeColumns:
                 if row is not None and int(row.group(1)) < len(members):
                     members = np.delete(members, int(row.group(1)))
                     continue
-                long_numbers = _mask(pc.match_substring_regex(chosen, _LONG_NUMBER))
+                parsed = pa.array(buffer.split(b"\n")[:-1], pa.binary())
+                long_numbers = _mask(pc.match_substring_regex(parsed, _LONG_NUMBER))
                 if not long_numbers.any():  # a conversion error names no row: integers beyond 64 bits
                     raise NotVectorisable(f"pyarrow.json refused the values ({_shown(exc)})") from None
                 members = members[~long_numbers]

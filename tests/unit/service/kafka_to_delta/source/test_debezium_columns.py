@@ -441,3 +441,27 @@ def test_a_key_no_schema_declares_is_dropped_by_both_ways() -> None:
     pipeline = PipelineSettings(name="p", topics=["t"], table="t", primary_key=["id"])
     exact = _payloads(PartitionReducer(batch_decoder(pipeline), ("id",), vectorised=False), _batches(pairs, random.Random(0)))
     assert "extra" not in _merged(exact)[0].column_names
+
+
+def test_a_schema_less_envelopes_other_fields_decide_alike_by_both_ways() -> None:
+    """A schema-less envelope's fields besides op and images are cut out before the bulk parse
+    (`envelope_fields`): what they hold still decides each record as the reference decides it. Bytes that
+    are not UTF-8 in `source` fail the record as the reference fails it, JSON that Python reads but RFC 8259
+    does not (NaN, a lone surrogate) sends that record alone record by record, a field named twice counts with
+    its last value and an escaped name is the name it spells."""
+    def pair(key: int, source: bytes = b'{"lsn":1}', op: bytes = b'"c"') -> tuple[bytes, bytes]:
+        value = b'{"before":null,"after":{"id":%d,"name":"n%d"},"source":%s,"op":%s}' % (key, key, source, op)
+        return b'{"id":%d}' % key, value
+
+    odd_ones = {3: pair(3, b'{"db":"\xff"}'), 4: pair(4, b'{"lag":NaN}'), 5: pair(5, b'{"db":"\\ud800"}'),
+                6: (b'{"id":6}', b'{"op":"u","before":null,"after":{"id":6,"name":"x"},"op":"c"}'),
+                7: (b'{"id":7}', b'{"\\u006fp":"c","after":{"id":7,"name":"n7"}, "source" : {"a": [1, {"b": 2}]}}')}
+    for seed in range(4):
+        pairs = [odd_ones.get(key) or pair(key) for key in range(10)]
+        info = both_ways(pairs, random.Random(seed))
+        assert info is not None and info["vectorised"], info
+        assert info["odd_records"] == 3, info  # the bytes that are not UTF-8, NaN, the lone surrogate
+    pipeline = PipelineSettings(name="p", topics=["t"], table="t", primary_key=["id"])
+    exact = _merged(_payloads(PartitionReducer(batch_decoder(pipeline), ("id",), vectorised=False),
+                              _batches([odd_ones.get(key) or pair(key) for key in range(10)], random.Random(0))))
+    assert exact[2].num_rows == 2  # the reference fails the bytes that are not UTF-8 and the lone surrogate
