@@ -14,6 +14,9 @@ Inputs (rows, `--rows`):
   Connect records are converted in Python the way it maps Connect schemas (testbed/connect_avro.py).
 
 Per row (`--sections`):
+- floor: the row's topic read whole by the service's own range reader in one process per core, nothing
+  decoded (read_floor.py), three runs, the median: no pipeline reading through that reader can be faster
+  here, so a row whose floor is below a share of the best row's steady rate cannot reach that share;
 - steady: the naive pipeline (`perf_naive.py` for the workload rows, `realistic_naive.py` for the
   captures) and `cdc-lakehouse run --until-idle` with the service defaults on the same topic; events/s
   of the naive pipeline, steady events/s of the service (batches 2..N, performance_benchmark's
@@ -64,6 +67,7 @@ from ingest_benchmark import write_config as ingest_config
 from materializer_benchmark import write_config as variant_config
 from perf_freshness import Service, phase, wait_drained, warm_up
 from perf_naive import run_naive
+from read_floor import read_floor
 from performance_benchmark import (
     CLI,
     FIRST_COMMIT_TIMEOUT_S,
@@ -88,7 +92,7 @@ from testbed.realistic_capture import CapturedTopics, capture, compare_with_sour
 
 ROWS = ("workload-compact", "workload-spaced", "capture-schemas-p1", "capture-schemas-p4", "capture-plain-p1",
         "capture-plain-p4", "capture-avro-p1", "capture-avro-p4")
-SECTIONS = ("steady", "materializer", "freshness")
+SECTIONS = ("floor", "steady", "materializer", "freshness")
 _RANGES = re.compile(r'^cdc_ranges_total\{(?=[^}]*decode="(\w+)")[^}]*\} ([0-9.e+]+)$', re.M)
 _RANGES_READ = re.compile(r"pipeline bench: batch \d+ -> .* from (\d+) Kafka range\(s\) \((\d+) in bulk\)")
 _FALLBACK = re.compile(r"pipeline bench: (\d+) Kafka range\(s\) decoded record by record, e\.g\. (.*)$", re.M)
@@ -428,16 +432,18 @@ def table_lines(results: dict) -> list[str]:
     rows = results["rows"]
     best = max((r.get("service", {}).get("steady_rate", 0) for r in rows.values()), default=0)
     lines = ["| input | records | B/value | naive ev/s | service steady ev/s (runs) | service/naive | vs best row | "
-             "service MB/s | service table = source | naive table = source | materializer steady ev/s (its table) | "
+             "read floor ev/s (MB/s) | floor vs best row | service MB/s | service table = source | naive table = source | materializer steady ev/s (its table) | "
              "freshness p95 (p50) | service peak RSS | ranges vectorised / record by record |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
     for name, row in rows.items():
-        naive, service = row.get("naive", {}), row.get("service", {})
+        naive, service, floor = row.get("naive", {}), row.get("service", {}), row.get("floor", {})
         mat, fresh = row.get("materializer", {}), row.get("freshness", {})
         steady = service.get("steady_rate")
         ratio = f"x{steady / naive['rate']:.2f}" if steady and naive.get("rate") else "-"
         versus = f"x{steady / best:.2f}" if steady and best else "-"
+        read = f"{_rate(floor['rate'])} ({floor['mb_s']:,.0f})" if floor.get("rate") else "-"
+        ceiling = f"x{floor['rate'] / best:.2f}" if floor.get("rate") and best else "-"
         if "failed" in fresh:
             freshness = "FAILED"
         elif fresh:
@@ -447,7 +453,7 @@ def table_lines(results: dict) -> list[str]:
             freshness = "-"
         decode = service.get("decode", {})
         ranges = (f"{decode.get('vectorised')} / {decode.get('record_by_record')}" if decode else "-")
-        for part in ("naive", "service", "materializer", "freshness"):
+        for part in ("floor", "naive", "service", "materializer", "freshness"):
             if "failed" in row.get(part, {}):
                 notes.append(f"- {name} {part}: FAILED {row[part]['failed']}")
         materialized = " (table = source)" if mat.get("table_differs", 0) is None else ""
@@ -461,7 +467,7 @@ def table_lines(results: dict) -> list[str]:
         throughput = f"{steady * row.get('bytes_per_record', 0) / 1e6:,.0f}" if steady else "-"
         lines.append(f"| {name} | {row.get('records', 0):,} | {row.get('bytes_per_record', 0):,.0f} | "
                      f"{_rate(naive.get('rate'))} | {_rate(steady)} ({runs}) | "
-                     f"{ratio} | {versus} | {throughput} | {_check(service)} | {_check(naive)} | "
+                     f"{ratio} | {versus} | {read} | {ceiling} | {throughput} | {_check(service)} | {_check(naive)} | "
                      f"{_rate(mat.get('steady_rate'))}{materialized} | {freshness} | "
                      f"{_rate(service.get('rss_mib'))} MiB | {ranges} |")
     return lines + ([""] + notes if notes else [])
@@ -529,6 +535,8 @@ def main(argv: list[str] | None = None) -> None:
                             runs["service"], "steady_rate")
                         out["naive_rates"] = [run.get("rate") for run in runs["naive"]]
                         out["service_rates"] = [run.get("steady_rate") for run in runs["service"]]
+                    elif section == "floor":
+                        attempt(out, "floor", lambda: read_floor(bootstrap, row.topic))
                     elif section == "materializer":
                         attempt(out, "materializer", lambda: service_run(
                             row, bootstrap, registry, tmp / uuid.uuid4().hex[:8], {"upsert_materialize": "force"},

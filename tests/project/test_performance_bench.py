@@ -65,3 +65,27 @@ def test_ingest_benchmark_finds_the_runners_ready_line() -> None:
     record = logging.LogRecord(runner.log.name, logging.INFO, __file__, 1, "kafka: %s", ("{}",), None)
     line = logging.Formatter(TEXT_FORMAT).format(record)
     assert _READY_LINE.search(line + "\n"), line
+
+
+def test_the_read_floor_deals_partitions_and_cuts_a_lone_one_into_pieces() -> None:
+    from read_floor import dealt
+
+    four = [("t", p, 0, 100) for p in range(4)]
+    assert dealt(four, 2) == [[four[0], four[2]], [four[1], four[3]]]
+    assert dealt([("t", 0, 10, 111)], 2) == [[("t", 0, 10, 60)], [("t", 0, 60, 111)]]
+    assert dealt([("t", 0, 5, 6)], 2) == [[("t", 0, 5, 6)], []]  # too few records to cut
+
+
+def test_the_realistic_table_shows_each_rows_read_floor_against_the_best_row() -> None:
+    from realistic_benchmark import table_lines
+
+    rows = {"a": {"records": 10, "bytes_per_record": 100, "naive": {"rate": 50.0},
+                  "service": {"steady_rate": 100.0, "table_differs": None}, "floor": {"rate": 400.0, "mb_s": 0.04}},
+            "b": {"records": 10, "bytes_per_record": 1000, "naive": {"rate": 20.0},
+                  "service": {"steady_rate": 40.0, "table_differs": None}, "floor": {"rate": 60.0, "mb_s": 0.06}}}
+    header, rule, first, second = table_lines({"rows": rows})[:4]
+    cells = [line.strip("|").split(" | ") for line in (header, first, second)]
+    assert len({len(row) for row in cells}) == 1 and len(rule.split("|")) == len(header.split("|"))
+    floor_at, ceiling_at = cells[0].index("read floor ev/s (MB/s)"), cells[0].index("floor vs best row")
+    assert (cells[1][floor_at], cells[1][ceiling_at]) == ("400 (0)", "x4.00")
+    assert (cells[2][floor_at], cells[2][ceiling_at]) == ("60 (0)", "x0.60")  # below 0.7 of the best: out of reach
