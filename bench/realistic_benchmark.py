@@ -67,7 +67,6 @@ from ingest_benchmark import write_config as ingest_config
 from materializer_benchmark import write_config as variant_config
 from perf_freshness import Service, phase, wait_drained, warm_up
 from perf_naive import run_naive
-from read_floor import read_floor
 from performance_benchmark import (
     CLI,
     FIRST_COMMIT_TIMEOUT_S,
@@ -76,6 +75,7 @@ from performance_benchmark import (
     load,
     service_figures,
 )
+from read_floor import read_floor
 from realistic_naive import AvroPayloads, json_payload, run_naive_changes
 
 from connectors.delta.table_scan import scan
@@ -432,7 +432,8 @@ def table_lines(results: dict) -> list[str]:
     rows = results["rows"]
     best = max((r.get("service", {}).get("steady_rate", 0) for r in rows.values()), default=0)
     lines = ["| input | records | B/value | naive ev/s | service steady ev/s (runs) | service/naive | vs best row | "
-             "read floor ev/s (MB/s) | floor vs best row | service MB/s | service table = source | naive table = source | materializer steady ev/s (its table) | "
+             "read floor ev/s (MB/s) | floor vs best row | service MB/s | service table = source | "
+             "naive table = source | materializer steady ev/s (its table) | "
              "freshness p95 (p50) | service peak RSS | ranges vectorised / record by record |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
