@@ -44,6 +44,7 @@ from service.kafka_to_delta.rows.names import (
     PAYLOAD_COLUMN,
     PAYLOAD_SPARK_SCHEMA,
 )
+from service.kafka_to_delta.rows.payload_spool import PayloadSpool, payload_spool
 from service.kafka_to_delta.rows.spark import STREAM_SPARK_SCHEMA
 from service.kafka_to_delta.shape import Shape, pipeline_shape
 from service.kafka_to_delta.sink.bad_records import DeadLetterStore, handle_bad_records
@@ -120,6 +121,7 @@ class IngestPipeline(TableQuery):
         self.shape: Shape = pipeline_shape(pipeline)  # the checkpoint's key bucket count is known at start
         self.seed: Seed | None = None
         self.commits: CommitsBehind | None = None
+        self.spool: PayloadSpool | None = None  # the plain path's payloads handed over in files (local master)
 
     @property
     def progress_path(self) -> str:
@@ -177,6 +179,8 @@ class IngestPipeline(TableQuery):
         # Exactly one action on the batch: a second one would run the stateful plan again.
         if self.shape.reduces_where_read:
             found = batch_changes(batch.toArrow())
+            if self.spool is not None:  # the batch's payloads are read; what is left is a failed attempt's
+                self.spool.clear()
             self._count_ranges(found)
             return found
         if PAYLOAD_COLUMN in batch.columns:  # the bucket materializer typed its own net rows
@@ -268,6 +272,12 @@ class IngestPipeline(TableQuery):
     def close(self) -> None:
         """The query stopped: let the commit behind it end (a failure leaves its batch written ahead)."""
         self.settle_commits()
+        self._remove_spool()
+
+    def _remove_spool(self) -> None:
+        if self.spool is not None:
+            self.spool.remove()
+            self.spool = None
 
     def _count_ranges(self, found: BatchChanges) -> None:
         name = self.pipeline.name
@@ -314,7 +324,9 @@ class IngestPipeline(TableQuery):
         if self.shape.reduces_where_read:
             reducer = PieceReducer(batch_decoder(self.pipeline), self.pipeline.primary_key,
                                    history=self.pipeline.history_sequence_by)
-            self.spark.dataSource.register(changes_source(self.pipeline.name, reducer))
+            self._remove_spool()
+            self.spool = payload_spool(self.spark.sparkContext.master, self.pipeline.name)
+            self.spark.dataSource.register(changes_source(self.pipeline.name, reducer, spool=self.spool))
             stream = self._source(changes_source_name(self.pipeline.name), watermarked=False)
         else:  # decoded where read as well: changelog rows and watermark candidates
             stream = self._decoded_source(config)

@@ -30,6 +30,7 @@ from service.kafka_to_delta.materialize.payload import (
 from service.kafka_to_delta.materialize.payload import HISTORY_SEQUENCE as SEQUENCE
 from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
 from service.kafka_to_delta.rows.names import FAILED_COLUMNS, Meta, Part
+from service.kafka_to_delta.rows.payload_spool import resolved
 from service.kafka_to_delta.source.fill_across_ranges import filled_last_rows
 from vocabulary.errors import DecodeError, SourceCoordinates
 
@@ -146,7 +147,7 @@ def batch_changes(payloads: pa.Table) -> BatchChanges:
     vectorised = record_by_record = odd_records = 0
     history: list[tuple[pa.Table, TypeEvidence]] = []
     for part, payload in zip(payloads.column("part").to_pylist(), payloads.column("payload").to_pylist()):
-        table, info = payload_table(payload)
+        table, info = payload_table(resolved(payload))
         if part == Part.FAILED:
             failed.append(table)
             continue

@@ -23,11 +23,14 @@ from pyspark import cloudpickle
 from pyspark.sql.datasource import DataSource, InputPartition
 
 from connectors.kafka.source import KafkaRange, KafkaSource, KafkaStreamReader
-from service.kafka_to_delta.rows.names import PAYLOAD_SPARK_SCHEMA
+from service.kafka_to_delta.rows.names import PAYLOAD_COLUMN, PAYLOAD_SPARK_SCHEMA
+from service.kafka_to_delta.rows.payload_spool import PayloadSpool
 from service.runtime.memory_release import release_memory
 from service.runtime.worker_heap import task_started
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from service.kafka_to_delta.source.decode_stage import DecodedRanges
     from service.kafka_to_delta.source.partition_changes import PartitionReducer
 
@@ -37,9 +40,10 @@ _NAME_PREFIX = "cdc_changes_"
 class ChangesStreamReader(KafkaStreamReader):
     """Plans like the Kafka source; each range is read, decoded and reduced by `reducer`."""
 
-    def __init__(self, options: dict[str, str], reducer: bytes) -> None:
+    def __init__(self, options: dict[str, str], reducer: bytes, spool: PayloadSpool | None = None) -> None:
         super().__init__(options)
         self.reducer = reducer  # a pickled `PartitionReducer`
+        self.spool = spool
 
     def read(self, partition: InputPartition) -> Iterator:
         from connectors.kafka.range_reader import read_values  # not in the processes that only plan
@@ -52,8 +56,18 @@ class ChangesStreamReader(KafkaStreamReader):
             return read_values(self.client, kafka_range.topic, kafka_range.partition, kafka_range.start,
                                kafka_range.end, keep_records, kafka_range.floor)
 
-        yield from reducer(lambda: super(ChangesStreamReader, self).read(kafka_range), values)
+        for batch in reducer(lambda: super(ChangesStreamReader, self).read(kafka_range), values):
+            yield batch if self.spool is None else _handed(batch, self.spool)
         release_memory()
+
+
+def _handed(batch: "pa.RecordBatch", spool: PayloadSpool) -> "pa.RecordBatch":
+    """Payload rows whose payloads are handed over in the spool's files."""
+    import pyarrow as pa
+
+    payloads = [spool.handed(payload) for payload in batch.column(PAYLOAD_COLUMN).to_pylist()]
+    return batch.set_column(batch.schema.get_field_index(PAYLOAD_COLUMN), PAYLOAD_COLUMN,
+                            pa.array(payloads, pa.binary()))
 
 
 def changes_source_name(pipeline_name: str) -> str:
@@ -62,10 +76,11 @@ def changes_source_name(pipeline_name: str) -> str:
 
 
 def changes_source(pipeline_name: str, reducer: "PartitionReducer | DecodedRanges",
-                   schema: str = PAYLOAD_SPARK_SCHEMA) -> type[DataSource]:
+                   schema: str = PAYLOAD_SPARK_SCHEMA, spool: PayloadSpool | None = None) -> type[DataSource]:
     """A data source class for one pipeline (register it with `spark.dataSource.register`): each
     Kafka range through `reducer`, whose rows have `schema` (the plain path's payloads, or the
-    stateful paths' changelog rows, `decode_stage.DecodedRanges`)."""
+    stateful paths' changelog rows, `decode_stage.DecodedRanges`). `spool`: where the plain path's
+    payloads are handed over in files (`rows.payload_spool`)."""
     format_name = changes_source_name(pipeline_name)
     pickled = cloudpickle.dumps(reducer)
 
@@ -80,6 +95,6 @@ def changes_source(pipeline_name: str, reducer: "PartitionReducer | DecodedRange
             return schema
 
         def streamReader(self, schema) -> ChangesStreamReader:
-            return ChangesStreamReader(dict(self.options), pickled)
+            return ChangesStreamReader(dict(self.options), pickled, spool)
 
     return ChangesSource

@@ -1,0 +1,97 @@
+"""Payloads handed from the Python workers to the driver through files, where both run on one machine.
+
+On the plain path each Kafka range's payload (Arrow IPC, `rows.ipc`) is one binary cell of the source's
+rows, and the JVM copies it on its way to the driver's `toArrow`: read from the worker's socket into an
+Arrow batch, into rows, back into Arrow, into a task result and the block manager, then to the driver's
+Python. That costs the JVM about a core-second per steady batch of a wide table's capture (100,000
+records, 16 MB of payloads) next to the Python workers' 1.2 s of reading and decoding
+(docs/design/ingest-data-path.md, "Payloads handed over in files"). On a local master the workers and the
+driver share the filesystem, so a task writes its payload to a file in the pipeline's spool directory and
+the cell holds the file's reference (`MARK` and its path); the driver reads the file (`resolved`). A
+write that fails hands the payload inline, as on a cluster, where there is no spool.
+
+The spool is emptied after each batch's payloads are read (`clear`): a query runs one batch at a time,
+so what is left then was written by a task attempt that failed. A spool is per process and pipeline;
+one left by a process that is gone is removed by the next one that opens a spool.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+MARK = b"cdc-lakehouse-spool:"
+"""What starts a handed payload's cell (an Arrow IPC stream starts with 0xFFFFFFFF)."""
+
+_ROOT = "cdc-lakehouse-spool"
+_OWNER = re.compile(r"^(\d+)-")
+
+
+@dataclass(frozen=True)
+class PayloadSpool:
+    """One pipeline's spool directory (pickled to the workers)."""
+
+    directory: str
+
+    def handed(self, payload: bytes) -> bytes:
+        """`payload` written to a file of the spool, as its reference; inline when the write fails."""
+        path = os.path.join(self.directory, uuid.uuid4().hex)
+        try:
+            with open(path, "wb") as file:
+                file.write(payload)
+        except OSError:
+            return payload
+        return MARK + path.encode()
+
+    def clear(self) -> None:
+        """Remove every file of the spool (after a batch's payloads were read)."""
+        with os.scandir(self.directory) as entries:
+            for entry in entries:
+                try:
+                    os.unlink(entry.path)
+                except FileNotFoundError:
+                    pass
+
+    def remove(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def resolved(payload: bytes) -> bytes:
+    """A payload cell's bytes: read from its file when it was handed over in one."""
+    if not payload.startswith(MARK):
+        return payload
+    return Path(payload[len(MARK):].decode()).read_bytes()
+
+
+def payload_spool(master: str, pipeline_name: str, root: str | None = None) -> PayloadSpool | None:
+    """A new spool for a pipeline on a local master (None elsewhere: the workers are other machines)."""
+    if not master.startswith("local"):
+        return None
+    parent = Path(root or tempfile.gettempdir()) / _ROOT
+    parent.mkdir(parents=True, exist_ok=True)
+    _remove_orphans(parent)
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", pipeline_name)
+    return PayloadSpool(tempfile.mkdtemp(prefix=f"{os.getpid()}-{name}-", dir=parent))
+
+
+def _remove_orphans(parent: Path) -> None:
+    """Spools of processes that are gone."""
+    for spool in parent.iterdir():
+        owner = _OWNER.match(spool.name)
+        if owner is not None and not _alive(int(owner.group(1))):
+            shutil.rmtree(spool, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
