@@ -69,14 +69,18 @@ def resolved(payload: bytes) -> bytes:
 
 
 def payload_spool(master: str, pipeline_name: str, root: str | None = None) -> PayloadSpool | None:
-    """A new spool for a pipeline on a local master (None elsewhere: the workers are other machines)."""
+    """A new spool for a pipeline on a local master (None elsewhere: the workers are other machines; and
+    where no directory can be made there, a read-only filesystem: the payloads then go inline)."""
     if not master.startswith("local"):
         return None
     parent = Path(root or tempfile.gettempdir()) / _ROOT
-    parent.mkdir(parents=True, exist_ok=True)
-    _remove_orphans(parent)
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", pipeline_name)
-    return PayloadSpool(tempfile.mkdtemp(prefix=f"{os.getpid()}-{name}-", dir=parent))
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        _remove_orphans(parent)
+        return PayloadSpool(tempfile.mkdtemp(prefix=f"{os.getpid()}-{name}-", dir=parent))
+    except OSError:
+        return None
 
 
 def _remove_orphans(parent: Path) -> None:

@@ -26,6 +26,12 @@ def test_only_a_local_master_gets_a_spool(tmp_path) -> None:
     assert os.path.basename(spool.directory).startswith(f"{os.getpid()}-a_pipeline_name-")
 
 
+def test_no_spool_where_no_directory_can_be_made(tmp_path) -> None:
+    blocked = tmp_path / "a file"
+    blocked.write_bytes(b"")
+    assert payload_spool("local[2]", "p", str(blocked)) is None  # the payloads then go inline
+
+
 def test_a_payload_handed_over_reads_back_the_same_and_clear_removes_the_files(tmp_path) -> None:
     spool = payload_spool("local", "p", str(tmp_path))
     assert spool is not None
