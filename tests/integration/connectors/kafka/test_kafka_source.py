@@ -17,11 +17,20 @@ from service.operations.workload import create_topics
 
 
 def _produce(bootstrap: str, topic: str, partitions: int, count: int, start: int = 0) -> None:
+    """`count` records dealt over `partitions`, each delivered (a record for a partition the producer's
+    metadata does not show yet fails its delivery, which `flush` alone does not tell)."""
     producer = Producer({"bootstrap.servers": bootstrap})
+    failed: list[str] = []
+
+    def delivered(error, message) -> None:
+        if error is not None:
+            failed.append(f"partition {message.partition()}: {error}")
+
     for i in range(start, start + count):
         producer.produce(topic, key=f"k{i}", value=json.dumps({"i": i}), partition=i % partitions,
-                         headers=[("trace", f"t{i}".encode())])
+                         headers=[("trace", f"t{i}".encode())], on_delivery=delivered)
     assert producer.flush(30) == 0
+    assert failed == []
 
 
 def _collect(spark, bootstrap, topics, checkpoint, **options):
@@ -69,6 +78,10 @@ def test_resumes_from_checkpoint_and_picks_up_new_partitions(spark, kafka_bootst
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     for future in admin.create_partitions([NewPartitions(topic, 4)]).values():
         future.result(30)
+    deadline = time.monotonic() + 60  # the broker's metadata shows the new partitions (applied after the call)
+    while len(admin.list_topics(topic, timeout=10).topics[topic].partitions) < 4:
+        assert time.monotonic() < deadline, "the new partitions never showed in the metadata"
+        time.sleep(0.1)
     _produce(kafka_bootstrap, topic, 4, 40, start=1000)
     second = _collect(spark, kafka_bootstrap, [topic], workdir / "ck")
     rows = [r for _, b in second for r in b]
