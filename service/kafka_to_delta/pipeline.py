@@ -322,10 +322,10 @@ class IngestPipeline(TableQuery):
         config = stage_config(self.pipeline, self.shape.key_buckets, self.shape.spread_buckets) \
             if self.shape.materializer else None
         if self.shape.reduces_where_read:
-            reducer = PieceReducer(batch_decoder(self.pipeline), self.pipeline.primary_key,
-                                   history=self.pipeline.history_sequence_by)
             self._remove_spool()
             self.spool = payload_spool(self.spark.sparkContext.master, self.pipeline.name)
+            reducer = PieceReducer(batch_decoder(self.pipeline), self.pipeline.primary_key,
+                                   history=self.pipeline.history_sequence_by, compressed=self.spool is None)
             self.spark.dataSource.register(changes_source(self.pipeline.name, reducer, spool=self.spool))
             stream = self._source(changes_source_name(self.pipeline.name), watermarked=False)
         else:  # decoded where read as well: changelog rows and watermark candidates

@@ -291,20 +291,20 @@ def payload_table(payload: bytes) -> tuple[pa.Table, dict]:
 
 
 def payload_batch(typed: pa.Table | None, failed: list[pa.Table], info: dict,
-                  history: tuple[pa.Table, TypeEvidence] | None = None) -> pa.RecordBatch:
+                  history: tuple[pa.Table, TypeEvidence] | None = None, compressed: bool = True) -> pa.RecordBatch:
     """One range's (or one Spark partition's) payload rows; `history`: its row changes for a history
-    table and their type evidence."""
+    table and their type evidence; `compressed`: as `ipc_bytes` (not for payloads that do not cross the JVM)."""
     parts, payloads = [Part.CHANGES], []
     changes = typed if typed is not None else pa.table({})
-    payloads.append(ipc_bytes(changes.replace_schema_metadata({_META_KEY: json.dumps(info).encode()})))
+    payloads.append(ipc_bytes(changes.replace_schema_metadata({_META_KEY: json.dumps(info).encode()}), compressed))
     if failed:
         parts.append(Part.FAILED)
-        payloads.append(ipc_bytes(pa.concat_tables(failed)))
+        payloads.append(ipc_bytes(pa.concat_tables(failed), compressed))
     if history is not None and history[0].num_rows:
         rows, evidence = history
         parts.append(HISTORY)
         payloads.append(ipc_bytes(rows.replace_schema_metadata(
-            {_META_KEY: json.dumps({"types": evidence.to_json()}).encode()})))
+            {_META_KEY: json.dumps({"types": evidence.to_json()}).encode()}), compressed))
     return pa.RecordBatch.from_arrays([pa.array(parts, pa.string()), pa.array(payloads, pa.binary())],
                                       schema=PAYLOAD_SCHEMA)
 

@@ -1,8 +1,11 @@
 """Arrow tables as one binary value, for what crosses the JVM as a single cell (payloads, packed net rows).
 
 The buffers are LZ4-compressed: the JVM copies such values several times on their way to the
-driver, and compressed payloads keep its collector's work small (`docs/design/layout.md`).
-Readers (`pyarrow.ipc.open_stream`) decompress on their own.
+driver, and compressed payloads keep its collector's work small (`docs/design/layout.md`). A value
+that does not cross the JVM (a payload handed over in a file, `rows.payload_spool`) is written
+uncompressed: there the compression was only work for the writer and the reader (on a range of the
+realistic capture, about a tenth of its decode and reduce). Readers (`pyarrow.ipc.open_stream`) read
+either.
 """
 
 from __future__ import annotations
@@ -14,13 +17,14 @@ import pyarrow as pa
 from service.kafka_to_delta.rows.arrow import joined_tables
 from service.kafka_to_delta.rows.names import typed_names
 
-_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
+_COMPRESSED = pa.ipc.IpcWriteOptions(compression="lz4")
+_UNCOMPRESSED = pa.ipc.IpcWriteOptions(compression=None)
 
 
-def ipc_bytes(table: pa.Table) -> bytes:
-    """`table` as an Arrow IPC stream (LZ4-compressed buffers)."""
+def ipc_bytes(table: pa.Table, compressed: bool = True) -> bytes:
+    """`table` as an Arrow IPC stream (LZ4-compressed buffers unless not `compressed`)."""
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema, options=_OPTIONS) as writer:
+    with pa.ipc.new_stream(sink, table.schema, options=_COMPRESSED if compressed else _UNCOMPRESSED) as writer:
         writer.write_table(table)
     return sink.getvalue().to_pybytes()
 

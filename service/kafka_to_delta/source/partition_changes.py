@@ -127,13 +127,15 @@ class PartitionReducer:
     called. Debezium JSON envelopes are decoded in Arrow (`debezium_columns`) when the settings
     allow; a range holding anything that path does not vouch for is read again and decoded
     record by record, which decides errors and policies (the payload's `vectorised` says which
-    way it went, `fallback` why).
+    way it went, `fallback` why). `compressed`: the payloads' buffers LZ4-compressed, for payloads that
+    cross the JVM (`rows.ipc`); not where they are handed over in files (`rows.payload_spool`).
     """
 
     def __init__(self, decoder: ChangelogBatchDecoder, primary_key: tuple[str, ...], vectorised: bool = True,
-                 history: tuple[str, ...] = ()) -> None:
+                 history: tuple[str, ...] = (), compressed: bool = True) -> None:
         self.decoder = decoder
         self.primary_key = primary_key
+        self.compressed = compressed
         self.history = sequence_path(history) if history else None
         if not vectorised:
             self.plan = None
@@ -180,7 +182,7 @@ class PartitionReducer:
         history = None
         if reduced.every:
             history = changelog_history(pa.concat_tables(reduced.every), self.primary_key)
-        return payload_batch(typed, reduced.failed, info, history)
+        return payload_batch(typed, reduced.failed, info, history, self.compressed)
 
     def _reduced(self, read: Callable[[], Iterable[pa.RecordBatch]], range_types: dict[str, str] | None,
                  offsets: pa.Array | None = None) -> _Reduced:
@@ -232,7 +234,7 @@ class PartitionReducer:
             for name in Meta.ALL:
                 typed = typed.append_column(name, meta[_META_ROLES[name]])
             info["types"] = evidence.to_json()
-        return payload_batch(typed, [], info, history)
+        return payload_batch(typed, [], info, history, self.compressed)
 
     @staticmethod
     def _check_apart(columns: RangeColumns, net: pa.Table | None, declared: dict[str, str], odd: _Reduced) -> None:

@@ -37,10 +37,10 @@ class PieceReducer(PartitionReducer):
                 yield batch
 
         for payload in super().__call__(observed, read_values):
-            yield _marked(payload, first[0]) if first else payload
+            yield _marked(payload, first[0], self.compressed) if first else payload
 
 
-def _marked(batch: pa.RecordBatch, first: tuple[str, int, int]) -> pa.RecordBatch:
+def _marked(batch: pa.RecordBatch, first: tuple[str, int, int], compressed: bool) -> pa.RecordBatch:
     """The payload rows, a changes payload that read a TRUNCATE without a marker given one."""
     parts = batch.column("part").to_pylist()
     payloads = batch.column("payload").to_pylist()
@@ -51,6 +51,6 @@ def _marked(batch: pa.RecordBatch, first: tuple[str, int, int]) -> pa.RecordBatc
         if info.get("truncated") and "truncates" not in info:
             topic, partition, offset = first
             info = {**info, "truncates": [[topic, partition, offset - 1]]}
-            payloads[index] = payload_batch(table, [], info).column("payload")[0].as_py()
+            payloads[index] = payload_batch(table, [], info, compressed=compressed).column("payload")[0].as_py()
     return pa.RecordBatch.from_arrays([pa.array(parts, pa.string()), pa.array(payloads, pa.binary())],
                                       schema=batch.schema)

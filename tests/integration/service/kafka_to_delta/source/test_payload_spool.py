@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import os
 
+import pyarrow as pa
 from confluent_kafka import Producer
 
 from service.config.settings import settings_from_mapping
+from service.kafka_to_delta.rows.ipc import ipc_bytes
 from service.kafka_to_delta.rows.payload_spool import MARK
 from service.kafka_to_delta.source import batch_changes
 from service.operations.workload import create_topics
@@ -28,13 +30,16 @@ def test_a_local_masters_payloads_come_in_the_spools_files_which_are_gone_after_
     assert producer.flush(30) == 0
     handed: list[str] = []
     left_behind: list[list[str]] = []
+    uncompressed: list[bool] = []
     real = batch_changes.resolved
 
     def observed(payload: bytes) -> bytes:  # what the driver is given, and the spool it came from
         if payload.startswith(MARK):
             handed.append(payload[len(MARK):].decode())
             left_behind.append(os.listdir(os.path.dirname(handed[-1])))
-        return real(payload)
+        data = real(payload)
+        uncompressed.append(data == ipc_bytes(pa.ipc.open_stream(data).read_all(), compressed=False))
+        return data
 
     monkeypatch.setattr(batch_changes, "resolved", observed)
     settings = settings_from_mapping({
@@ -48,6 +53,7 @@ def test_a_local_masters_payloads_come_in_the_spools_files_which_are_gone_after_
     runner.start(until_idle=True)
     runner.wait()
     assert handed, "no payload was handed over in a file"
+    assert all(uncompressed), "a payload handed over in a file was compressed (it never crosses the JVM)"
     spool = os.path.dirname(handed[0])
     assert all(os.path.dirname(path) == spool for path in handed)
     assert all(not os.path.exists(path) for path in handed)  # each batch's files removed once read
