@@ -31,6 +31,7 @@ from connectors.delta.engines import DeltaEngineTable, open_table
 from service.config.databases import DatabaseSettings
 from service.config.settings import Settings, table_pipeline
 from service.kafka_to_delta.plan.table_routes import check_routes, store_routes, stored_routes
+from service.kafka_to_delta.rows.payload_spool import PayloadSpool, payload_spool
 from service.kafka_to_delta.sink.bad_records import DeadLetterStore, handle_bad_records
 from service.kafka_to_delta.sink.dead_letters import DeadLetterSink
 from service.kafka_to_delta.sink.merge_sink import MergeOutcome, MergeSink
@@ -83,6 +84,7 @@ class DatabaseQuery(QueryIdentity, BatchPipeline):
         self._lock = threading.Lock()
         self._routes: dict[str, str] = {}
         self._batch_ended: float | None = None
+        self.spool: PayloadSpool | None = None  # the payloads handed over in files (local master)
         self.dead_letters: DeadLetterStore | None = None
         if database.dead_letters is not None:
             sink = DeadLetterSink.for_pipeline(settings, database.name, database.dead_letters)
@@ -142,6 +144,8 @@ class DatabaseQuery(QueryIdentity, BatchPipeline):
         entries = quarantine.read(self.quarantine_file)
         with ThreadPoolExecutor(max_workers=self.database.parallel_merges) as pool:
             results = list(pool.map(lambda item: self._apply(item[0], item[1], batch_id, entries), groups.items()))
+        if self.spool is not None:  # every table's payloads are read; what is left is a failed attempt's
+            self.spool.clear()
         failures = [(table, error) for table, error in results if error is not None]
         self._after_batch(batch_id, groups, failures, entries)
         merged = time.monotonic()
@@ -230,7 +234,9 @@ class DatabaseQuery(QueryIdentity, BatchPipeline):
                 metrics.QUARANTINED.labels(self.name, table).set(0)
                 log.info("database %s: table %s tried again from its quarantine offsets", self.name, table)
             quarantine.write(self.quarantine_file, entries)
-        source = database_source(self.database, self.spark.sparkContext.defaultParallelism)
+        self._remove_spool()
+        self.spool = payload_spool(self.spark.sparkContext.master or "", self.database.name)
+        source = database_source(self.database, self.spark.sparkContext.defaultParallelism, self.spool)
         self.spark.dataSource.register(source)
         reader = (
             self.spark.readStream.format(database_source_name(self.database.name))
@@ -251,6 +257,16 @@ class DatabaseQuery(QueryIdentity, BatchPipeline):
         writer = with_trigger(writer, until_idle, self.settings.trigger_interval_seconds)
         self._query = self._start(writer)
         return self._query
+
+
+    def close(self) -> None:
+        """The query stopped: its spool goes."""
+        self._remove_spool()
+
+    def _remove_spool(self) -> None:
+        if self.spool is not None:
+            self.spool.remove()
+            self.spool = None
 
 
 def _by_table(payloads: pa.Table) -> dict[str, pa.Table]:

@@ -1,6 +1,6 @@
 """Payloads handed from the Python workers to the driver through files, where both run on one machine.
 
-On the plain path each Kafka range's payload (Arrow IPC, `rows.ipc`) is one binary cell of the source's
+On the plain path (and a database source's, `source.database_ranges`) each Kafka range's payload (Arrow IPC, `rows.ipc`) is one binary cell of the source's
 rows, and the JVM copies it on its way to the driver's `toArrow`: read from the worker's socket into an
 Arrow batch, into rows, back into Arrow, into a task result and the block manager, then to the driver's
 Python. That costs the JVM about a core-second per steady batch of a wide table's capture (100,000
@@ -8,7 +8,8 @@ records, 16 MB of payloads) next to the Python workers' 1.2 s of reading and dec
 (docs/design/ingest-data-path.md, "Payloads handed over in files"). On a local master the workers and the
 driver share the filesystem, so a task writes its payload to a file in the pipeline's spool directory and
 the cell holds the file's reference (`MARK` and its path); the driver reads the file (`resolved`). A
-write that fails hands the payload inline, as on a cluster, where there is no spool.
+write that fails hands the payload inline, as on a cluster, where there is no spool. Payloads meant for
+a spool are written uncompressed (`rows.ipc`).
 
 The spool is emptied after each batch's payloads are read (`clear`): a query runs one batch at a time,
 so what is left then was written by a task attempt that failed. A spool is per process and pipeline;
@@ -24,6 +25,12 @@ import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from service.kafka_to_delta.rows.names import PAYLOAD_COLUMN
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 MARK = b"cdc-lakehouse-spool:"
 """What starts a handed payload's cell (an Arrow IPC stream starts with 0xFFFFFFFF)."""
@@ -59,6 +66,15 @@ class PayloadSpool:
 
     def remove(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def handed_payloads(batch: "pa.RecordBatch", spool: PayloadSpool) -> "pa.RecordBatch":
+    """Payload rows (a `payload` column) whose payloads are handed over in the spool's files."""
+    import pyarrow as pa  # not in the processes that only plan a source's reads
+
+    payloads = [spool.handed(payload) for payload in batch.column(PAYLOAD_COLUMN).to_pylist()]
+    return batch.set_column(batch.schema.get_field_index(PAYLOAD_COLUMN), PAYLOAD_COLUMN,
+                            pa.array(payloads, pa.binary()))
 
 
 def resolved(payload: bytes) -> bytes:

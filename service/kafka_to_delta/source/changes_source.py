@@ -23,14 +23,12 @@ from pyspark import cloudpickle
 from pyspark.sql.datasource import DataSource, InputPartition
 
 from connectors.kafka.source import KafkaRange, KafkaSource, KafkaStreamReader
-from service.kafka_to_delta.rows.names import PAYLOAD_COLUMN, PAYLOAD_SPARK_SCHEMA
-from service.kafka_to_delta.rows.payload_spool import PayloadSpool
+from service.kafka_to_delta.rows.names import PAYLOAD_SPARK_SCHEMA
+from service.kafka_to_delta.rows.payload_spool import PayloadSpool, handed_payloads
 from service.runtime.memory_release import release_memory
 from service.runtime.worker_heap import task_started
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-
     from service.kafka_to_delta.source.decode_stage import DecodedRanges
     from service.kafka_to_delta.source.partition_changes import PartitionReducer
 
@@ -57,17 +55,8 @@ class ChangesStreamReader(KafkaStreamReader):
                                kafka_range.end, keep_records, kafka_range.floor)
 
         for batch in reducer(lambda: super(ChangesStreamReader, self).read(kafka_range), values):
-            yield batch if self.spool is None else _handed(batch, self.spool)
+            yield batch if self.spool is None else handed_payloads(batch, self.spool)
         release_memory()
-
-
-def _handed(batch: "pa.RecordBatch", spool: PayloadSpool) -> "pa.RecordBatch":
-    """Payload rows whose payloads are handed over in the spool's files."""
-    import pyarrow as pa
-
-    payloads = [spool.handed(payload) for payload in batch.column(PAYLOAD_COLUMN).to_pylist()]
-    return batch.set_column(batch.schema.get_field_index(PAYLOAD_COLUMN), PAYLOAD_COLUMN,
-                            pa.array(payloads, pa.binary()))
 
 
 def changes_source_name(pipeline_name: str) -> str:

@@ -10,9 +10,8 @@ import sys
 import pyarrow as pa
 
 from service.config.settings import PipelineSettings
-from service.kafka_to_delta.rows.payload_spool import MARK, PayloadSpool, payload_spool, resolved
+from service.kafka_to_delta.rows.payload_spool import MARK, PayloadSpool, handed_payloads, payload_spool, resolved
 from service.kafka_to_delta.source.batch_changes import batch_changes
-from service.kafka_to_delta.source.changes_source import _handed
 from service.kafka_to_delta.source.decode_stage import batch_decoder
 from service.kafka_to_delta.source.partition_changes import PartitionReducer
 from tests.unit.service.kafka_to_delta.source.test_debezium_columns import _batches
@@ -54,7 +53,7 @@ def test_the_driver_merges_handed_payloads_as_inline_ones(tmp_path) -> None:
     (batch,) = PartitionReducer(batch_decoder(pipeline), ("id",))(lambda: iter(_batches(records, random.Random(0))))
     spool = payload_spool("local[*]", "p", str(tmp_path))
     assert spool is not None
-    handed = _handed(batch, spool)
+    handed = handed_payloads(batch, spool)
     assert all(cell.startswith(MARK) for cell in handed.column("payload").to_pylist())
     inline = batch_changes(pa.Table.from_batches([batch]))
     through_files = batch_changes(pa.Table.from_batches([handed]))
