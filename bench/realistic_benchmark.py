@@ -95,6 +95,7 @@ ROWS = ("workload-compact", "workload-spaced", "capture-schemas-p1", "capture-sc
 SECTIONS = ("floor", "steady", "materializer", "freshness")
 _RANGES = re.compile(r'^cdc_ranges_total\{(?=[^}]*decode="(\w+)")[^}]*\} ([0-9.e+]+)$', re.M)
 _RANGES_READ = re.compile(r"pipeline bench: batch \d+ -> .* from (\d+) Kafka range\(s\) \((\d+) in bulk\)")
+_STAGES = re.compile(r"pipeline bench: batch (\d+) -> .*\(read\+decode\+reduce ([0-9.]+)s, merge ([0-9.]+)s\)")
 _FALLBACK = re.compile(r"pipeline bench: (\d+) Kafka range\(s\) decoded record by record, e\.g\. (.*)$", re.M)
 _CLOCK = re.compile(r"\.(\d+)@")
 _SCRAPE_S = 0.5
@@ -313,6 +314,20 @@ def decode_statistics(scraper: RangeScraper, log: Path) -> dict:
             "fallback_ranges": sum(reasons.values()), "fallback_reasons": dict(reasons)}
 
 
+def steady_stages(log: Path) -> dict | None:
+    """Seconds the steady batches (2..N) spent reading, decoding and reducing (the micro-batch's job and the
+    driver's gathering of its payloads) and merging (the commit), summed, from the service log's batch
+    lines; None without a steady batch. The last merge is not overlapped by a next batch's job, so a run
+    of one steady batch counts it whole."""
+    found = [(int(batch), float(read), float(merge)) for batch, read, merge in _STAGES.findall(
+        log.read_text(errors="replace"))]
+    steady = [(read, merge) for batch, read, merge in found if batch > 0]
+    if not steady:
+        return None
+    return {"batches": len(steady), "read_decode_reduce_s": sum(r for r, _ in steady),
+            "merge_s": sum(m for _, m in steady)}
+
+
 def service_run(row: Input, bootstrap: str, registry: str | None, workdir: Path, variant: dict | None = None,
                 max_offsets: int | None = None, shape: dict | None = None) -> dict:
     """`cdc-lakehouse run --until-idle` on the row's topic; figures, decode statistics, table check."""
@@ -331,6 +346,7 @@ def service_run(row: Input, bootstrap: str, registry: str | None, workdir: Path,
         scraper.stop.set()
     figures = service_figures(run, row.records, min(row.records, max_offsets or DEFAULT_MAX_OFFSETS_PER_TRIGGER))
     figures["decode"] = decode_statistics(scraper, workdir / "pipeline.log")
+    figures["stages"] = steady_stages(workdir / "pipeline.log")
     figures["table_differs"] = row.check(str(workdir / "tables" / TABLE))
     figures["column_types"] = row.column_types(str(workdir / "tables" / TABLE))
     print(f"  {row.name} service{' ' + str(variant) if variant else ''}: {figures['steady_rate']:,.0f} steady "
@@ -432,10 +448,10 @@ def table_lines(results: dict) -> list[str]:
     rows = results["rows"]
     best = max((r.get("service", {}).get("steady_rate", 0) for r in rows.values()), default=0)
     lines = ["| input | records | B/value | naive ev/s | service steady ev/s (runs) | service/naive | vs best row | "
-             "read floor ev/s (MB/s) | floor vs best row | service MB/s | service table = source | "
-             "naive table = source | materializer steady ev/s (its table) | "
+             "read floor ev/s (MB/s) | floor vs best row | service MB/s | steady batches: read+decode+reduce / "
+             "merge s | service table = source | naive table = source | materializer steady ev/s (its table) | "
              "freshness p95 (p50) | service peak RSS | ranges vectorised / record by record |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
     for name, row in rows.items():
         naive, service, floor = row.get("naive", {}), row.get("service", {}), row.get("floor", {})
@@ -466,9 +482,12 @@ def table_lines(results: dict) -> list[str]:
         runs = (", ".join(_rate(rate) for rate in row.get("service_rates", []))
                 or f"{service.get('batches', '-')} batches")
         throughput = f"{steady * row.get('bytes_per_record', 0) / 1e6:,.0f}" if steady else "-"
+        stages = service.get("stages")
+        spent = f"{stages['read_decode_reduce_s']:.2f} / {stages['merge_s']:.2f}" if stages else "-"
         lines.append(f"| {name} | {row.get('records', 0):,} | {row.get('bytes_per_record', 0):,.0f} | "
                      f"{_rate(naive.get('rate'))} | {_rate(steady)} ({runs}) | "
-                     f"{ratio} | {versus} | {read} | {ceiling} | {throughput} | {_check(service)} | {_check(naive)} | "
+                     f"{ratio} | {versus} | {read} | {ceiling} | {throughput} | {spent} | {_check(service)} | "
+                     f"{_check(naive)} | "
                      f"{_rate(mat.get('steady_rate'))}{materialized} | {freshness} | "
                      f"{_rate(service.get('rss_mib'))} MiB | {ranges} |")
     return lines + ([""] + notes if notes else [])

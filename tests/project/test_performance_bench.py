@@ -82,10 +82,27 @@ def test_the_realistic_table_shows_each_rows_read_floor_against_the_best_row() -
     rows = {"a": {"records": 10, "bytes_per_record": 100, "naive": {"rate": 50.0},
                   "service": {"steady_rate": 100.0, "table_differs": None}, "floor": {"rate": 400.0, "mb_s": 0.04}},
             "b": {"records": 10, "bytes_per_record": 1000, "naive": {"rate": 20.0},
-                  "service": {"steady_rate": 40.0, "table_differs": None}, "floor": {"rate": 60.0, "mb_s": 0.06}}}
+                  "service": {"steady_rate": 40.0, "table_differs": None,
+                              "stages": {"batches": 1, "read_decode_reduce_s": 0.8, "merge_s": 0.25}},
+                  "floor": {"rate": 60.0, "mb_s": 0.06}}}
     header, rule, first, second = table_lines({"rows": rows})[:4]
     cells = [line.strip("|").split(" | ") for line in (header, first, second)]
     assert len({len(row) for row in cells}) == 1 and len(rule.split("|")) == len(header.split("|"))
     floor_at, ceiling_at = cells[0].index("read floor ev/s (MB/s)"), cells[0].index("floor vs best row")
     assert (cells[1][floor_at], cells[1][ceiling_at]) == ("400 (0)", "x4.00")
     assert (cells[2][floor_at], cells[2][ceiling_at]) == ("60 (0)", "x0.60")  # below 0.7 of the best: out of reach
+    stages_at = cells[0].index("steady batches: read+decode+reduce / merge s")
+    assert (cells[1][stages_at], cells[2][stages_at]) == ("-", "0.80 / 0.25")
+
+
+def test_the_steady_stages_are_the_batch_lines_after_the_first(tmp_path: Path) -> None:
+    from realistic_benchmark import steady_stages
+
+    line = ("2026-12-03 03:35:32,310 INFO service.kafka_to_delta.pipeline: pipeline bench: batch {} -> /t/bench: "
+            "62833 upserts, 5431 deletes from 4 Kafka range(s) (4 in bulk) (read+decode+reduce {}s, merge {}s)\n")
+    log = tmp_path / "pipeline.log"
+    log.write_text(line.format(0, "3.01", "1.05"))
+    assert steady_stages(log) is None
+    log.write_text(line.format(0, "3.01", "1.05") + "other line\n" + line.format(1, "1.83", "0.45")
+                   + line.format(2, "1.00", "0.25"))
+    assert steady_stages(log) == {"batches": 2, "read_decode_reduce_s": 2.83, "merge_s": 0.7}
