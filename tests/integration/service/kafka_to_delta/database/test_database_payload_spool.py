@@ -5,18 +5,14 @@ delta-rs."""
 from __future__ import annotations
 
 import json
-import os
 
-import pyarrow as pa
 from confluent_kafka import Producer
 from deltalake import DeltaTable
 
 from service.config.settings import settings_from_mapping
-from service.kafka_to_delta.rows.ipc import ipc_bytes
-from service.kafka_to_delta.rows.payload_spool import MARK
-from service.kafka_to_delta.source import batch_changes
 from service.operations.workload import create_topics
 from service.supervisor.runner import Runner
+from tests.support.spool_watch import SpoolWatch
 
 
 def test_a_databases_payloads_come_in_one_spools_files_uncompressed_and_gone_after_each_batch(
@@ -33,20 +29,7 @@ def test_a_databases_payloads_come_in_one_spools_files_uncompressed_and_gone_aft
             producer.produce(topic, key=json.dumps({"id": row["id"]}).encode(), partition=row["id"] % 2,
                              value=json.dumps({"before": None, "after": row, "op": op}).encode())
     assert producer.flush(30) == 0
-    handed: list[str] = []
-    left_behind: list[list[str]] = []
-    uncompressed: list[bool] = []
-    real = batch_changes.resolved
-
-    def observed(payload: bytes) -> bytes:  # what the driver is given, and the spool it came from
-        if payload.startswith(MARK):
-            handed.append(payload[len(MARK):].decode())
-            left_behind.append(os.listdir(os.path.dirname(handed[-1])))
-        data = real(payload)
-        uncompressed.append(data == ipc_bytes(pa.ipc.open_stream(data).read_all(), compressed=False))
-        return data
-
-    monkeypatch.setattr(batch_changes, "resolved", observed)
+    watch = SpoolWatch(monkeypatch)
     settings = settings_from_mapping({
         "kafka": {"bootstrap_servers": kafka_bootstrap},
         "lakehouse": {"root": str(workdir / "tables")},
@@ -58,13 +41,7 @@ def test_a_databases_payloads_come_in_one_spools_files_uncompressed_and_gone_aft
     runner = Runner(settings)
     runner.start(until_idle=True)
     runner.wait()
-    assert handed, "no payload was handed over in a file"
-    assert all(uncompressed), "a payload handed over in a file was compressed (it never crosses the JVM)"
-    spool = os.path.dirname(handed[0])
-    assert all(os.path.dirname(path) == spool for path in handed)
-    assert all(not os.path.exists(path) for path in handed)  # each batch's files removed once read
-    assert max(len(files) for files in left_behind) <= 2 * 2 * 2  # never more than one batch's
-    assert not os.path.exists(spool)  # the query stopped: its spool is gone
+    watch.check(batch_files=2 * 2 * 2)  # one batch's: two tables, two ranges each, two parts
     for table in topics:
         rows = DeltaTable(str(workdir / "tables" / table)).to_pyarrow_table().to_pylist()
         assert {r["id"]: r["name"] for r in rows} == expected[table]
