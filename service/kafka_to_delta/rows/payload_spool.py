@@ -18,6 +18,7 @@ one left by a process that is gone is removed by the next one that opens a spool
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -46,12 +47,15 @@ class PayloadSpool:
     directory: str
 
     def handed(self, payload: bytes) -> bytes:
-        """`payload` written to a file of the spool, as its reference; inline when the write fails."""
+        """`payload` written to a file of the spool, as its reference; inline when the write fails (what it
+        wrote of the file removed: a full disk keeps no partial payload)."""
         path = os.path.join(self.directory, uuid.uuid4().hex)
         try:
             with open(path, "wb") as file:
                 file.write(payload)
         except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
             return payload
         return MARK + path.encode()
 
@@ -108,10 +112,11 @@ def _remove_orphans(parent: Path) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process `pid` exists (another user's process, which may not be signalled, included)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process
-        return True
+    except PermissionError:
+        pass
     return True

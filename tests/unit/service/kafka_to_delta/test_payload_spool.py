@@ -68,3 +68,29 @@ def test_a_spool_of_a_process_that_is_gone_is_removed_by_the_next_one(tmp_path) 
     (orphan / "payload").write_bytes(b"x")
     mine = payload_spool("local", "p", str(tmp_path))
     assert mine is not None and not orphan.exists() and os.path.isdir(mine.directory)
+
+
+def test_a_write_that_fails_leaves_no_partial_file_and_hands_the_payload_inline(tmp_path, monkeypatch) -> None:
+    from service.kafka_to_delta.rows import payload_spool as module
+
+    spool = PayloadSpool(str(tmp_path))
+    real_open = open
+
+    class FullDisk:  # the file is made, half the payload written, then the disk is full
+        def __init__(self, path: str, mode: str) -> None:
+            self.file = real_open(path, mode)
+
+        def __enter__(self) -> "FullDisk":
+            return self
+
+        def __exit__(self, *exc) -> None:
+            self.file.close()
+
+        def write(self, data: bytes) -> None:
+            self.file.write(data[:len(data) // 2])
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(module, "open", FullDisk, raising=False)
+    payload = b"\xff\xff\xff\xff" + bytes(1000)
+    assert spool.handed(payload) == payload
+    assert os.listdir(tmp_path) == []
