@@ -23,9 +23,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from service.kafka_to_delta.materialize.last_change import last_positions
+from service.kafka_to_delta.materialize.last_change import last_positions, taken_in_order
 from service.kafka_to_delta.rows.names import Meta
 from vocabulary.changes import ChangeKind
+
+_PACKED_FLAGS = 40
+"""Filled columns up to which `_still_unchanged` packs a row's list and flags into one int64."""
 
 
 def _contains(unchanged: pa.ChunkedArray, texts: list[str], lists: list[list[str]], column: str) -> np.ndarray:
@@ -41,14 +44,14 @@ def filled_last_rows(changes: pa.Table) -> pa.Table:
 
     Only the columns that decide (key, kind, unchanged, topic, partition) are put in source order; the row
     columns (the long texts of a real table among them) are taken once for the rows kept, and a filled
-    column's values once for the images it is filled from."""
+    column's values once for the images it is filled from, range by range (`_taken`)."""
     if changes.num_rows == 0:
         return changes
     sequence = pc.sort_indices(changes.select(list(Meta.ORDER)), [(name, "ascending") for name in Meta.ORDER])
     ordered = changes.select([Meta.KEY, Meta.KIND, Meta.UNCHANGED, Meta.TOPIC, Meta.PARTITION]).take(sequence)
     sequence = sequence.to_numpy()
     kept = last_positions(ordered.column(Meta.KEY))
-    last = changes.take(pa.array(sequence[kept]))
+    last = _taken(changes, sequence[kept])
     unchanged = last.column(Meta.UNCHANGED)
     if unchanged.null_count == last.num_rows:
         return last
@@ -72,7 +75,7 @@ def filled_last_rows(changes: pa.Table) -> pa.Table:
         found = need & position.is_valid().to_numpy(zero_copy_only=False)
         if not found.any():
             continue
-        stored = changes.column(column).take(pa.array(sequence[holders]))
+        stored = _taken(changes.select([column]), sequence[holders]).column(0)
         stored = pc.if_else(pa.array(deletes[holders]), pa.scalar(None, stored.type), stored)  # a delete: null
         index = last.schema.get_field_index(column)
         last = last.set_column(index, column, pc.if_else(pa.array(found), stored.take(position), last.column(column)))
@@ -81,6 +84,18 @@ def filled_last_rows(changes: pa.Table) -> pa.Table:
         last = last.set_column(last.schema.get_field_index(Meta.UNCHANGED), Meta.UNCHANGED,
                                _still_unchanged(unchanged, filled))
     return last
+
+
+def _taken(table: pa.Table, positions: np.ndarray) -> pa.Table:
+    """`table.take(positions)` (distinct positions) without joining the table's chunks, one per range: a
+    take from a chunked table first copies every row of it into one array, kept or not. The rows are
+    taken chunk by chunk in ascending position (`taken_in_order`), then put in the order asked for,
+    which is already theirs where the ranges lie in source order (`batch_changes` puts them so)."""
+    ascending = np.sort(positions)
+    taken = taken_in_order(table, ascending)
+    if np.array_equal(ascending, positions):
+        return taken
+    return taken.take(pa.array(np.searchsorted(ascending, positions)))
 
 
 def _fill_key(table: pa.Table) -> pa.ChunkedArray:
@@ -95,14 +110,22 @@ def _still_unchanged(unchanged: pa.ChunkedArray, filled: dict[str, np.ndarray]) 
     names = list(filled)
     texts = pc.unique(unchanged.drop_null()).to_pylist()
     code = pc.fill_null(pc.index_in(unchanged, value_set=pa.array(texts, pa.string())), -1).to_numpy()
-    combos = np.column_stack([code, *(filled[name].astype(np.int64) for name in names)])
-    distinct, inverse = np.unique(combos, axis=0, return_inverse=True)
+    if len(names) <= _PACKED_FLAGS:  # a (list, filled columns) pair as one integer: a sort of one column
+        combos = (code.astype(np.int64) + 1) << len(names)
+        for bit, name in enumerate(names):
+            combos |= filled[name].astype(np.int64) << bit
+        distinct, inverse = np.unique(combos, return_inverse=True)
+        pairs = [(int(c >> len(names)) - 1, [bool(c >> bit & 1) for bit in range(len(names))]) for c in distinct]
+    else:
+        stacked = np.column_stack([code, *(filled[name].astype(np.int64) for name in names)])
+        rows, inverse = np.unique(stacked, axis=0, return_inverse=True)
+        pairs = [(int(row[0]), [bool(flag) for flag in row[1:]]) for row in rows]
     results: list[str | None] = []
-    for combo in distinct:
-        if combo[0] < 0:
+    for text, flags in pairs:
+        if text < 0:
             results.append(None)
             continue
-        gone = {name for name, flag in zip(names, combo[1:]) if flag}
-        left = [c for c in json.loads(texts[combo[0]]) if c not in gone]
+        gone = {name for name, flag in zip(names, flags) if flag}
+        left = [c for c in json.loads(texts[text]) if c not in gone]
         results.append(json.dumps(left, separators=(",", ":")) if left else None)
     return pa.array(results, pa.string()).take(pa.array(inverse.reshape(-1), pa.int64()))

@@ -13,6 +13,7 @@ import datetime
 import json
 import random
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -21,6 +22,7 @@ from service.kafka_to_delta.rows.arrow import PAYLOAD_SCHEMA
 from service.kafka_to_delta.rows.names import Meta
 from service.kafka_to_delta.source.batch_changes import batch_changes
 from service.kafka_to_delta.source.decode_stage import batch_decoder
+from service.kafka_to_delta.source.fill_across_ranges import _taken
 from service.kafka_to_delta.source.piece_reducer import PieceReducer
 from tests.unit.service.kafka_to_delta.source.test_debezium_columns import (
     FIXED_SEEDS,
@@ -210,6 +212,9 @@ def _compare(seed: int, vectorised: bool = True) -> bool:
     assert unchanged == whole_unchanged
     assert failed.equals(whole_failed), "failed records differ"
     assert (truncated, count) == (whole_truncated, whole_count)
+    # the driver takes the pieces' payloads in the order their tasks ended
+    handed = pieces.take(pa.array(random.Random(seed).sample(range(pieces.num_rows), pieces.num_rows), pa.int64()))
+    assert _by_name(_merged(handed)[0]).equals(changes), "net changes differ with the pieces handed in another order"
     return True
 
 
@@ -270,3 +275,20 @@ def test_pieces_of_different_keys_are_their_own_last_changes(vectorised: bool) -
     assert by_key == sorted(batch_changes(whole).changes.to_pylist(), key=lambda row: row["id"])
     assert [(row["id"], row[Meta.KIND]) for row in by_key] == [(1, "+U"), (2, "+U"), (3, "+U"), (4, "-D")]
     assert [json.loads(row[Meta.UNCHANGED] or "[]") for row in by_key] == [[], ["name"], ["name"], []]
+
+
+@pytest.mark.parametrize("seed", [*FIXED_SEEDS[:8], RANDOM_SEED])
+def test_rows_taken_range_by_range_are_the_rows_asked_for(seed: int) -> None:
+    """`_taken` (no join of a chunked table's chunks) gives what `take` gives, in the order asked for:
+    ascending (ranges in source order) or not."""
+    rng = random.Random(seed)
+    chunks = [pa.table({"n": list(range(start, start + size)), "text": [f"t{i}" * rng.randrange(1, 4)
+                                                                          for i in range(size)]})
+              for start, size in zip(range(0, 400, 100), [rng.randrange(0, 100) for _ in range(4)])]
+    table = pa.concat_tables(chunks)
+    for ascending in (True, False):
+        positions = rng.sample(range(table.num_rows), rng.randrange(0, table.num_rows + 1))
+        if ascending:
+            positions.sort()
+        got = _taken(table, np.asarray(positions, np.int64))
+        assert got.equals(table.take(pa.array(positions, pa.int64()))), (seed, ascending)
