@@ -131,12 +131,6 @@ def without_truncated(changes: pa.Table, truncates: list[tuple[str, int, int]]) 
     return changes
 
 
-def _first_in_source_order(table: pa.Table) -> tuple:
-    """A range's first row's place in source order (`Meta.ORDER`; null sorts first)."""
-    first = table.select(list(Meta.ORDER)).slice(0, 1).to_pylist()[0]
-    return tuple((value is not None, value) for value in first.values())
-
-
 def _empty_failed() -> pa.Table:
     return pa.schema([CHANGELOG_SCHEMA.field(name) for name in FAILED_COLUMNS]).empty_table()
 
@@ -177,7 +171,6 @@ def batch_changes(payloads: pa.Table) -> BatchChanges:
     changes = pa.table({})
     if ranges:
         if len(ranges) > 1:
-            ranges.sort(key=_first_in_source_order)  # a partition's pieces in source order (`filled_last_rows`)
             changes = pa.concat_tables([_conformed(table, types) for table in ranges])
             # A key in several ranges: its last change, filled across them. Keys apart (the bucket stage's net
             # rows, ranges of different keys) are their own last changes, with nothing to fill.

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from service.kafka_to_delta.materialize.last_change import last_positions, taken_in_order
+from service.kafka_to_delta.materialize.last_change import last_positions
 from service.kafka_to_delta.rows.names import Meta
 from vocabulary.changes import ChangeKind
 
@@ -44,14 +44,14 @@ def filled_last_rows(changes: pa.Table) -> pa.Table:
 
     Only the columns that decide (key, kind, unchanged, topic, partition) are put in source order; the row
     columns (the long texts of a real table among them) are taken once for the rows kept, and a filled
-    column's values once for the images it is filled from, range by range (`_taken`)."""
+    column's values once for the images it is filled from."""
     if changes.num_rows == 0:
         return changes
     sequence = pc.sort_indices(changes.select(list(Meta.ORDER)), [(name, "ascending") for name in Meta.ORDER])
     ordered = changes.select([Meta.KEY, Meta.KIND, Meta.UNCHANGED, Meta.TOPIC, Meta.PARTITION]).take(sequence)
     sequence = sequence.to_numpy()
     kept = last_positions(ordered.column(Meta.KEY))
-    last = _taken(changes, sequence[kept])
+    last = changes.take(pa.array(sequence[kept]))
     unchanged = last.column(Meta.UNCHANGED)
     if unchanged.null_count == last.num_rows:
         return last
@@ -75,7 +75,7 @@ def filled_last_rows(changes: pa.Table) -> pa.Table:
         found = need & position.is_valid().to_numpy(zero_copy_only=False)
         if not found.any():
             continue
-        stored = _taken(changes.select([column]), sequence[holders]).column(0)
+        stored = changes.column(column).take(pa.array(sequence[holders]))
         stored = pc.if_else(pa.array(deletes[holders]), pa.scalar(None, stored.type), stored)  # a delete: null
         index = last.schema.get_field_index(column)
         last = last.set_column(index, column, pc.if_else(pa.array(found), stored.take(position), last.column(column)))
@@ -84,18 +84,6 @@ def filled_last_rows(changes: pa.Table) -> pa.Table:
         last = last.set_column(last.schema.get_field_index(Meta.UNCHANGED), Meta.UNCHANGED,
                                _still_unchanged(unchanged, filled))
     return last
-
-
-def _taken(table: pa.Table, positions: np.ndarray) -> pa.Table:
-    """`table.take(positions)` (distinct positions) without joining the table's chunks, one per range: a
-    take from a chunked table first copies every row of it into one array, kept or not. The rows are
-    taken chunk by chunk in ascending position (`taken_in_order`), then put in the order asked for,
-    which is already theirs where the ranges lie in source order (`batch_changes` puts them so)."""
-    ascending = np.sort(positions)
-    taken = taken_in_order(table, ascending)
-    if np.array_equal(ascending, positions):
-        return taken
-    return taken.take(pa.array(np.searchsorted(ascending, positions)))
 
 
 def _fill_key(table: pa.Table) -> pa.ChunkedArray:

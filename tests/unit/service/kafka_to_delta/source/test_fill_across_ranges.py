@@ -22,7 +22,6 @@ from service.kafka_to_delta.rows.arrow import PAYLOAD_SCHEMA
 from service.kafka_to_delta.rows.names import Meta
 from service.kafka_to_delta.source.batch_changes import batch_changes
 from service.kafka_to_delta.source.decode_stage import batch_decoder
-from service.kafka_to_delta.source.fill_across_ranges import _taken
 from service.kafka_to_delta.source.piece_reducer import PieceReducer
 from tests.unit.service.kafka_to_delta.source.test_debezium_columns import (
     FIXED_SEEDS,
@@ -277,18 +276,26 @@ def test_pieces_of_different_keys_are_their_own_last_changes(vectorised: bool) -
     assert [json.loads(row[Meta.UNCHANGED] or "[]") for row in by_key] == [[], ["name"], ["name"], []]
 
 
+
 @pytest.mark.parametrize("seed", [*FIXED_SEEDS[:8], RANDOM_SEED])
-def test_rows_taken_range_by_range_are_the_rows_asked_for(seed: int) -> None:
-    """`_taken` (no join of a chunked table's chunks) gives what `take` gives, in the order asked for:
-    ascending (ranges in source order) or not."""
+def test_unchanged_lists_left_are_the_same_packed_or_by_rows(seed: int, monkeypatch) -> None:
+    """`_still_unchanged` packs a row's list and filled flags into one integer up to `_PACKED_FLAGS` filled
+    columns, and sorts rows of them beyond: both give the same lists."""
+    from service.kafka_to_delta.source import fill_across_ranges
+
     rng = random.Random(seed)
-    chunks = [pa.table({"n": list(range(start, start + size)), "text": [f"t{i}" * rng.randrange(1, 4)
-                                                                          for i in range(size)]})
-              for start, size in zip(range(0, 400, 100), [rng.randrange(0, 100) for _ in range(4)])]
-    table = pa.concat_tables(chunks)
-    for ascending in (True, False):
-        positions = rng.sample(range(table.num_rows), rng.randrange(0, table.num_rows + 1))
-        if ascending:
-            positions.sort()
-        got = _taken(table, np.asarray(positions, np.int64))
-        assert got.equals(table.take(pa.array(positions, pa.int64()))), (seed, ascending)
+    columns = [f"c{i}" for i in range(rng.randrange(1, 6))]
+    lists = [json.dumps(rng.sample(columns, rng.randrange(1, len(columns) + 1)), separators=(",", ":"))
+             for _ in range(4)]
+    rows = rng.randrange(0, 60)
+    unchanged = pa.chunked_array([pa.array([rng.choice([*lists, None]) for _ in range(rows)], pa.string())])
+    filled = {name: np.array([rng.random() < 0.5 for _ in range(rows)], np.bool_)
+              for name in rng.sample(columns, rng.randrange(1, len(columns) + 1))}
+    packed = fill_across_ranges._still_unchanged(unchanged, filled)
+    monkeypatch.setattr(fill_across_ranges, "_PACKED_FLAGS", 0)
+    by_rows = fill_across_ranges._still_unchanged(unchanged, filled)
+    assert packed.equals(by_rows), seed
+    for text, left, flags in zip(unchanged.to_pylist(), packed.to_pylist(), zip(*filled.values())):
+        gone = {name for name, flag in zip(filled, flags) if flag}
+        expected = [c for c in json.loads(text) if c not in gone] if text else []
+        assert (json.loads(left) if left else []) == expected, (seed, text, gone)
