@@ -27,9 +27,6 @@ from service.kafka_to_delta.materialize.last_change import last_positions
 from service.kafka_to_delta.rows.names import Meta
 from vocabulary.changes import ChangeKind
 
-_PACKED_FLAGS = 40
-"""Filled columns up to which `_still_unchanged` packs a row's list and flags into one int64."""
-
 
 def _contains(unchanged: pa.ChunkedArray, texts: list[str], lists: list[list[str]], column: str) -> np.ndarray:
     """Per row: whether its `unchanged` list names `column`."""
@@ -94,20 +91,15 @@ def _fill_key(table: pa.Table) -> pa.ChunkedArray:
 
 def _still_unchanged(unchanged: pa.ChunkedArray, filled: dict[str, np.ndarray]) -> pa.Array:
     """`unchanged` without the columns `filled` per row; null where none is left. The JSON is built
-    once per distinct (list, filled columns) pair."""
+    once per distinct (list, filled columns) pair, found by sorting one integer per row."""
     names = list(filled)
     texts = pc.unique(unchanged.drop_null()).to_pylist()
     code = pc.fill_null(pc.index_in(unchanged, value_set=pa.array(texts, pa.string())), -1).to_numpy()
-    if len(names) <= _PACKED_FLAGS:  # a (list, filled columns) pair as one integer: a sort of one column
-        combos = (code.astype(np.int64) + 1) << len(names)
-        for bit, name in enumerate(names):
-            combos |= filled[name].astype(np.int64) << bit
-        distinct, inverse = np.unique(combos, return_inverse=True)
-        pairs = [(int(c >> len(names)) - 1, [bool(c >> bit & 1) for bit in range(len(names))]) for c in distinct]
-    else:
-        stacked = np.column_stack([code, *(filled[name].astype(np.int64) for name in names)])
-        rows, inverse = np.unique(stacked, axis=0, return_inverse=True)
-        pairs = [(int(row[0]), [bool(flag) for flag in row[1:]]) for row in rows]
+    group = code.astype(np.int64) + 1  # per row: which (list, filled columns) pair, kept below 2 x rows
+    for name in names:
+        group = np.unique(group * 2 + filled[name], return_inverse=True)[1].reshape(-1)
+    _, first, inverse = np.unique(group, return_index=True, return_inverse=True)
+    pairs = [(int(code[row]), [bool(filled[name][row]) for name in names]) for row in first.tolist()]
     results: list[str | None] = []
     for text, flags in pairs:
         if text < 0:
