@@ -255,6 +255,17 @@ def _matches(stored: pa.Table, changes: pa.Table, primary_key: tuple[str, ...]) 
     return pairs.column(_CHANGE).to_numpy(), pairs.column(_ROW).to_numpy()
 
 
+def _either(flag: pa.ChunkedArray, kept: pa.ChunkedArray, values: pa.ChunkedArray) -> pa.ChunkedArray:
+    """`if_else(flag, kept, values)`, without a copy where `flag` is all true or all false (a TOAST column
+    every update of the batch leaves unchanged)."""
+    chosen = pc.sum(flag).as_py() or 0
+    if chosen == len(flag):
+        return kept
+    if chosen == 0:
+        return values
+    return pc.if_else(flag, kept, values)
+
+
 @dataclass
 class _Changed:
     """What one batch does to the files it touches."""
@@ -282,13 +293,15 @@ def _changed_rows(stored: pa.Table, changes: pa.Table, data: list[str], kept: di
     plain = stored.drop_columns([FILE, POSITION])
 
     before = plain.take(upd_row)
+    every_change = len(upd_change) == changes.num_rows and bool(np.all(upd_change == np.arange(len(upd_change))))
     after_columns = []
     for field in schema:
         if field.name in data:
-            values = changes.column(field.name).take(upd_change)
+            values = changes.column(field.name)
+            values = values if every_change else values.take(upd_change)
             if field.name in kept:
-                flag = pc.fill_null(changes.column(kept[field.name]).take(upd_change), False)
-                values = pc.if_else(flag, before.column(field.name), values)
+                flag = pc.fill_null(changes.column(kept[field.name]), False)
+                values = _either(flag if every_change else flag.take(upd_change), before.column(field.name), values)
         else:
             values = before.column(field.name)
         after_columns.append(values)

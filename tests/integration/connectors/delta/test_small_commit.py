@@ -48,7 +48,11 @@ def _values(rng: random.Random, ids: list[int]) -> dict[str, list]:
 
 
 def _batch(rng: random.Random, universe: int) -> pa.Table:
-    ids = rng.sample(range(universe), rng.randrange(1, 40))
+    # Some batches only update keys stored from the start (every change matches a stored row).
+    if rng.random() < 0.3:
+        ids = rng.sample(range(20), rng.randrange(1, 20))
+    else:
+        ids = rng.sample(range(universe), rng.randrange(1, 40))
     columns = _values(rng, ids)
     schema = SCHEMA
     if rng.random() < 0.3:  # a batch without some column: the stored value stays (update) / null (insert)
@@ -58,9 +62,11 @@ def _batch(rng: random.Random, universe: int) -> pa.Table:
     table = pa.table(columns, schema=schema)
     if rng.random() < 0.2:  # keys sent as int32: converted to the table's type
         table = table.set_column(0, pa.field("id", pa.int32()), table.column("id").cast(pa.int32()))
-    table = table.append_column(DELETE_FLAG, pa.array([rng.random() < 0.25 for _ in ids]))
-    if rng.random() < 0.5:  # unchanged TOAST values of `note`
-        table = table.append_column(keep_flag("note"), pa.array([rng.random() < 0.5 for _ in ids]))
+    deletes = rng.choice([0.0, 0.25])
+    table = table.append_column(DELETE_FLAG, pa.array([rng.random() < deletes for _ in ids]))
+    if rng.random() < 0.5:  # unchanged TOAST values of `note`: in some rows, in every row or in none
+        kept = rng.choice([0.0, 0.5, 1.0])
+        table = table.append_column(keep_flag("note"), pa.array([rng.random() < kept for _ in ids]))
     return table
 
 
