@@ -42,18 +42,16 @@ from service.kafka_to_delta.changelog.changelog_batch import ChangelogBatchDecod
 from service.kafka_to_delta.formats.debezium_json import compact_json
 from service.kafka_to_delta.rows.arrow import CHANGELOG_SCHEMA
 from service.kafka_to_delta.rows.names import Column, KafkaColumn, typed_names
-from service.kafka_to_delta.source.debezium_columns import (
+from service.kafka_to_delta.source.debezium_columns import RangeColumns
+from service.kafka_to_delta.source.range_state import (
     GROUP_COLUMN,
     KEY_COLUMN,
     KIND,
     ROW_TEXT,
     SOURCE_COLUMNS,
     UNCHANGED_TEXT,
-    NotVectorisable,
-    RangeColumns,
-    VectorPlan,
-    vector_plan,
 )
+from service.kafka_to_delta.source.vector_plan import NotVectorisable, VectorPlan, vector_plan
 from service.kafka_to_delta.source.wrapper_layouts import BARE
 
 _FROM_TEXTS = {Column.KIND: KIND, Column.KEY: KEY_COLUMN, Column.UPSERT_KEY: KEY_COLUMN,

@@ -170,7 +170,8 @@ class TableReducers:
         its partition). The payload keeps every change's partition and offset: the driver merges it
         with the table's other ranges as it would the ranges one by one."""
         from connectors.kafka.range_reader import joined_chunk
-        from service.kafka_to_delta.source.debezium_columns import NotVectorisable, decode_range
+        from service.kafka_to_delta.source.debezium_columns import decode_range
+        from service.kafka_to_delta.source.vector_plan import NotVectorisable
 
         keys = set()
         chunks = []

@@ -35,20 +35,10 @@ from service.kafka_to_delta.changelog.changelog_batch import ChangelogBatchDecod
 from service.kafka_to_delta.materialize.payload import HISTORY_META, TypeEvidence, typed_changes
 from service.kafka_to_delta.materialize.payload import HISTORY_SEQUENCE as SEQUENCE
 from service.kafka_to_delta.rows.names import Column, Meta
-from service.kafka_to_delta.source.debezium_columns import (
-    _FLAG,
-    _GROUP,
-    _IMAGE,
-    _INFERRED_KINDS,
-    _KEY,
-    _RECORD,
-    _RETRACT,
-    NotVectorisable,
-    RangeColumns,
-    VectorPlan,
-    typed_net,
-    vector_plan,
-)
+from service.kafka_to_delta.source.debezium_columns import RangeColumns
+from service.kafka_to_delta.source.envelope_rows import typed_net
+from service.kafka_to_delta.source.range_state import _FLAG, _GROUP, _IMAGE, _INFERRED_KINDS, _KEY, _RECORD, _RETRACT
+from service.kafka_to_delta.source.vector_plan import NotVectorisable, VectorPlan, vector_plan
 from service.kafka_to_delta.source.wrapper_layouts import BARE
 from vocabulary.changes import ChangeKind
 

@@ -36,16 +36,10 @@ import pyarrow.compute as pc
 
 from connectors.kafka.range_reader import ValueChunk
 from service.kafka_to_delta.formats.debezium_json import UNAVAILABLE_VALUE
-from service.kafka_to_delta.source.debezium_columns import (
-    _KEY,
-    _OFFSET,
-    _PARTITION,
-    _TOPIC,
-    NotVectorisable,
-    RangeColumns,
-    VectorPlan,
-)
+from service.kafka_to_delta.source.debezium_columns import RangeColumns
 from service.kafka_to_delta.source.partition_changes import PartitionReducer
+from service.kafka_to_delta.source.range_state import _KEY, _OFFSET, _PARTITION, _TOPIC
+from service.kafka_to_delta.source.vector_plan import NotVectorisable, VectorPlan
 
 TABLE_ROWS = 250
 """A table with more records goes alone: past a few hundred records a table's own call costs little more

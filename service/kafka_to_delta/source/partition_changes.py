@@ -43,23 +43,16 @@ from service.kafka_to_delta.materialize.payload import (
     typed_changes,
 )
 from service.kafka_to_delta.rows.names import FAILED_COLUMNS, Column, Meta
-from service.kafka_to_delta.source.debezium_columns import (
-    GROUP_COLUMN,
-    KEY_COLUMN,
-    NotVectorisable,
-    RangeColumns,
-    VectorPlan,
-    decode_range,
-    meta_columns,
-    typed_net,
-    vector_plan,
-)
+from service.kafka_to_delta.source.debezium_columns import RangeColumns, decode_range
+from service.kafka_to_delta.source.envelope_rows import meta_columns, typed_net
 from service.kafka_to_delta.source.history_rows import (
     HistoryColumns,
     changelog_history,
     history_plan,
     sequence_path,
 )
+from service.kafka_to_delta.source.range_state import GROUP_COLUMN, KEY_COLUMN
+from service.kafka_to_delta.source.vector_plan import NotVectorisable, VectorPlan, vector_plan
 from service.kafka_to_delta.source.wrapper_layouts import BARE
 from vocabulary.changes import ChangeKind
 

@@ -27,9 +27,9 @@ from service.kafka_to_delta.rows.arrow import PAYLOAD_SCHEMA
 from service.kafka_to_delta.rows.names import Column, Meta
 from service.kafka_to_delta.source import debezium_columns
 from service.kafka_to_delta.source.batch_changes import batch_changes
-from service.kafka_to_delta.source.debezium_columns import _shown
 from service.kafka_to_delta.source.decode_stage import batch_decoder
 from service.kafka_to_delta.source.partition_changes import PartitionReducer
+from service.kafka_to_delta.source.range_state import _shown
 from tests.support.run_seed import run_seed
 
 FIXED_SEEDS = tuple(range(40))
