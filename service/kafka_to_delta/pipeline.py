@@ -27,6 +27,7 @@ import os
 import time
 from dataclasses import replace
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
@@ -52,7 +53,7 @@ from service.kafka_to_delta.sink.commits_behind import FOLDER as AHEAD_FOLDER
 from service.kafka_to_delta.sink.commits_behind import CommitsBehind, WrittenAhead, replay
 from service.kafka_to_delta.sink.dead_letters import DeadLetterSink
 from service.kafka_to_delta.sink.merge_sink import MergeOutcome, MergeSink
-from service.kafka_to_delta.source.batch_changes import BatchChanges, batch_changes
+from service.kafka_to_delta.source.batch_changes import BatchChanges, batch_changes, join_ranges
 from service.kafka_to_delta.source.bucket_packing import PackedBuckets
 from service.kafka_to_delta.source.changes_source import changes_source, changes_source_name
 from service.kafka_to_delta.source.decode_report import DecodeWays
@@ -93,6 +94,11 @@ def stage_config(pipeline: PipelineSettings, key_buckets: int = DEFAULT_KEY_BUCK
         spread_buckets=spread,
         row_digests=pipeline.one_live_row_per_key,
     )
+
+
+def _net_written_ahead(ahead: WrittenAhead) -> pa.Table:
+    """The net changes of a batch written ahead (its ranges' rows joined, where they were written unjoined)."""
+    return ahead.changes if ahead.unjoined is None else join_ranges(ahead.changes, list(ahead.unjoined))
 
 
 def _ranges_read(prepared: BatchChanges) -> str:
@@ -175,10 +181,11 @@ class IngestPipeline(TableQuery):
             return stream
         return stateful_changelog(stream, self.pipeline, self.shape.watermark_compaction)
 
-    def _prepared(self, batch: DataFrame) -> BatchChanges:
+    def _prepared(self, batch: DataFrame, join: bool = True) -> BatchChanges:
+        """The batch's changes; without `join`, its ranges' rows, joined at the commit (`BatchChanges.joined`)."""
         # Exactly one action on the batch: a second one would run the stateful plan again.
         if self.shape.reduces_where_read:
-            found = batch_changes(batch.toArrow())
+            found = batch_changes(batch.toArrow(), join)
             if self.spool is not None:  # the batch's payloads are read; what is left is a failed attempt's
                 self.spool.clear()
             self._count_ranges(found)
@@ -188,7 +195,7 @@ class IngestPipeline(TableQuery):
         else:
             net = net_changes(batch) if self.shape.reduces_per_batch else batch
             payloads = net.mapInArrow(NetPayload(self.pipeline.primary_key), PAYLOAD_SPARK_SCHEMA)
-        found = batch_changes(payloads.toArrow())
+        found = batch_changes(payloads.toArrow(), join)
         self.event_times.flush()
         self._count_materializer(found.counters)
         if self.shape.packed_buckets:  # how the bucket stage's decode tasks went (`decode_report`)
@@ -208,7 +215,8 @@ class IngestPipeline(TableQuery):
             prepared = self._prepared(batch)
             self.history.release(batch)
         else:  # the ranges handed their row changes over (None without a history)
-            prepared = self._prepared(batch)
+            # Behind the micro-batches, the join of the ranges (a partition read in pieces) runs in the commit.
+            prepared = self._prepared(batch, join=self.commits is None)
             history_rows = prepared.history
         metrics.record_state(name, self._query.lastProgress if self._query is not None else None)
         metrics.DECODE_ERRORS.labels(name).inc(prepared.failed.num_rows)
@@ -217,7 +225,7 @@ class IngestPipeline(TableQuery):
         if self.commits is None:
             self._commit(prepared, history_rows, batch_id, started, reduced)
             return
-        ahead = WrittenAhead(batch_id, self.app_id, prepared.changes, prepared.truncated)
+        ahead = WrittenAhead(batch_id, self.app_id, prepared.changes, prepared.truncated, prepared.truncates)
         self.commits.hand_over(ahead, lambda: self._commit(prepared, history_rows, batch_id, started, reduced))
 
     def _commit(self, prepared: BatchChanges, history_rows, batch_id: int, started: float, reduced: float) -> None:
@@ -229,6 +237,7 @@ class IngestPipeline(TableQuery):
             metrics.BATCHES.labels(name, "replay_skipped").inc()
             return
         committing = time.monotonic()
+        prepared = prepared.joined()
         outcome = self.sink.apply_typed(prepared.changes, self.app_id, batch_id, truncate=prepared.truncated)
         if self.history is not None:
             self.history.commit(history_rows, self.app_id, batch_id)
@@ -259,7 +268,7 @@ class IngestPipeline(TableQuery):
         folder = local_path(checkpoint)
         if folder is not None:
             replay(folder / AHEAD_FOLDER, self.pipeline.name,
-                   lambda ahead: self.sink.apply_typed(ahead.changes, ahead.app_id, ahead.batch_id,
+                   lambda ahead: self.sink.apply_typed(_net_written_ahead(ahead), ahead.app_id, ahead.batch_id,
                                                        truncate=ahead.truncate))
 
     def settle_commits(self) -> None:

@@ -9,6 +9,9 @@ returns, Spark commits the batch's offsets and state, and the next batch's stage
 
 - Commits stay in batch order: a batch's commit is handed over only after the previous one ended, and a
   failed commit is raised there, and handed to `on_failure` when it happens (kept for the runner).
+- The changes written ahead may be the ranges' rows not yet joined into net changes (`WrittenAhead.unjoined`,
+  with the TRUNCATEs read): the join then runs in the commit, off the next micro-batch's way, and a replay
+  joins them the same way.
 - The file is removed once its commit is in Delta. A process that died with a file left commits it when the
   pipeline starts again (`replay`), before its query starts: the Delta transaction (application id, batch
   id) makes a commit that was in fact done a no-op. A batch Spark runs again (its end was never committed)
@@ -18,6 +21,7 @@ returns, Spark commits the batch's offsets and state, and the next batch's stage
 from __future__ import annotations
 
 import logging
+import json
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,6 +36,8 @@ log = logging.getLogger(__name__)
 
 FOLDER = "changes_ahead"
 _APP_ID, _TRUNCATE = b"cdc-lakehouse.app_id", b"cdc-lakehouse.truncate"
+_UNJOINED = b"cdc-lakehouse.unjoined"
+"""Written ahead by a version that leaves the join to the commit: the TRUNCATEs read, as JSON."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,9 @@ class WrittenAhead:
     app_id: str
     changes: pa.Table
     truncate: bool
+    unjoined: tuple[tuple[str, int, int], ...] | None = None
+    """None: `changes` are the batch's net changes. Otherwise they are its ranges' rows, to be joined, and
+    these the TRUNCATEs read among them (topic, partition, offset)."""
 
 
 def write_ahead(folder: Path, batch: WrittenAhead) -> Path:
@@ -51,6 +60,8 @@ def write_ahead(folder: Path, batch: WrittenAhead) -> Path:
     temporary = folder / f".{batch.batch_id}.arrow.tmp"
     metadata = {**(batch.changes.schema.metadata or {}), _APP_ID: batch.app_id.encode(),
                 _TRUNCATE: b"1" if batch.truncate else b"0"}
+    if batch.unjoined is not None:
+        metadata[_UNJOINED] = json.dumps(batch.unjoined).encode()
     changes = batch.changes.replace_schema_metadata(metadata)
     with open(temporary, "wb") as sink:
         with ipc.new_file(sink, changes.schema) as writer:
@@ -77,9 +88,13 @@ def written_ahead(folder: Path) -> Iterator[WrittenAhead]:
         with pa.memory_map(str(path)) as source:
             table = ipc.open_file(source).read_all()
         metadata = table.schema.metadata or {}
-        rest = {k: v for k, v in metadata.items() if k not in (_APP_ID, _TRUNCATE)}
+        rest = {k: v for k, v in metadata.items() if k not in (_APP_ID, _TRUNCATE, _UNJOINED)}
+        unjoined = None
+        if _UNJOINED in metadata:
+            unjoined = tuple((str(topic), int(partition), int(offset))
+                             for topic, partition, offset in json.loads(metadata[_UNJOINED]))
         yield WrittenAhead(int(path.stem), metadata[_APP_ID].decode(), table.replace_schema_metadata(rest or None),
-                           metadata.get(_TRUNCATE) == b"1")
+                           metadata.get(_TRUNCATE) == b"1", unjoined)
 
 
 class CommitsBehind:

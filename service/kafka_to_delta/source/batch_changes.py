@@ -11,11 +11,16 @@ the key's latest earlier upsert of another range of the same topic partition hol
 partition read in pieces, `fill_across_ranges`). A key whose changes are spread over several
 partitions (a producer not keying by primary key) is not filled across them, and the sink keeps
 the stored value instead.
+
+That join of the ranges (the last change per key, the fills, a TRUNCATE's cut) may be left to the
+commit (`batch_changes(..., join=False)`, `BatchChanges.joined`): a pipeline whose commits run behind
+its micro-batches writes the ranges' rows ahead and joins them behind the next micro-batch's stages,
+so a partition read in pieces does not hold the next batch back on the driver.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -59,6 +64,24 @@ class BatchChanges:
     """Records of vectorised ranges left to the record-by-record way (`debezium_columns`)."""
     history: pa.Table | None = None
     """For a history table: every row change of the batch, typed (`history_rows`); None when not asked."""
+    truncates: tuple[tuple[str, int, int], ...] | None = None
+    """None: `changes` is the batch's net changes. Otherwise `changes` holds the ranges' rows, not yet joined
+    (`join_ranges`), and these are the TRUNCATEs read (topic, partition, offset)."""
+
+    def joined(self) -> BatchChanges:
+        """The batch with its net changes (itself when they are)."""
+        if self.truncates is None:
+            return self
+        return replace(self, changes=join_ranges(self.changes, list(self.truncates)), truncates=None)
+
+
+def join_ranges(changes: pa.Table, truncates: list[tuple[str, int, int]]) -> pa.Table:
+    """The net changes of a batch's ranges' rows (conformed to one schema): a key in several ranges keeps
+    its last change, filled across them; what a TRUNCATE wipes is left out. Keys apart (the bucket stage's
+    net rows, ranges of different keys) are their own last changes, with nothing to fill."""
+    if changes.num_rows and pc.count_distinct(changes.column(Meta.KEY), mode="all").as_py() < changes.num_rows:
+        changes = filled_last_rows(changes)
+    return without_truncated(changes, truncates)
 
 
 def _conformed(table: pa.Table, types: dict[str, str], trailing: tuple[str, ...] = Meta.ALL) -> pa.Table:
@@ -135,8 +158,9 @@ def _empty_failed() -> pa.Table:
     return pa.schema([CHANGELOG_SCHEMA.field(name) for name in FAILED_COLUMNS]).empty_table()
 
 
-def batch_changes(payloads: pa.Table) -> BatchChanges:
-    """Merge the payloads (`PAYLOAD_SCHEMA` rows) of one micro-batch."""
+def batch_changes(payloads: pa.Table, join: bool = True) -> BatchChanges:
+    """Merge the payloads (`PAYLOAD_SCHEMA` rows) of one micro-batch; without `join`, its ranges' rows are
+    left to `BatchChanges.joined`."""
     ranges: list[pa.Table] = []
     failed: list[pa.Table] = []
     evidence = TypeEvidence()
@@ -169,16 +193,16 @@ def batch_changes(payloads: pa.Table) -> BatchChanges:
             evidence.add(TypeEvidence.from_json(info["types"]))
     types = evidence.types()
     changes = pa.table({})
+    left: tuple[tuple[str, int, int], ...] | None = None
     if ranges:
         if len(ranges) > 1:
             changes = pa.concat_tables([_conformed(table, types) for table in ranges])
-            # A key in several ranges: its last change, filled across them. Keys apart (the bucket stage's net
-            # rows, ranges of different keys) are their own last changes, with nothing to fill.
-            if pc.count_distinct(changes.column(Meta.KEY), mode="all").as_py() < changes.num_rows:
-                changes = filled_last_rows(changes)
         else:
             changes = _conformed(ranges[0], types)
-        changes = without_truncated(changes, truncates)
+        if join:
+            changes = join_ranges(changes, truncates)
+        else:
+            left = tuple(truncates)
     return BatchChanges(
         changes=changes,
         failed=pa.concat_tables(failed) if failed else _empty_failed(),
@@ -190,6 +214,7 @@ def batch_changes(payloads: pa.Table) -> BatchChanges:
         record_by_record=record_by_record,
         odd_records=odd_records,
         history=batch_history(history) if history else None,
+        truncates=left,
     )
 
 

@@ -32,6 +32,16 @@ def test_a_batch_written_ahead_reads_back_whole(tmp_path):
     assert back.changes.schema.metadata == {b"kept": b"yes"}
 
 
+def test_a_batch_written_ahead_unjoined_reads_back_with_its_truncates(tmp_path):
+    truncates = (("db.public.t", 0, 41), ("db.public.t", 3, 7))
+    write_ahead(tmp_path / "ahead", WrittenAhead(4, "app", _changes(4), truncate=True, unjoined=truncates))
+    write_ahead(tmp_path / "ahead", WrittenAhead(5, "app", _changes(5), truncate=False, unjoined=()))
+    write_ahead(tmp_path / "ahead", WrittenAhead(6, "app", _changes(6), truncate=False))
+    back = list(written_ahead(tmp_path / "ahead"))
+    assert [(a.batch_id, a.unjoined) for a in back] == [(4, truncates), (5, ()), (6, None)]
+    assert all(a.changes.schema.metadata == {b"kept": b"yes"} for a in back)
+
+
 def test_replay_commits_in_batch_order_and_removes_the_files(tmp_path):
     folder = tmp_path / "ahead"
     for batch_id in (10, 9, 2):

@@ -214,6 +214,11 @@ def _compare(seed: int, vectorised: bool = True) -> bool:
     # the driver takes the pieces' payloads in the order their tasks ended
     handed = pieces.take(pa.array(random.Random(seed).sample(range(pieces.num_rows), pieces.num_rows), pa.int64()))
     assert _by_name(_merged(handed)[0]).equals(changes), "net changes differ with the pieces handed in another order"
+    # the join left to the commit (a pipeline committing behind its micro-batches) gives the same batch
+    joined, deferred = batch_changes(handed), batch_changes(handed, join=False)
+    assert deferred.truncates is not None and joined.truncates is None
+    assert deferred.joined().changes.equals(joined.changes), "the join left to the commit differs"
+    assert deferred.failed.equals(joined.failed) and deferred.count == joined.count
     return True
 
 
@@ -245,10 +250,10 @@ def test_a_truncate_in_a_later_piece_wipes_the_earlier_pieces(vectorised: bool) 
     for cuts in ([], [1], [2], [3], [4], [1, 3]):
         payloads = _in_pieces(pairs, cuts, random.Random(0), vectorised, truncating=True)
         assert not isinstance(payloads, str), payloads
-        merged = batch_changes(payloads)
-        assert merged.truncated, cuts
-        rows = [(row["id"], row["name"], row[Meta.UNCHANGED]) for row in merged.changes.to_pylist()]
-        assert rows == [(3, "c", None)], cuts
+        for merged in (batch_changes(payloads), batch_changes(payloads, join=False).joined()):
+            assert merged.truncated, cuts
+            rows = [(row["id"], row["name"], row[Meta.UNCHANGED]) for row in merged.changes.to_pylist()]
+            assert rows == [(3, "c", None)], cuts
 
 
 def test_nearly_every_fixed_seed_is_compared() -> None:
