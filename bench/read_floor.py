@@ -7,7 +7,11 @@ pieces as there are processes (as the service cuts a one-partition topic's range
 reduced or written, so no pipeline on this machine that reads the topic through this reader can be faster:
 a matrix row whose floor is below a share of the best row's steady rate cannot reach that share.
 
-    .venv/bin/python bench/read_floor.py BOOTSTRAP TOPIC [--runs 3] [--processes N]
+Also the CPU the read costs per record: the readers' (their processes' CPU time, librdkafka's threads
+included) and, with `--broker-pid`, the broker's (from /proc). On a machine that runs the broker next to
+the service, that is CPU the rest of a pipeline (decode, reduce, MERGE) cannot have.
+
+    .venv/bin/python bench/read_floor.py BOOTSTRAP TOPIC [--runs 3] [--processes N] [--broker-pid PID]
 """
 
 from __future__ import annotations
@@ -55,17 +59,25 @@ def dealt(ranges: list[Range], processes: int) -> list[list[Range]]:
 
 def _read(bootstrap: str, ranges: list[Range], go, results) -> None:
     go.wait()  # every reader started, its imports done: the reads alone are timed
-    started = time.time()
+    started, cpu = time.time(), time.process_time()
     records = size = 0
     for topic, partition, start, end in ranges:
         for chunk in read_values({"bootstrap.servers": bootstrap}, topic, partition, start, end):
             records += len(chunk.values)
             size += sum(len(value) for value in chunk.values if value is not None)
-    results.put((records, size, started, time.time()))
+    results.put((records, size, started, time.time(), time.process_time() - cpu))
 
 
-def read_floor(bootstrap: str, topic: str, runs: int = 3, processes: int | None = None) -> dict:
-    """Events/s and MB/s of values of `runs` whole reads of `topic` (the median run's, and every run's)."""
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) process `pid` has used so far, its threads included."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def read_floor(bootstrap: str, topic: str, runs: int = 3, processes: int | None = None,
+               broker_pid: int | None = None) -> dict:
+    """Events/s and MB/s of values of `runs` whole reads of `topic` (the median run's, and every run's),
+    with the readers' CPU-us per record (and the broker's, given its process id)."""
     processes = processes or os.cpu_count() or 2
     plan = shares(bootstrap, topic, processes)
     context = multiprocessing.get_context("spawn")  # no client threads of this process in the readers
@@ -76,13 +88,20 @@ def read_floor(bootstrap: str, topic: str, runs: int = 3, processes: int | None 
         readers = [context.Process(target=_read, args=(bootstrap, share, go, results)) for share in shared]
         for reader in readers:
             reader.start()
+        broker_cpu = process_cpu_s(broker_pid) if broker_pid else None
         go.wait(timeout=600)
         done = [results.get(timeout=600) for _ in readers]
+        if broker_cpu is not None:
+            broker_cpu = process_cpu_s(broker_pid) - broker_cpu
         wall = max(d[3] for d in done) - min(d[2] for d in done)
         for reader in readers:
             reader.join()
         records, size = sum(d[0] for d in done), sum(d[1] for d in done)
-        measured.append({"records": records, "rate": records / wall, "mb_s": size / wall / 1e6, "wall_s": wall})
+        run = {"records": records, "rate": records / wall, "mb_s": size / wall / 1e6, "wall_s": wall,
+               "reader_us": sum(d[4] for d in done) / records * 1e6 if records else None}
+        if broker_cpu is not None and records:
+            run["broker_us"] = broker_cpu / records * 1e6
+        measured.append(run)
     median = sorted(measured, key=lambda run: run["rate"])[(len(measured) - 1) // 2]
     return {**median, "rates": [run["rate"] for run in measured], "processes": len(plan),
             "spread": statistics.pstdev(run["rate"] for run in measured) / median["rate"]}
@@ -94,11 +113,13 @@ def main() -> None:
     parser.add_argument("topic")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--processes", type=int, default=None)
+    parser.add_argument("--broker-pid", type=int, default=None, help="the broker's process, for its CPU")
     args = parser.parse_args()
-    floor = read_floor(args.bootstrap, args.topic, args.runs, args.processes)
+    floor = read_floor(args.bootstrap, args.topic, args.runs, args.processes, args.broker_pid)
     print(f"{args.topic}: {floor['records']:,} records, {floor['processes']} readers: "
           f"{floor['rate']:,.0f} events/s, {floor['mb_s']:,.0f} MB/s "
-          f"(runs: {', '.join(f'{rate:,.0f}' for rate in floor['rates'])})")
+          f"(runs: {', '.join(f'{rate:,.0f}' for rate in floor['rates'])}); CPU per record: "
+          f"readers {floor['reader_us']:.1f} us" + (f", broker {floor['broker_us']:.1f} us" if "broker_us" in floor else ""))
 
 
 if __name__ == "__main__":

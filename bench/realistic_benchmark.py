@@ -448,10 +448,10 @@ def table_lines(results: dict) -> list[str]:
     rows = results["rows"]
     best = max((r.get("service", {}).get("steady_rate", 0) for r in rows.values()), default=0)
     lines = ["| input | records | B/value | naive ev/s | service steady ev/s (runs) | service/naive | vs best row | "
-             "read floor ev/s (MB/s) | floor vs best row | service MB/s | steady batches: read+decode+reduce / "
+             "read floor ev/s (MB/s) | floor vs best row | read CPU us/record (readers + broker) | service MB/s | steady batches: read+decode+reduce / "
              "merge s | service table = source | naive table = source | materializer steady ev/s (its table) | "
              "freshness p95 (p50) | service peak RSS | ranges vectorised / record by record |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
     for name, row in rows.items():
         naive, service, floor = row.get("naive", {}), row.get("service", {}), row.get("floor", {})
@@ -461,6 +461,8 @@ def table_lines(results: dict) -> list[str]:
         versus = f"x{steady / best:.2f}" if steady and best else "-"
         read = f"{_rate(floor['rate'])} ({floor['mb_s']:,.0f})" if floor.get("rate") else "-"
         ceiling = f"x{floor['rate'] / best:.2f}" if floor.get("rate") and best else "-"
+        read_cpu = (f"{floor['reader_us']:.1f} + {floor['broker_us']:.1f}" if "broker_us" in floor
+                    else f"{floor['reader_us']:.1f} + ?" if floor.get("reader_us") else "-")
         if "failed" in fresh:
             freshness = "FAILED"
         elif fresh:
@@ -486,10 +488,15 @@ def table_lines(results: dict) -> list[str]:
         spent = f"{stages['read_decode_reduce_s']:.2f} / {stages['merge_s']:.2f}" if stages else "-"
         lines.append(f"| {name} | {row.get('records', 0):,} | {row.get('bytes_per_record', 0):,.0f} | "
                      f"{_rate(naive.get('rate'))} | {_rate(steady)} ({runs}) | "
-                     f"{ratio} | {versus} | {read} | {ceiling} | {throughput} | {spent} | {_check(service)} | "
+                     f"{ratio} | {versus} | {read} | {ceiling} | {read_cpu} | {throughput} | {spent} | {_check(service)} | "
                      f"{_check(naive)} | "
                      f"{_rate(mat.get('steady_rate'))}{materialized} | {freshness} | "
                      f"{_rate(service.get('rss_mib'))} MiB | {ranges} |")
+    if best:
+        cores = results.get("cores") or os.cpu_count() or 1
+        lines += ["", f"CPU per record a row has at 0.7x of the best row's steady rate, every one of the "
+                      f"{cores} cores busy: {cores / (0.7 * best) * 1e6:.1f} us (the read's share in the "
+                      f"read CPU column)."]
     return lines + ([""] + notes if notes else [])
 
 
@@ -514,14 +521,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.from_json:
         print_results(json.loads(Path(args.from_json).read_text()))
         return
-    results: dict = {"load_start": load(), "args": {k: v for k, v in vars(args).items()}, "rows": {}}
+    results: dict = {"load_start": load(), "cores": os.cpu_count(), "args": {k: v for k, v in vars(args).items()}, "rows": {}}
     print(f"load at start: {results['load_start']['uptime']}", flush=True)
     workload_rows = [r for r in args.row_list if r.startswith("workload")]
     capture_rows = [r for r in args.row_list if r.startswith("capture")]
     topics: list[str] = []
     with tempfile.TemporaryDirectory(prefix="cdc-realistic-") as name, ExitStack() as stack:
         tmp = Path(name)
-        bootstrap = args.bootstrap or stack.enter_context(ApacheKafkaBroker(tmp / "broker")).bootstrap_servers
+        broker = None if args.bootstrap else stack.enter_context(ApacheKafkaBroker(tmp / "broker"))
+        bootstrap = args.bootstrap or broker.bootstrap_servers
+        broker_pid = broker.pid if broker is not None else None
         registry = args.registry
         if registry is None and any("avro" in r for r in capture_rows):
             from tests.support.registry.apicurio import ApicurioRegistry
@@ -556,7 +565,7 @@ def main(argv: list[str] | None = None) -> None:
                         out["naive_rates"] = [run.get("rate") for run in runs["naive"]]
                         out["service_rates"] = [run.get("steady_rate") for run in runs["service"]]
                     elif section == "floor":
-                        attempt(out, "floor", lambda: read_floor(bootstrap, row.topic))
+                        attempt(out, "floor", lambda: read_floor(bootstrap, row.topic, broker_pid=broker_pid))
                     elif section == "materializer":
                         attempt(out, "materializer", lambda: service_run(
                             row, bootstrap, registry, tmp / uuid.uuid4().hex[:8], {"upsert_materialize": "force"},

@@ -84,8 +84,9 @@ def test_the_realistic_table_shows_each_rows_read_floor_against_the_best_row() -
             "b": {"records": 10, "bytes_per_record": 1000, "naive": {"rate": 20.0},
                   "service": {"steady_rate": 40.0, "table_differs": None,
                               "stages": {"batches": 1, "read_decode_reduce_s": 0.8, "merge_s": 0.25}},
-                  "floor": {"rate": 60.0, "mb_s": 0.06}}}
-    header, rule, first, second = table_lines({"rows": rows})[:4]
+                  "floor": {"rate": 60.0, "mb_s": 0.06, "reader_us": 7.14, "broker_us": 2.06}}}
+    lines = table_lines({"rows": rows, "cores": 2})
+    header, rule, first, second = lines[:4]
     cells = [line.strip("|").split(" | ") for line in (header, first, second)]
     assert len({len(row) for row in cells}) == 1 and len(rule.split("|")) == len(header.split("|"))
     floor_at, ceiling_at = cells[0].index("read floor ev/s (MB/s)"), cells[0].index("floor vs best row")
@@ -93,6 +94,10 @@ def test_the_realistic_table_shows_each_rows_read_floor_against_the_best_row() -
     assert (cells[2][floor_at], cells[2][ceiling_at]) == ("60 (0)", "x0.60")  # below 0.7 of the best: out of reach
     stages_at = cells[0].index("steady batches: read+decode+reduce / merge s")
     assert (cells[1][stages_at], cells[2][stages_at]) == ("-", "0.80 / 0.25")
+    cpu_at = cells[0].index("read CPU us/record (readers + broker)")
+    assert (cells[1][cpu_at], cells[2][cpu_at]) == ("-", "7.1 + 2.1")
+    budget = [line for line in lines if line.startswith("CPU per record")]
+    assert budget and "2 cores busy: 28571.4 us" in budget[0]  # 2 / (0.7 * 100 events/s)
 
 
 def test_the_steady_stages_are_the_batch_lines_after_the_first(tmp_path: Path) -> None:
@@ -106,3 +111,15 @@ def test_the_steady_stages_are_the_batch_lines_after_the_first(tmp_path: Path) -
     log.write_text(line.format(0, "3.01", "1.05") + "other line\n" + line.format(1, "1.83", "0.45")
                    + line.format(2, "1.00", "0.25"))
     assert steady_stages(log) == {"batches": 2, "read_decode_reduce_s": 2.83, "merge_s": 0.7}
+
+
+def test_the_read_floor_reads_a_process_cpu_time_from_proc() -> None:
+    import os
+    import time
+
+    from read_floor import process_cpu_s
+
+    before, started = process_cpu_s(os.getpid()), time.process_time()
+    while time.process_time() - started < 0.3:  # burn CPU, as much as a clock tick many times over
+        sum(range(1000))
+    assert process_cpu_s(os.getpid()) - before >= 0.2
