@@ -334,8 +334,8 @@ class IngestPipeline(TableQuery):
             self._remove_spool()
             self.spool = payload_spool(self.spark.sparkContext.master, self.pipeline.name)
             reducer = PieceReducer(batch_decoder(self.pipeline), self.pipeline.primary_key,
-                                   history=self.pipeline.history_sequence_by, compressed=self.spool is None)
-            self.spark.dataSource.register(changes_source(self.pipeline.name, reducer, spool=self.spool))
+                                   history=self.pipeline.history_sequence_by, spool=self.spool)
+            self.spark.dataSource.register(changes_source(self.pipeline.name, reducer))
             stream = self._source(changes_source_name(self.pipeline.name), watermarked=False)
         else:  # decoded where read as well: changelog rows and watermark candidates
             stream = self._decoded_source(config)

@@ -22,13 +22,15 @@ class SpoolWatch:
         self._real = batch_changes.resolved
         monkeypatch.setattr(batch_changes, "resolved", self._observed)
 
-    def _observed(self, payload: bytes) -> bytes:
+    def _observed(self, payload: bytes):
+        data = payload
         if payload.startswith(MARK):
             self.handed.append(payload[len(MARK):].decode())
             self.left_behind.append(os.listdir(os.path.dirname(self.handed[-1])))
-        data = self._real(payload)
+            with open(self.handed[-1], "rb") as file:
+                data = file.read()
         self.uncompressed.append(data == ipc_bytes(pa.ipc.open_stream(data).read_all(), compressed=False))
-        return data
+        return self._real(payload)
 
     def check(self, batch_files: int) -> None:
         """Every payload came in a file of one spool, uncompressed; each batch's files were gone after it (never

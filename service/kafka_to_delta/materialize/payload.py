@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -49,6 +49,9 @@ from service.kafka_to_delta.rows.names import (
 from service.runtime.worker_heap import task_started
 from vocabulary.changes import ChangeKind
 from vocabulary.errors import DecodeError, SourceCoordinates
+
+if TYPE_CHECKING:
+    from service.kafka_to_delta.rows.payload_spool import PayloadSpool
 
 TRUNCATE = "TRUNCATE"
 HISTORY = "history"
@@ -291,23 +294,30 @@ def payload_table(payload: bytes) -> tuple[pa.Table, dict]:
 
 
 def payload_batch(typed: pa.Table | None, failed: list[pa.Table], info: dict,
-                  history: tuple[pa.Table, TypeEvidence] | None = None, compressed: bool = True) -> pa.RecordBatch:
+                  history: tuple[pa.Table, TypeEvidence] | None = None,
+                  spool: PayloadSpool | None = None) -> pa.RecordBatch:
     """One range's (or one Spark partition's) payload rows; `history`: its row changes for a history
-    table and their type evidence; `compressed`: as `ipc_bytes` (not for payloads that do not cross the JVM)."""
+    table and their type evidence; `spool`: where the payloads are written, each cell its file's reference
+    (`rows.payload_spool`; else, or where a write fails, the cells hold the payloads, compressed)."""
     parts, payloads = [Part.CHANGES], []
     changes = typed if typed is not None else pa.table({})
-    payloads.append(ipc_bytes(changes.replace_schema_metadata({_META_KEY: json.dumps(info).encode()}), compressed))
+    payloads.append(_cell(changes.replace_schema_metadata({_META_KEY: json.dumps(info).encode()}), spool))
     if failed:
         parts.append(Part.FAILED)
-        payloads.append(ipc_bytes(pa.concat_tables(failed), compressed))
+        payloads.append(_cell(pa.concat_tables(failed), spool))
     if history is not None and history[0].num_rows:
         rows, evidence = history
         parts.append(HISTORY)
-        payloads.append(ipc_bytes(rows.replace_schema_metadata(
-            {_META_KEY: json.dumps({"types": evidence.to_json()}).encode()}), compressed))
+        payloads.append(_cell(rows.replace_schema_metadata(
+            {_META_KEY: json.dumps({"types": evidence.to_json()}).encode()}), spool))
     return pa.RecordBatch.from_arrays([pa.array(parts, pa.string()), pa.array(payloads, pa.binary())],
                                       schema=PAYLOAD_SCHEMA)
 
+
+
+def _cell(table: pa.Table, spool: PayloadSpool | None) -> bytes:
+    reference = spool.written(table) if spool is not None else None
+    return reference if reference is not None else ipc_bytes(table)
 
 
 def net_payload(net: pa.Table, primary_key: tuple[str, ...]) -> pa.RecordBatch | None:

@@ -1,11 +1,11 @@
 """Arrow tables as one binary value, for what crosses the JVM as a single cell (payloads, packed net rows).
 
 The buffers are LZ4-compressed: the JVM copies such values several times on their way to the
-driver, and compressed payloads keep its collector's work small (`docs/design/layout.md`). A value
-that does not cross the JVM (a payload handed over in a file, `rows.payload_spool`) is written
-uncompressed: there the compression was only work for the writer and the reader (on a range of the
-realistic capture, about a tenth of its decode and reduce). Readers (`pyarrow.ipc.open_stream`) read
-either.
+driver, and compressed payloads keep its collector's work small (`docs/design/layout.md`). A payload
+that does not cross the JVM (handed over in a file, `rows.payload_spool`) is written uncompressed,
+straight into its file (`write_stream`): there the compression was only work for the writer and the
+reader (on a range of the realistic capture, about a tenth of its decode and reduce). Readers
+(`pyarrow.ipc.open_stream`) read either.
 """
 
 from __future__ import annotations
@@ -21,11 +21,16 @@ _COMPRESSED = pa.ipc.IpcWriteOptions(compression="lz4")
 _UNCOMPRESSED = pa.ipc.IpcWriteOptions(compression=None)
 
 
+def write_stream(table: pa.Table, sink: pa.NativeFile, compressed: bool) -> None:
+    """`table` as an Arrow IPC stream into `sink` (LZ4-compressed buffers where `compressed`)."""
+    with pa.ipc.new_stream(sink, table.schema, options=_COMPRESSED if compressed else _UNCOMPRESSED) as writer:
+        writer.write_table(table)
+
+
 def ipc_bytes(table: pa.Table, compressed: bool = True) -> bytes:
     """`table` as an Arrow IPC stream (LZ4-compressed buffers unless not `compressed`)."""
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema, options=_COMPRESSED if compressed else _UNCOMPRESSED) as writer:
-        writer.write_table(table)
+    write_stream(table, sink, compressed)
     return sink.getvalue().to_pybytes()
 
 

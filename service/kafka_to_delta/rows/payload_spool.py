@@ -1,19 +1,20 @@
 """Payloads handed from the Python workers to the driver through files, where both run on one machine.
 
-On the plain path (and a database source's, `source.database_ranges`) each Kafka range's payload (Arrow IPC, `rows.ipc`) is one binary cell of the source's
-rows, and the JVM copies it on its way to the driver's `toArrow`: read from the worker's socket into an
-Arrow batch, into rows, back into Arrow, into a task result and the block manager, then to the driver's
-Python. That costs the JVM about a core-second per steady batch of a wide table's capture (100,000
-records, 16 MB of payloads) next to the Python workers' 1.2 s of reading and decoding
-(docs/design/ingest-data-path.md, "Payloads handed over in files"). On a local master the workers and the
-driver share the filesystem, so a task writes its payload to a file in the pipeline's spool directory and
-the cell holds the file's reference (`MARK` and its path); the driver reads the file (`resolved`). A
-write that fails hands the payload inline, as on a cluster, where there is no spool. Payloads meant for
-a spool are written uncompressed (`rows.ipc`).
+On the plain path (and a database source's, `source.database_ranges`) each Kafka range's payload (Arrow
+IPC, `rows.ipc`) is one binary cell of the source's rows, and the JVM copies it on its way to the driver's
+`toArrow`: read from the worker's socket into an Arrow batch, into rows, back into Arrow, into a task
+result and the block manager, then to the driver's Python. That costs the JVM about a core-second per
+steady batch of a wide table's capture (100,000 records, 16 MB of payloads) next to the Python workers'
+1.2 s of reading and decoding (docs/design/ingest-data-path.md, "Payloads handed over in files"). On a
+local master the workers and the driver share the filesystem, so the reducer writes each payload's IPC
+stream straight into a file of the pipeline's spool (`written`, uncompressed) and the cell holds the
+file's reference (`MARK` and its path); the driver maps the file (`resolved`). A write that fails hands
+the payload inline, as on a cluster, where there is no spool.
 
 The spool is emptied after each batch's payloads are read (`clear`): a query runs one batch at a time,
-so what is left then was written by a task attempt that failed. A spool is per process and pipeline;
-one left by a process that is gone is removed by the next one that opens a spool.
+so what is left then was written by a task attempt that failed (a payload read before keeps its mapped
+pages). A spool is per process and pipeline; one left by a process that is gone is removed by the next
+one that opens a spool.
 """
 
 from __future__ import annotations
@@ -27,8 +28,6 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-from service.kafka_to_delta.rows.names import PAYLOAD_COLUMN
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -46,17 +45,22 @@ class PayloadSpool:
 
     directory: str
 
-    def handed(self, payload: bytes) -> bytes:
-        """`payload` written to a file of the spool, as its reference; inline when the write fails (what it
-        wrote of the file removed: a full disk keeps no partial payload)."""
+    def written(self, table: "pa.Table") -> bytes | None:
+        """`table` written as an uncompressed Arrow IPC stream into a new file of the spool, straight from its
+        buffers; its reference, or None when the write fails (what it wrote of the file removed: a full
+        disk keeps no partial payload)."""
+        import pyarrow as pa  # not in the processes that only plan a source's reads
+
+        from service.kafka_to_delta.rows.ipc import write_stream
+
         path = os.path.join(self.directory, uuid.uuid4().hex)
         try:
-            with open(path, "wb") as file:
-                file.write(payload)
+            with pa.OSFile(path, "wb") as file:
+                write_stream(table, file, compressed=False)
         except OSError:
             with contextlib.suppress(OSError):
                 os.unlink(path)
-            return payload
+            return None
         return MARK + path.encode()
 
     def clear(self) -> None:
@@ -72,20 +76,14 @@ class PayloadSpool:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def handed_payloads(batch: "pa.RecordBatch", spool: PayloadSpool) -> "pa.RecordBatch":
-    """Payload rows (a `payload` column) whose payloads are handed over in the spool's files."""
-    import pyarrow as pa  # not in the processes that only plan a source's reads
-
-    payloads = [spool.handed(payload) for payload in batch.column(PAYLOAD_COLUMN).to_pylist()]
-    return batch.set_column(batch.schema.get_field_index(PAYLOAD_COLUMN), PAYLOAD_COLUMN,
-                            pa.array(payloads, pa.binary()))
-
-
-def resolved(payload: bytes) -> bytes:
-    """A payload cell's bytes: read from its file when it was handed over in one."""
+def resolved(payload: bytes) -> "bytes | pa.NativeFile":
+    """A payload cell's IPC stream: its file mapped when it was handed over in one (the tables read from it
+    keep the mapping, also once the spool is cleared)."""
     if not payload.startswith(MARK):
         return payload
-    return Path(payload[len(MARK):].decode()).read_bytes()
+    import pyarrow as pa
+
+    return pa.memory_map(payload[len(MARK):].decode())
 
 
 def payload_spool(master: str, pipeline_name: str, root: str | None = None) -> PayloadSpool | None:

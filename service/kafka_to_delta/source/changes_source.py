@@ -24,7 +24,6 @@ from pyspark.sql.datasource import DataSource, InputPartition
 
 from connectors.kafka.source import KafkaRange, KafkaSource, KafkaStreamReader
 from service.kafka_to_delta.rows.names import PAYLOAD_SPARK_SCHEMA
-from service.kafka_to_delta.rows.payload_spool import PayloadSpool, handed_payloads
 from service.runtime.memory_release import release_memory
 from service.runtime.worker_heap import task_started
 
@@ -38,10 +37,9 @@ _NAME_PREFIX = "cdc_changes_"
 class ChangesStreamReader(KafkaStreamReader):
     """Plans like the Kafka source; each range is read, decoded and reduced by `reducer`."""
 
-    def __init__(self, options: dict[str, str], reducer: bytes, spool: PayloadSpool | None = None) -> None:
+    def __init__(self, options: dict[str, str], reducer: bytes) -> None:
         super().__init__(options)
         self.reducer = reducer  # a pickled `PartitionReducer`
-        self.spool = spool
 
     def read(self, partition: InputPartition) -> Iterator:
         from connectors.kafka.range_reader import read_values  # not in the processes that only plan
@@ -54,8 +52,7 @@ class ChangesStreamReader(KafkaStreamReader):
             return read_values(self.client, kafka_range.topic, kafka_range.partition, kafka_range.start,
                                kafka_range.end, keep_records, kafka_range.floor)
 
-        for batch in reducer(lambda: super(ChangesStreamReader, self).read(kafka_range), values):
-            yield batch if self.spool is None else handed_payloads(batch, self.spool)
+        yield from reducer(lambda: super(ChangesStreamReader, self).read(kafka_range), values)
         release_memory()
 
 
@@ -65,11 +62,10 @@ def changes_source_name(pipeline_name: str) -> str:
 
 
 def changes_source(pipeline_name: str, reducer: "PartitionReducer | DecodedRanges",
-                   schema: str = PAYLOAD_SPARK_SCHEMA, spool: PayloadSpool | None = None) -> type[DataSource]:
+                   schema: str = PAYLOAD_SPARK_SCHEMA) -> type[DataSource]:
     """A data source class for one pipeline (register it with `spark.dataSource.register`): each
     Kafka range through `reducer`, whose rows have `schema` (the plain path's payloads, or the
-    stateful paths' changelog rows, `decode_stage.DecodedRanges`). `spool`: where the plain path's
-    payloads are handed over in files (`rows.payload_spool`)."""
+    stateful paths' changelog rows, `decode_stage.DecodedRanges`)."""
     format_name = changes_source_name(pipeline_name)
     pickled = cloudpickle.dumps(reducer)
 
@@ -84,6 +80,6 @@ def changes_source(pipeline_name: str, reducer: "PartitionReducer | DecodedRange
             return schema
 
         def streamReader(self, schema) -> ChangesStreamReader:
-            return ChangesStreamReader(dict(self.options), pickled, spool)
+            return ChangesStreamReader(dict(self.options), pickled)
 
     return ChangesSource

@@ -37,7 +37,7 @@ from pyspark.sql.datasource import DataSource, InputPartition
 from connectors.kafka import offsets as om
 from connectors.kafka.source import KafkaRange, KafkaSource, KafkaStreamReader
 from service.config.databases import DatabaseSettings
-from service.kafka_to_delta.rows.payload_spool import PayloadSpool, handed_payloads
+from service.kafka_to_delta.rows.payload_spool import PayloadSpool
 from service.runtime import quarantine
 from service.runtime.memory_release import release_memory
 from service.runtime.worker_heap import task_started
@@ -124,13 +124,13 @@ def key_fields(key: bytes | None, decode: Callable[[bytes], tuple[Any, Any]]) ->
 class TableReducers:
     """Per range: its table, its primary key and its payload rows (`DATABASE_SPARK_SCHEMA`). Picklable."""
 
-    def __init__(self, database: DatabaseSettings, compressed: bool = True) -> None:
+    def __init__(self, database: DatabaseSettings, spool: PayloadSpool | None = None) -> None:
         self.database = database
-        self.compressed = compressed  # the payloads' buffers (`PartitionReducer`)
+        self.spool = spool  # where the payloads are handed over in files (`PartitionReducer`)
         self._reducers: dict[tuple[str, ...], PartitionReducer] = {}  # (table with its own decoding, *key)
 
     def __getstate__(self) -> dict:
-        return {"database": self.database, "compressed": self.compressed, "_reducers": {}}
+        return {"database": self.database, "spool": self.spool, "_reducers": {}}
 
     def _reducer(self, table: str, primary_key: tuple[str, ...]) -> "PartitionReducer":
         """The reducer of a table: the database's decoding, or the table's own `from_changelog`."""
@@ -143,7 +143,7 @@ class TableReducers:
             )
 
             decoder = table_decoder(self.database, primary_key, changelog)
-            self._reducers[cache_key] = PieceReducer(decoder, primary_key, compressed=self.compressed)
+            self._reducers[cache_key] = PieceReducer(decoder, primary_key, spool=self.spool)
         return self._reducers[cache_key]
 
     def primary_key(self, table: str, kafka_range: KafkaRange, first_key: bytes | None) -> tuple[str, ...]:
@@ -273,12 +273,10 @@ class TableReducers:
 class DatabaseStreamReader(KafkaStreamReader):
     """Plans the database's topics like the Kafka source; reads packed ranges through `TableReducers`."""
 
-    def __init__(self, options: dict[str, str], database: DatabaseSettings, reducers: bytes, min_tasks: int,
-                 spool: PayloadSpool | None = None) -> None:
+    def __init__(self, options: dict[str, str], database: DatabaseSettings, reducers: bytes, min_tasks: int) -> None:
         super().__init__({**options, "topics": options.get("topics") or "-"})
         self.database = database
         self.reducers = reducers
-        self.spool = spool  # where the payloads are handed over in files (`rows.payload_spool`)
         self.min_tasks = min_tasks
         self.quarantine_file = {k.lower(): v for k, v in options.items()}.get("quarantinefile", "")
         self.admit = om.cap_rows_by_topic  # each table a micro-batch touches costs a commit
@@ -340,9 +338,8 @@ class DatabaseStreamReader(KafkaStreamReader):
         # The small ranges' values in one pass of one consumer (a consumer per range cost more than
         # reading its records); a large range is streamed by a consumer of its own, never held whole.
         small = read_values_of_ranges(self.client, [_coordinates(r) for r, _ in tables if _small(r)])
-        for batch in task_payloads(reducers, tables, small, functools.partial(KafkaStreamReader.read, self),
-                                   lambda r: read_values(self.client, *_coordinates(r))):
-            yield batch if self.spool is None else handed_payloads(batch, self.spool)
+        yield from task_payloads(reducers, tables, small, functools.partial(KafkaStreamReader.read, self),
+                                 lambda r: read_values(self.client, *_coordinates(r)))
         release_memory()
 
 
@@ -394,9 +391,9 @@ def database_source_name(database: str) -> str:
 
 def database_source(database: DatabaseSettings, min_tasks: int, spool: PayloadSpool | None = None) -> type[DataSource]:
     """A data source class for one database (register it with `spark.dataSource.register`); with a `spool`,
-    its payloads are handed to the driver in the spool's files, uncompressed."""
+    its payloads are handed to the driver in the spool's files (`rows.payload_spool`)."""
     format_name = database_source_name(database.name)
-    pickled = cloudpickle.dumps(TableReducers(database, compressed=spool is None))
+    pickled = cloudpickle.dumps(TableReducers(database, spool))
 
     class DatabaseSource(KafkaSource):
         """Every table of the database, each range as its table's net changes."""
@@ -409,6 +406,6 @@ def database_source(database: DatabaseSettings, min_tasks: int, spool: PayloadSp
             return DATABASE_SPARK_SCHEMA
 
         def streamReader(self, schema) -> DatabaseStreamReader:
-            return DatabaseStreamReader(dict(self.options), database, pickled, min_tasks, spool)
+            return DatabaseStreamReader(dict(self.options), database, pickled, min_tasks)
 
     return DatabaseSource

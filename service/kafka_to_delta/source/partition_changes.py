@@ -43,6 +43,7 @@ from service.kafka_to_delta.materialize.payload import (
     typed_changes,
 )
 from service.kafka_to_delta.rows.names import FAILED_COLUMNS, Column, Meta
+from service.kafka_to_delta.rows.payload_spool import PayloadSpool
 from service.kafka_to_delta.source.debezium_columns import RangeColumns, decode_range
 from service.kafka_to_delta.source.envelope_rows import meta_columns, typed_net
 from service.kafka_to_delta.source.history_rows import (
@@ -120,15 +121,16 @@ class PartitionReducer:
     called. Debezium JSON envelopes are decoded in Arrow (`debezium_columns`) when the settings
     allow; a range holding anything that path does not vouch for is read again and decoded
     record by record, which decides errors and policies (the payload's `vectorised` says which
-    way it went, `fallback` why). `compressed`: the payloads' buffers LZ4-compressed, for payloads that
-    cross the JVM (`rows.ipc`); not where they are handed over in files (`rows.payload_spool`).
+    way it went, `fallback` why). `spool`: where the payloads are handed over in files (`rows.payload_spool`,
+    written straight from the tables' buffers, uncompressed); without one they cross the JVM in their
+    cells, LZ4-compressed (`rows.ipc`).
     """
 
     def __init__(self, decoder: ChangelogBatchDecoder, primary_key: tuple[str, ...], vectorised: bool = True,
-                 history: tuple[str, ...] = (), compressed: bool = True) -> None:
+                 history: tuple[str, ...] = (), spool: PayloadSpool | None = None) -> None:
         self.decoder = decoder
         self.primary_key = primary_key
-        self.compressed = compressed
+        self.spool = spool
         self.history = sequence_path(history) if history else None
         if not vectorised:
             self.plan = None
@@ -175,7 +177,7 @@ class PartitionReducer:
         history = None
         if reduced.every:
             history = changelog_history(pa.concat_tables(reduced.every), self.primary_key)
-        return payload_batch(typed, reduced.failed, info, history, self.compressed)
+        return payload_batch(typed, reduced.failed, info, history, self.spool)
 
     def _reduced(self, read: Callable[[], Iterable[pa.RecordBatch]], range_types: dict[str, str] | None,
                  offsets: pa.Array | None = None) -> _Reduced:
@@ -227,7 +229,7 @@ class PartitionReducer:
             for name in Meta.ALL:
                 typed = typed.append_column(name, meta[_META_ROLES[name]])
             info["types"] = evidence.to_json()
-        return payload_batch(typed, [], info, history, self.compressed)
+        return payload_batch(typed, [], info, history, self.spool)
 
     @staticmethod
     def _check_apart(columns: RangeColumns, net: pa.Table | None, declared: dict[str, str], odd: _Reduced) -> None:

@@ -19,6 +19,7 @@ import pyarrow as pa
 from connectors.kafka.range_reader import ValueChunk
 from service.kafka_to_delta.materialize.payload import payload_batch, payload_table
 from service.kafka_to_delta.rows.names import Column, Part
+from service.kafka_to_delta.rows.payload_spool import PayloadSpool, resolved
 from service.kafka_to_delta.source.partition_changes import PartitionReducer
 
 
@@ -37,20 +38,20 @@ class PieceReducer(PartitionReducer):
                 yield batch
 
         for payload in super().__call__(observed, read_values):
-            yield _marked(payload, first[0], self.compressed) if first else payload
+            yield _marked(payload, first[0], self.spool) if first else payload
 
 
-def _marked(batch: pa.RecordBatch, first: tuple[str, int, int], compressed: bool) -> pa.RecordBatch:
+def _marked(batch: pa.RecordBatch, first: tuple[str, int, int], spool: PayloadSpool | None) -> pa.RecordBatch:
     """The payload rows, a changes payload that read a TRUNCATE without a marker given one."""
     parts = batch.column("part").to_pylist()
     payloads = batch.column("payload").to_pylist()
     for index, (part, payload) in enumerate(zip(parts, payloads)):
         if part != Part.CHANGES:
             continue
-        table, info = payload_table(payload)
+        table, info = payload_table(resolved(payload))
         if info.get("truncated") and "truncates" not in info:
             topic, partition, offset = first
             info = {**info, "truncates": [[topic, partition, offset - 1]]}
-            payloads[index] = payload_batch(table, [], info, compressed=compressed).column("payload")[0].as_py()
+            payloads[index] = payload_batch(table, [], info, spool=spool).column("payload")[0].as_py()
     return pa.RecordBatch.from_arrays([pa.array(parts, pa.string()), pa.array(payloads, pa.binary())],
                                       schema=batch.schema)

@@ -55,7 +55,6 @@ NOT_CONFIGURATION: dict[tuple[str, str], str] = {
     ("service/kafka_to_delta/plan/upgrades.py", "file"): "the plan stored in a checkpoint",
     ("service/kafka_to_delta/sink/commits_behind.py", "file"): "a batch's changes written ahead into its checkpoint",
     ("service/kafka_to_delta/plan/rebuilt_seed.py", "file"): "the seed info written by rebuild-state",
-    ("service/kafka_to_delta/rows/payload_spool.py", "file"): "a range's payload a worker handed to the driver in a file",
     ("connectors/kafka/watermarks.py", "file"): "the per-partition event-time progress file (state)",
     ("connectors/delta/small_commit.py", "file"): "a Delta table's log entry it writes (table data)",
     ("connectors/delta/deletion_vectors.py", "file"): "a Delta table's deletion vector files (table data)",
