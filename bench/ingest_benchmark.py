@@ -44,8 +44,9 @@ _RSS_SAMPLE_S = 0.5
 _LOG_TIME_FORMAT = "%Y-%m-%d %H:%M:%S,%f"
 _LOG_TIME = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO "
 _READY_LINE = re.compile(_LOG_TIME + r"[\w.]*runner: kafka: ", re.M)  # the runner's module path may move
-_BATCH_LINE = re.compile(_LOG_TIME + rf"service\.kafka_to_delta\.pipeline: pipeline {PIPELINE}: batch \d+ -> ",
-                         re.M)
+# A batch's line, logged after its commit; the commit's seconds where the line gives them.
+_BATCH_LINE = re.compile(_LOG_TIME + rf"service\.kafka_to_delta\.pipeline: pipeline {PIPELINE}: batch \d+ -> "
+                         r"(?:.*merge ([\d.]+)s\)$)?", re.M)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -120,13 +121,23 @@ def run_pipeline(config: Path, log_path: Path) -> dict[str, float]:
     text = log_path.read_text()
     if process.returncode != 0:
         raise SystemExit(f"FAILED: cdc-lakehouse exited {process.returncode}; end of its log:\n{text[-3000:]}")
+    return {"wall": ended - started, "rss_mib": peak, **log_figures(text, started, ended)}
+
+
+def log_figures(text: str, started: float, ended: float) -> dict[str, float]:
+    """Startup, ingest and shutdown seconds from a run's log; `after_first`: from the end of the first batch's
+    job to the last batch's line, the time batches 2..N took, whole. The end of the first job is the start
+    of its commit (its line's time less the commit's seconds): the next batch's job may run during that
+    commit, so the first line's own time would shorten the window by as much as the first commit is long."""
     ready, batches = _READY_LINE.search(text), _BATCH_LINE.findall(text)
     if not ready or not batches:
         raise SystemExit(f"FAILED: 'kafka:' or 'batch N ->' log lines missing; end of log:\n{text[-3000:]}")
-    ready_at, first_commit_at, last_commit_at = (_log_time(t) for t in (ready.group(1), batches[0], batches[-1]))
-    return {"wall": ended - started, "startup": ready_at - started, "ingest": last_commit_at - ready_at,
-            "shutdown": ended - last_commit_at, "batches": len(batches), "rss_mib": peak,
-            "after_first": last_commit_at - first_commit_at}
+    ready_at, first_commit_at, last_commit_at = (_log_time(t) for t in (ready.group(1), batches[0][0],
+                                                                        batches[-1][0]))
+    first_merge = float(batches[0][1] or 0)
+    return {"startup": ready_at - started, "ingest": last_commit_at - ready_at, "shutdown": ended - last_commit_at,
+            "batches": len(batches), "first_merge": first_merge,
+            "after_first": last_commit_at - (first_commit_at - first_merge)}
 
 
 def verify_table(uri: str, workload: DebeziumWorkload) -> int:

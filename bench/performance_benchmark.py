@@ -9,7 +9,8 @@ Connect schema block):
                 50,000 records, one delta-rs MERGE each; its table checked against the replay.
 - service:      `cdc-lakehouse run CONFIG --until-idle` with the service's defaults, as a
                 subprocess: wall events/s from launch to exit, steady events/s over the batches
-                after the first (from its own log lines), launch to the first commit, peak RSS
+                after the first (from its own log lines: the end of the first batch's job to the
+                last batch's commit), launch to the first commit, peak RSS
                 of the process tree (driver, JVM, Python workers); table checked against the replay.
 - materializer: `upsert_materialize: force` with batches of `--materializer-batch` records,
                 steady events/s against the plain path at the same batch size.
@@ -154,7 +155,7 @@ def _rate(count: float, seconds: float) -> float:
 
 def service_figures(run: dict[str, float], events: int, first_batch_records: int) -> dict[str, float]:
     """Wall, steady (batches 2..N) and launch-to-first-commit figures of one `run --until-idle`."""
-    first_commit = run["startup"] + run["ingest"] - run["after_first"]
+    first_commit = run["startup"] + run["ingest"] - run["after_first"] + run.get("first_merge", 0.0)
     steady = _rate(events - first_batch_records, run["after_first"]) if run["batches"] > 1 else 0.0
     return {"events": events, "wall_s": run["wall"], "wall_rate": events / run["wall"], "steady_rate": steady,
             "first_commit_s": first_commit, "batches": run["batches"], "rss_mib": run["rss_mib"]}

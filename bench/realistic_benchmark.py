@@ -18,16 +18,17 @@ Per row (`--sections`):
   decoded (read_floor.py), three runs, the median: no pipeline reading through that reader can be faster
   here, so a row whose floor is below a share of the best row's steady rate cannot reach that share;
 - steady: the naive pipeline (`perf_naive.py` for the workload rows, `realistic_naive.py` for the
-  captures) and `cdc-lakehouse run --until-idle` with the service defaults on the same topic; events/s
-  of the naive pipeline, steady events/s of the service (batches 2..N, performance_benchmark's
-  definition), their ratio, the row's service rate against the best row's; whether the service's
+  captures) and `cdc-lakehouse run --until-idle` with the service defaults on the same topic but for
+  `max_offsets_per_trigger`, the row's records over `--steady-batches` (at the default 200,000 a row
+  of 300,000 records has one steady batch, and its rate is that one batch's job and commit); events/s
+  of the naive pipeline, steady events/s of the service (batches 2..N from the end of the first
+  batch's job to the last commit, performance_benchmark's definition), their ratio, the row's service rate against the best row's; whether the service's
   table (and the naive one) equals the replay (workload) or `SELECT *` of the source table (captures,
   values compared after one normalisation of representation, testbed/realistic_capture.py);
   peak RSS of the service's process tree; the range decode statistics (the `cdc_ranges` counter
   scraped from the service's /metrics every 0.5 s, last value before exit; the fallback reasons
   from its log). `--steady-runs` runs of each (default 3), naive and service in turns, fresh tables: the
-  figures are the median run's (the steady rate is one batch of 100,000 records, noisy on a shared
-  machine; each run's rate is listed), and the service's steady rate in MB/s of values (the rows'
+  figures are the median run's (each run's rate is listed), and the service's steady rate in MB/s of values (the rows'
   records differ up to tenfold in size);
 - materializer: `upsert_materialize: force`, `max_offsets_per_trigger` `--materializer-batch`: steady events/s;
 - freshness: the service with a 1 s trigger; the row's records (deletes and tombstones left out: a
@@ -111,6 +112,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--keys", type=int, default=100_000, help="the workload's distinct keys")
     parser.add_argument("--naive-window", type=int, default=50_000, help="records per MERGE of the naive pipeline")
     parser.add_argument("--materializer-batch", type=int, default=10_000, help="max_offsets_per_trigger")
+    parser.add_argument("--steady-batches", type=int, default=5,
+                        help="steady: the service's batches per row (max_offsets_per_trigger = records / this)")
     parser.add_argument("--steady-runs", type=int, default=3,
                         help="steady: naive and service runs per row, in turns; the median run is shown")
     parser.add_argument("--deletion-vectors", action="store_true",
@@ -326,6 +329,11 @@ def steady_stages(log: Path) -> dict | None:
         return None
     return {"batches": len(steady), "read_decode_reduce_s": sum(r for r, _ in steady),
             "merge_s": sum(m for _, m in steady)}
+
+
+def steady_trigger(records: int, batches: int) -> int:
+    """`max_offsets_per_trigger` that cuts `records` into `batches` batches (the last one the smallest)."""
+    return -(-records // max(batches, 1))
 
 
 def service_run(row: Input, bootstrap: str, registry: str | None, workdir: Path, variant: dict | None = None,
@@ -556,8 +564,9 @@ def main(argv: list[str] | None = None) -> None:
                         runs: dict[str, list[dict]] = {"naive": [], "service": []}
                         for _ in range(args.steady_runs):
                             attempt(out, "naive", lambda: naive_run(row, bootstrap, registry, tmp, args.naive_window))
-                            attempt(out, "service", lambda: service_run(row, bootstrap, registry,
-                                                                        tmp / uuid.uuid4().hex[:8], shape=shape))
+                            attempt(out, "service", lambda: service_run(
+                                row, bootstrap, registry, tmp / uuid.uuid4().hex[:8],
+                                max_offsets=steady_trigger(row.records, args.steady_batches), shape=shape))
                             for part in runs:
                                 runs[part].append(out[part])
                         out["naive"], out["service"] = median_run(runs["naive"], "rate"), median_run(

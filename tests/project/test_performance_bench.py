@@ -123,3 +123,29 @@ def test_the_read_floor_reads_a_process_cpu_time_from_proc() -> None:
     while time.process_time() - started < 0.3:  # burn CPU, as much as a clock tick many times over
         sum(range(1000))
     assert process_cpu_s(os.getpid()) - before >= 0.2
+
+
+def test_the_steady_window_starts_where_the_first_batch_job_ended() -> None:
+    """The next batch's job runs during the first commit: the window starts at that commit's start, so a
+    longer first commit cannot shorten it."""
+    from ingest_benchmark import _log_time, log_figures
+
+    line = ("{} INFO service.kafka_to_delta.pipeline: pipeline bench: batch {} -> /t/bench: 10 upserts, 0 deletes "
+            "from 1 Kafka range(s) (1 in bulk) (read+decode+reduce 1.00s, merge {}s)\n")
+    text = ("2026-12-04 03:00:00,000 INFO service.supervisor.runner: kafka: localhost:9092\n"
+            + line.format("2026-12-04 03:00:05,000", 0, "2.50") + "other line\n"
+            + line.format("2026-12-04 03:00:06,000", 1, "0.40")
+            + line.format("2026-12-04 03:00:07,500", 2, "0.40"))
+    started = _log_time("2026-12-04 02:59:58,000")
+    figures = log_figures(text, started, started + 12)
+    assert figures["batches"] == 3 and figures["first_merge"] == 2.5
+    assert abs(figures["after_first"] - 5.0) < 1e-6  # 07.5 less (05.0 - 2.5), not 07.5 - 05.0
+    assert abs(figures["startup"] - 2.0) < 1e-6 and abs(figures["ingest"] - 7.5) < 1e-6
+
+
+def test_the_steady_trigger_cuts_a_row_into_the_batches_asked_for() -> None:
+    from realistic_benchmark import steady_trigger
+
+    assert steady_trigger(309_609, 5) == 61_922  # 4 x 61,922 + 61,921
+    assert steady_trigger(300_000, 5) == 60_000
+    assert -(-309_609 // steady_trigger(309_609, 5)) == 5
