@@ -32,6 +32,7 @@ from confluent_kafka.admin import AdminClient
 from deltalake import DeltaTable
 
 from connectors.kafka.apache_broker import ApacheKafkaBroker
+from cpu_samples import CpuSamples
 from service.operations.workload import DebeziumWorkload, create_topics, produce
 
 TABLE = "bench_customers"
@@ -41,6 +42,7 @@ _CONSUME_STALL_S = 30.0
 # The embedded broker may answer a fetch with more than librdkafka's 100 MB default.
 MAX_RESPONSE_BYTES = 1 << 30
 _RSS_SAMPLE_S = 0.5
+_CPU_SAMPLE_S = 0.1
 _LOG_TIME_FORMAT = "%Y-%m-%d %H:%M:%S,%f"
 _LOG_TIME = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO "
 _READY_LINE = re.compile(_LOG_TIME + r"[\w.]*runner: kafka: ", re.M)  # the runner's module path may move
@@ -108,20 +110,28 @@ def _log_time(text: str) -> float:
 
 
 def run_pipeline(config: Path, log_path: Path) -> dict[str, float]:
-    """Run `cdc-lakehouse run CONFIG --until-idle`; wall, startup, ingest, shutdown seconds, peak RSS."""
+    """Run `cdc-lakehouse run CONFIG --until-idle`; wall, startup, ingest, shutdown seconds, peak RSS, and the
+    cores busy in the steady window (`after_first`): the machine's and the service's process tree's."""
     cli = str(Path(sys.executable).with_name("cdc-lakehouse"))
-    peak = 0.0
+    peak, sampled = 0.0, 0.0
     with open(log_path, "w") as log:
         started = time.time()
         process = subprocess.Popen([cli, "run", str(config), "--until-idle"], stdout=log, stderr=subprocess.STDOUT)
+        cpu = CpuSamples(process.pid)
         while process.poll() is None:
-            peak = max(peak, _tree_rss_mib(process.pid))
-            time.sleep(_RSS_SAMPLE_S)
+            now = time.time()
+            cpu.take(now)
+            if now - sampled >= _RSS_SAMPLE_S:
+                peak, sampled = max(peak, _tree_rss_mib(process.pid)), now
+            time.sleep(_CPU_SAMPLE_S)
         ended = time.time()
     text = log_path.read_text()
     if process.returncode != 0:
         raise SystemExit(f"FAILED: cdc-lakehouse exited {process.returncode}; end of its log:\n{text[-3000:]}")
-    return {"wall": ended - started, "rss_mib": peak, **log_figures(text, started, ended)}
+    figures = log_figures(text, started, ended)
+    last_commit_at = started + figures["startup"] + figures["ingest"]
+    return {"wall": ended - started, "rss_mib": peak, **figures,
+            "steady_cores": cpu.cores(last_commit_at - figures["after_first"], last_commit_at)}
 
 
 def log_figures(text: str, started: float, ended: float) -> dict[str, float]:

@@ -158,7 +158,8 @@ def service_figures(run: dict[str, float], events: int, first_batch_records: int
     first_commit = run["startup"] + run["ingest"] - run["after_first"] + run.get("first_merge", 0.0)
     steady = _rate(events - first_batch_records, run["after_first"]) if run["batches"] > 1 else 0.0
     return {"events": events, "wall_s": run["wall"], "wall_rate": events / run["wall"], "steady_rate": steady,
-            "first_commit_s": first_commit, "batches": run["batches"], "rss_mib": run["rss_mib"]}
+            "first_commit_s": first_commit, "batches": run["batches"], "rss_mib": run["rss_mib"],
+            "steady_cores": run.get("steady_cores")}
 
 
 def run_service(workdir: Path, bootstrap: str, topic: str, workload: DebeziumWorkload, events: int,
