@@ -1,9 +1,10 @@
 """CPU use of the machine and of one process tree over time, sampled from /proc (Linux).
 
 `CpuSamples.take()` records the machine's busy and total CPU seconds (`/proc/stat`, every core) and the
-CPU seconds of a process tree (`/proc/PID/stat` of the root and its descendants, live ones: a process that
-ended takes its seconds with it); `cores(t0, t1)` gives how many cores were busy on average between two
-times, for the machine and for the tree, from the samples nearest to them.
+CPU seconds of a process tree by kind of process (`/proc/PID/stat` of the root and its live descendants: a
+process that ended takes its seconds with it; the JVM, pyspark's Python workers, the driver); `cores(t0, t1)`
+gives how many cores were busy on average between two times, for the machine, the tree and each kind, from
+the samples nearest to them.
 """
 
 from __future__ import annotations
@@ -22,8 +23,19 @@ def machine_cpu_s() -> tuple[float, float]:
     return (total - fields[3] - fields[4]) / _TICK, total / _TICK
 
 
-def tree_cpu_s(root: int) -> float:
-    """CPU seconds (user + system) of `root` and its live descendants."""
+def _kind(pid: int) -> str:
+    """'jvm', 'python workers' (pyspark's daemon and its workers) or 'driver' (the rest of the tree)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "driver"
+    if argv and argv[0].endswith(b"java"):
+        return "jvm"
+    return "python workers" if any(b"pyspark.daemon" in a or b"pyspark.worker" in a for a in argv) else "driver"
+
+
+def tree_cpu_s(root: int) -> dict[str, float]:
+    """CPU seconds (user + system) of `root` and its live descendants, by kind of process (`_kind`)."""
     parents, cpu = {}, {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -37,7 +49,11 @@ def tree_cpu_s(root: int) -> float:
     while grew:
         found = {pid for pid, ppid in parents.items() if ppid in tree} - tree
         tree, grew = tree | found, bool(found)
-    return sum(cpu.get(pid, 0.0) for pid in tree)
+    kinds: dict[str, float] = {}
+    for pid in tree:
+        kind = _kind(pid)
+        kinds[kind] = kinds.get(kind, 0.0) + cpu.get(pid, 0.0)
+    return kinds
 
 
 class CpuSamples:
@@ -46,7 +62,7 @@ class CpuSamples:
     def __init__(self, root: int) -> None:
         self.root = root
         self.times: list[float] = []
-        self.rows: list[tuple[float, float, float]] = []  # machine busy, machine total, tree
+        self.rows: list[tuple[float, float, dict[str, float]]] = []  # machine busy, machine total, tree
 
     def take(self, now: float) -> None:
         busy, total = machine_cpu_s()
@@ -70,5 +86,6 @@ class CpuSamples:
         seconds = self.times[b] - self.times[a]
         (busy0, total0, tree0), (busy1, total1, tree1) = self.rows[a], self.rows[b]
         cores = os.cpu_count() or 1
+        kinds = {kind: (tree1.get(kind, 0.0) - tree0.get(kind, 0.0)) / seconds for kind in tree1}
         return {"seconds": seconds, "machine": (busy1 - busy0) / (total1 - total0) * cores if total1 > total0 else 0.0,
-                "tree": (tree1 - tree0) / seconds}
+                "tree": sum(kinds.values()), "kinds": kinds}

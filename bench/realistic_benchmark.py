@@ -26,7 +26,8 @@ Per row (`--sections`):
   table (and the naive one) equals the replay (workload) or `SELECT *` of the source table (captures,
   values compared after one normalisation of representation, testbed/realistic_capture.py);
   peak RSS of the service's process tree; the cores busy in the steady window, the machine's and the
-  service's process tree's (bench/cpu_samples.py, every 0.1 s; the rest is mostly the broker); the range decode statistics (the `cdc_ranges` counter
+  service's process tree's, split by its driver, JVM and Python workers (bench/cpu_samples.py, every
+  0.1 s; the machine's rest is mostly the broker); the range decode statistics (the `cdc_ranges` counter
   scraped from the service's /metrics every 0.5 s, last value before exit; the fallback reasons
   from its log). `--steady-runs` runs of each (default 3), naive and service in turns, fresh tables: the
   figures are the median run's (each run's rate is listed), and the service's steady rate in MB/s of values (the rows'
@@ -458,7 +459,7 @@ def table_lines(results: dict) -> list[str]:
     best = max((r.get("service", {}).get("steady_rate", 0) for r in rows.values()), default=0)
     lines = ["| input | records | B/value | naive ev/s | service steady ev/s (runs) | service/naive | vs best row | "
              "read floor ev/s (MB/s) | floor vs best row | read CPU us/record (readers + broker) | service MB/s | steady batches: read+decode+reduce / "
-             "merge s | cores busy in the steady window: machine (service) | service table = source | naive table = source | materializer steady ev/s (its table) | "
+             "merge s | cores busy in the steady window: machine (service: driver / JVM / Python workers) | service table = source | naive table = source | materializer steady ev/s (its table) | "
              "freshness p95 (p50) | service peak RSS | ranges vectorised / record by record |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
@@ -496,7 +497,9 @@ def table_lines(results: dict) -> list[str]:
         stages = service.get("stages")
         spent = f"{stages['read_decode_reduce_s']:.2f} / {stages['merge_s']:.2f}" if stages else "-"
         busy = service.get("steady_cores")
-        cores = f"{busy['machine']:.2f} ({busy['tree']:.2f})" if busy else "-"
+        kinds = busy.get("kinds", {}) if busy else {}
+        split = " / ".join(f"{kinds.get(kind, 0):.2f}" for kind in ("driver", "jvm", "python workers"))
+        cores = f"{busy['machine']:.2f} ({busy['tree']:.2f}: {split})" if busy else "-"
         lines.append(f"| {name} | {row.get('records', 0):,} | {row.get('bytes_per_record', 0):,.0f} | "
                      f"{_rate(naive.get('rate'))} | {_rate(steady)} ({runs}) | "
                      f"{ratio} | {versus} | {read} | {ceiling} | {read_cpu} | {throughput} | {spent} | {cores} | {_check(service)} | "
