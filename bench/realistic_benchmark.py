@@ -497,9 +497,9 @@ def table_lines(results: dict) -> list[str]:
         stages = service.get("stages")
         spent = f"{stages['read_decode_reduce_s']:.2f} / {stages['merge_s']:.2f}" if stages else "-"
         busy = service.get("steady_cores")
-        kinds = busy.get("kinds", {}) if busy else {}
-        split = " / ".join(f"{kinds.get(kind, 0):.2f}" for kind in ("driver", "jvm", "python workers"))
-        cores = f"{busy['machine']:.2f} ({busy['tree']:.2f}: {split})" if busy else "-"
+        kinds = busy.get("kinds") if busy else None
+        split = ": " + " / ".join(f"{kinds.get(kind, 0):.2f}" for kind in ("driver", "jvm", "python workers")) if kinds else ""
+        cores = f"{busy['machine']:.2f} ({busy['tree']:.2f}{split})" if busy else "-"
         lines.append(f"| {name} | {row.get('records', 0):,} | {row.get('bytes_per_record', 0):,.0f} | "
                      f"{_rate(naive.get('rate'))} | {_rate(steady)} ({runs}) | "
                      f"{ratio} | {versus} | {read} | {ceiling} | {read_cpu} | {throughput} | {spent} | {cores} | {_check(service)} | "
