@@ -323,6 +323,22 @@ def one_array(values: pa.Array | pa.ChunkedArray) -> pa.Array:
     return values
 
 
+_MAX_BINARY_BYTES = 2**31 - 1  # a binary array's int32 offsets
+
+
+def binary_array(values: list[bytes]) -> pa.Array:
+    """Python bytes (none missing) as one binary array: the values joined once, their offsets summed in numpy.
+    `pa.array` grows its buffer value by value, which on the C library's allocator (the service's,
+    `service/runtime/allocators.py`) costs several times the copy itself."""
+    lengths = np.fromiter(map(len, values), np.int64, len(values))
+    offsets = np.zeros(len(values) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if offsets[-1] > _MAX_BINARY_BYTES:
+        return pa.array(values, pa.binary())  # beyond int32 offsets: pyarrow chunks or refuses as it does
+    return pa.Array.from_buffers(pa.binary(), len(values),
+                                 [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(values))])
+
+
 def plain_type(kind: pa.DataType) -> pa.DataType:
     """One type per family of Arrow representations Delta stores alike."""
     if pa.types.is_large_string(kind) or pa.types.is_string_view(kind):

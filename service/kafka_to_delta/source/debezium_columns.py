@@ -58,7 +58,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors.delta.arrow_types import merge_types
+from connectors.delta.arrow_types import binary_array, merge_types
 from connectors.kafka.range_reader import ValueChunk
 from service.kafka_to_delta.formats.debezium_json import JsonDocuments
 from service.kafka_to_delta.materialize.last_change import last_rows
@@ -176,7 +176,7 @@ class RangeColumns(VersionParse, EnvelopeRows):
         for group in np.unique(groups[~odd]):
             members = np.flatnonzero(groups == group)
             chosen = payloads if len(members) == len(payloads) else [payloads[member] for member in members]
-            rows, refused = self._group_changes(int(group), pa.array(chosen, pa.binary()))
+            rows, refused = self._group_changes(int(group), binary_array(chosen))
             odd[members[refused]] = True
             if rows.num_rows:
                 parts.append(rows.set_column(rows.schema.get_field_index(_RECORD), _RECORD,

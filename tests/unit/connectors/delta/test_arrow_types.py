@@ -11,7 +11,14 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 
-from connectors.delta.arrow_types import arrow_type, infer_types, merge_types, rows_to_table, string_list_texts
+from connectors.delta.arrow_types import (
+    arrow_type,
+    binary_array,
+    infer_types,
+    merge_types,
+    rows_to_table,
+    string_list_texts,
+)
 from connectors.delta.connect_types import connect_schema_to_types
 from tests.support.run_seed import run_seed
 
@@ -354,3 +361,9 @@ def test_string_list_texts_are_what_json_dumps_writes(seed: int) -> None:
     texts = string_list_texts(pa.array(lists, pa.list_(pa.string())))
     assert texts.to_pylist() == [None if items is None else json.dumps(items, separators=(",", ":"))
                                  for items in lists], seed
+
+
+def test_binary_array_equals_pyarrows_own_conversion() -> None:
+    for values in ([], [b""], [b"a", b"", b"\x00\xff" * 300, b"{}"], [bytes([i % 256]) * i for i in range(200)]):
+        built = binary_array(values)
+        assert built.type == pa.binary() and built.equals(pa.array(values, pa.binary())), values[:3]
