@@ -1,10 +1,11 @@
-"""CPU use of the machine and of one process tree over time, sampled from /proc (Linux).
+"""A process tree's CPU and memory, and the machine's CPU, read from /proc (Linux): the benchmarks' one reader.
 
-`CpuSamples.take()` records the machine's busy and total CPU seconds (`/proc/stat`, every core) and the
-CPU seconds of a process tree by kind of process (`/proc/PID/stat` of the root and its live descendants: a
-process that ended takes its seconds with it; the JVM, pyspark's Python workers, the driver); `cores(t0, t1)`
-gives how many cores were busy on average between two times, for the machine, the tree and each kind, from
-the samples nearest to them.
+`proc_stats()` reads every process's parent, CPU seconds and RSS in one pass; `process_tree` picks a root
+and its descendants out of them; `tree_rss_mib` sums a tree's RSS. `CpuSamples.take()` records the machine's
+busy and total CPU seconds (`/proc/stat`, every core), the tree's CPU seconds by kind of process (the JVM,
+pyspark's Python workers, the driver; a process that ended takes its seconds with it) and its RSS;
+`cores(t0, t1)` gives how many cores were busy on average between two times, for the machine, the tree and
+each kind, from the samples nearest to them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,38 @@ import os
 from pathlib import Path
 
 _TICK = os.sysconf("SC_CLK_TCK")
+_PAGE_MIB = os.sysconf("SC_PAGE_SIZE") / 2**20
+
+Stats = dict[int, tuple[int, float, float]]
+"""pid -> (parent pid, CPU seconds so far (user + system), RSS MiB)."""
+
+
+def proc_stats() -> Stats:
+    """Every process's parent, CPU seconds and RSS, one /proc read each."""
+    stats = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the process ended while we looked
+        stats[int(stat.parent.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK,
+                                        int(fields[21]) * _PAGE_MIB)
+    return stats
+
+
+def process_tree(root: int, stats: Stats, exclude: set[int] = frozenset()) -> set[int]:
+    """`root` and its descendants, except the `exclude` subtrees."""
+    tree, grew = {root}, True
+    while grew:
+        found = {pid for pid, (ppid, _, _) in stats.items() if ppid in tree and pid not in exclude} - tree
+        tree, grew = tree | found, bool(found)
+    return tree & set(stats)
+
+
+def tree_rss_mib(root: int, exclude: int | None = None) -> float:
+    """Summed RSS of `root` and its descendants, except the `exclude` subtree."""
+    stats = proc_stats()
+    return sum(stats[pid][2] for pid in process_tree(root, stats, {exclude} if exclude else set()))
 
 
 def machine_cpu_s() -> tuple[float, float]:
@@ -34,40 +67,27 @@ def _kind(pid: int) -> str:
     return "python workers" if any(b"pyspark.daemon" in a or b"pyspark.worker" in a for a in argv) else "driver"
 
 
-def tree_cpu_s(root: int) -> dict[str, float]:
-    """CPU seconds (user + system) of `root` and its live descendants, by kind of process (`_kind`)."""
-    parents, cpu = {}, {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue  # the process ended while we looked
-        fields = text[text.rindex(")") + 2:].split()
-        pid = int(stat.parent.name)
-        parents[pid], cpu[pid] = int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK
-    tree, grew = {root}, True
-    while grew:
-        found = {pid for pid, ppid in parents.items() if ppid in tree} - tree
-        tree, grew = tree | found, bool(found)
-    kinds: dict[str, float] = {}
-    for pid in tree:
-        kind = _kind(pid)
-        kinds[kind] = kinds.get(kind, 0.0) + cpu.get(pid, 0.0)
-    return kinds
-
-
 class CpuSamples:
-    """Timed samples of the machine's CPU and a process tree's."""
+    """Timed samples of the machine's CPU and a process tree's CPU (by kind) and RSS."""
 
     def __init__(self, root: int) -> None:
         self.root = root
         self.times: list[float] = []
-        self.rows: list[tuple[float, float, dict[str, float]]] = []  # machine busy, machine total, tree
+        self.rows: list[tuple[float, float, dict[str, float]]] = []  # machine busy, machine total, tree by kind
+        self.peak_rss_mib = 0.0
 
     def take(self, now: float) -> None:
         busy, total = machine_cpu_s()
+        stats = proc_stats()
+        kinds: dict[str, float] = {}
+        rss = 0.0
+        for pid in process_tree(self.root, stats):
+            kind = _kind(pid)  # read each time: spark-class's shell becomes the JVM by exec
+            kinds[kind] = kinds.get(kind, 0.0) + stats[pid][1]
+            rss += stats[pid][2]
         self.times.append(now)
-        self.rows.append((busy, total, tree_cpu_s(self.root)))
+        self.rows.append((busy, total, kinds))
+        self.peak_rss_mib = max(self.peak_rss_mib, rss)
 
     def _at(self, when: float) -> int:
         i = bisect.bisect_left(self.times, when)
@@ -75,9 +95,9 @@ class CpuSamples:
             i -= 1
         return i
 
-    def cores(self, start: float, end: float) -> dict[str, float] | None:
+    def cores(self, start: float, end: float) -> dict | None:
         """Average busy cores between `start` and `end` (the samples nearest them): the machine's, the
-        tree's; None without two distinct samples in between."""
+        tree's and its kinds'; None without two distinct samples in between."""
         if not self.times:
             return None
         a, b = self._at(start), self._at(end)

@@ -55,7 +55,8 @@ from typing import Iterator
 import pyarrow as pa
 import yaml
 from deltalake import DeltaTable
-from ingest_benchmark import _log_time, _tree_rss_mib
+from cpu_samples import tree_rss_mib
+from ingest_benchmark import _log_time
 from perf_freshness import PacedProducer, Service, percentile
 
 from service.operations.workload import Event, create_topics, produce
@@ -305,7 +306,7 @@ def run_until_idle(config: Path, log_path: Path, timeout_s: float) -> dict:
         process = subprocess.Popen([CLI, "run", str(config), "--until-idle"], stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True)
         while process.poll() is None:
-            peak = max(peak, _tree_rss_mib(process.pid))
+            peak = max(peak, tree_rss_mib(process.pid))
             if time.time() - launched > timeout_s:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()

@@ -52,6 +52,7 @@ import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 from deltalake import DeltaTable, write_deltalake
+from cpu_samples import proc_stats, process_tree
 from export_tables import SHAPES
 
 from connectors.kafka.apache_broker import ApacheKafkaBroker
@@ -72,7 +73,6 @@ _CONSUME_BATCH = 10_000
 _CONSUME_POLL_S = 1.0
 _CONSUME_WAIT_S = 300  # the first fetch of a large topic from the embedded broker, on a loaded machine
 _MAX_RESPONSE_BYTES = 2**31 - 1  # librdkafka's limit: noida-db answers one fetch with a whole 1.2 GB topic
-_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -165,37 +165,6 @@ def expected_records(plan: dict[str, int], preset: str) -> int:
     return plan["inserts"] + plan["updates"] + plan["deletes"] + tombstones
 
 
-_PAGE_MIB = os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def _proc_stats() -> dict[int, tuple[int, float, float]]:
-    """pid -> (parent pid, CPU seconds so far (user + system), RSS MiB) of every process, one /proc read each."""
-    stats = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        stats[int(stat.parent.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICKS,
-                                        int(fields[21]) * _PAGE_MIB)
-    return stats
-
-
-def _tree(root: int, exclude: set[int], stats: dict[int, tuple[int, float, float]]) -> set[int]:
-    """`root` and its descendants except the `exclude` subtrees."""
-    tree, grew = {root}, True
-    while grew:
-        found = {pid for pid, (ppid, _, _) in stats.items() if ppid in tree and pid not in exclude} - tree
-        tree, grew = tree | found, bool(found)
-    return tree & set(stats)
-
-
-def _tree_rss_mib(root: int, exclude: int | None) -> float:
-    """Summed RSS of `root` and its descendants except the `exclude` subtree, from /proc."""
-    stats = _proc_stats()
-    return sum(stats[pid][2] for pid in _tree(root, {exclude} if exclude else set(), stats))
-
-
 def _process_name(pid: int) -> str:
     """A short name: the Python module a Python process runs (`-m`), else the program's name."""
     try:
@@ -238,21 +207,21 @@ class RssSampler(threading.Thread):
                 for pid, seconds in self._cpu_last.items()}
 
     def _sample(self) -> None:
-        stats = _proc_stats()
-        tree = _tree(self.root, self._apart, stats)
+        stats = proc_stats()
+        tree = process_tree(self.root, stats, self._apart)
         for pid in tree - set(self._names):
             self._names[pid] = _process_name(pid)
         by_process = {f"{pid} {self._names[pid]}": stats[pid][2] for pid in tree}
         if sum(by_process.values()) > self.peak:
             self.peak, self.peaks = sum(by_process.values()), by_process
         if self.broker_pid:
-            self.broker_peak = max(self.broker_peak, sum(stats[pid][2] for pid in _tree(self.broker_pid, set(), stats)))
+            self.broker_peak = max(self.broker_peak, sum(stats[pid][2] for pid in process_tree(self.broker_pid, stats)))
         self._cpu_last.update({pid: stats[pid][1] for pid in tree})
 
     def run(self) -> None:
         started = time.thread_time()
-        stats = _proc_stats()
-        self._cpu_start = {pid: stats[pid][1] for pid in _tree(self.root, self._apart, stats)}
+        stats = proc_stats()
+        self._cpu_start = {pid: stats[pid][1] for pid in process_tree(self.root, stats, self._apart)}
         while not self.done.wait(_RSS_SAMPLE_S):
             self._sample()
             self._own_cpu_s = time.thread_time() - started

@@ -41,8 +41,7 @@ _CONSUME_BATCH = 10_000
 _CONSUME_STALL_S = 30.0
 # The embedded broker may answer a fetch with more than librdkafka's 100 MB default.
 MAX_RESPONSE_BYTES = 1 << 30
-_RSS_SAMPLE_S = 0.5
-_CPU_SAMPLE_S = 0.1
+_SAMPLE_S = 0.1  # CPU and RSS of the service's process tree
 _LOG_TIME_FORMAT = "%Y-%m-%d %H:%M:%S,%f"
 _LOG_TIME = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO "
 _READY_LINE = re.compile(_LOG_TIME + r"[\w.]*runner: kafka: ", re.M)  # the runner's module path may move
@@ -87,24 +86,6 @@ def write_config(workdir: Path, bootstrap: str, topic: str, max_offsets: int | N
     return path
 
 
-def _tree_rss_mib(root: int) -> float:
-    """Summed RSS of `root` and its descendants, from /proc (Linux)."""
-    parents, rss = {}, {}
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
-        except OSError:
-            continue  # the process ended while we looked
-        pid = int(status.parent.name)
-        parents[pid] = int(fields["PPid"])
-        rss[pid] = int(fields.get("VmRSS", "0 kB").split()[0])
-    tree, grew = {root}, True
-    while grew:
-        found = {pid for pid, ppid in parents.items() if ppid in tree} - tree
-        tree, grew = tree | found, bool(found)
-    return sum(rss.get(pid, 0) for pid in tree) / 1024
-
-
 def _log_time(text: str) -> float:
     return datetime.strptime(text, _LOG_TIME_FORMAT).timestamp()
 
@@ -113,25 +94,21 @@ def run_pipeline(config: Path, log_path: Path) -> dict[str, float]:
     """Run `cdc-lakehouse run CONFIG --until-idle`; wall, startup, ingest, shutdown seconds, peak RSS, and the
     cores busy in the steady window (`after_first`): the machine's and the service's process tree's."""
     cli = str(Path(sys.executable).with_name("cdc-lakehouse"))
-    peak, sampled = 0.0, 0.0
     with open(log_path, "w") as log:
         started = time.time()
         process = subprocess.Popen([cli, "run", str(config), "--until-idle"], stdout=log, stderr=subprocess.STDOUT)
-        cpu = CpuSamples(process.pid)
+        samples = CpuSamples(process.pid)
         while process.poll() is None:
-            now = time.time()
-            cpu.take(now)
-            if now - sampled >= _RSS_SAMPLE_S:
-                peak, sampled = max(peak, _tree_rss_mib(process.pid)), now
-            time.sleep(_CPU_SAMPLE_S)
+            samples.take(time.time())
+            time.sleep(_SAMPLE_S)
         ended = time.time()
     text = log_path.read_text()
     if process.returncode != 0:
         raise SystemExit(f"FAILED: cdc-lakehouse exited {process.returncode}; end of its log:\n{text[-3000:]}")
     figures = log_figures(text, started, ended)
     last_commit_at = started + figures["startup"] + figures["ingest"]
-    return {"wall": ended - started, "rss_mib": peak, **figures,
-            "steady_cores": cpu.cores(last_commit_at - figures["after_first"], last_commit_at)}
+    return {"wall": ended - started, "rss_mib": samples.peak_rss_mib, **figures,
+            "steady_cores": samples.cores(last_commit_at - figures["after_first"], last_commit_at)}
 
 
 def log_figures(text: str, started: float, ended: float) -> dict[str, float]:
@@ -212,7 +189,7 @@ def report(events: int, produce_s: float, run: dict[str, float], consumed: int, 
         *_steady_state_row(events, run, max_offsets),
         ("plain consumer", f"{consume_s:.2f} s", f"{plain:,.0f} ev/s ({consumed} messages)"),
         ("ratio pipeline/consumer", f"{end_to_end / plain:.4f}", f"excl. startup {ingest_only / plain:.4f}"),
-        ("pipeline peak RSS", f"{run['rss_mib']:,.0f} MiB", "sum over the process tree, sampled every 0.5 s"),
+        ("pipeline peak RSS", f"{run['rss_mib']:,.0f} MiB", "sum over the process tree, sampled every 0.1 s"),
     ]
     for name, figure, note in rows:
         print(f"{name:<26}{figure:>14}   {note}")

@@ -24,7 +24,8 @@ import pyarrow as pa
 from chaos_workload import ClaimWorkload
 from confluent_kafka import Producer
 from deltalake import DeltaTable
-from ingest_benchmark import _BATCH_LINE, _log_time, _tree_rss_mib
+from cpu_samples import tree_rss_mib
+from ingest_benchmark import _BATCH_LINE, _log_time
 
 from service.operations.workload import Event, produce
 
@@ -120,7 +121,7 @@ class Service:
 
     def _sample(self) -> None:
         while not self._done.wait(_RSS_SAMPLE_S):
-            self.peak_rss_mib = max(self.peak_rss_mib, _tree_rss_mib(self.process.pid))
+            self.peak_rss_mib = max(self.peak_rss_mib, tree_rss_mib(self.process.pid))
 
     def first_commit(self, timeout: float) -> float:
         """Seconds from launch to the first `batch N ->` log line."""

@@ -22,16 +22,16 @@ Per row (`--sections`):
   `max_offsets_per_trigger`, the row's records over `--steady-batches` (at the default 200,000 a row
   of 300,000 records has one steady batch, and its rate is that one batch's job and commit); events/s
   of the naive pipeline, steady events/s of the service (batches 2..N from the end of the first
-  batch's job to the last commit, performance_benchmark's definition), their ratio, the row's service rate against the best row's; whether the service's
-  table (and the naive one) equals the replay (workload) or `SELECT *` of the source table (captures,
+  batch's job to the last commit, performance_benchmark's definition), their ratio, the row's service
+  rate against the best row's; whether the service's table (and the naive one) equals the replay (workload) or `SELECT *` of the source table (captures,
   values compared after one normalisation of representation, testbed/realistic_capture.py);
   peak RSS of the service's process tree; the cores busy in the steady window, the machine's and the
   service's process tree's, split by its driver, JVM and Python workers (bench/cpu_samples.py, every
   0.1 s; the machine's rest is mostly the broker); the range decode statistics (the `cdc_ranges` counter
   scraped from the service's /metrics every 0.5 s, last value before exit; the fallback reasons
   from its log). `--steady-runs` runs of each (default 3), naive and service in turns, fresh tables: the
-  figures are the median run's (each run's rate is listed), and the service's steady rate in MB/s of values (the rows'
-  records differ up to tenfold in size);
+  figures are the median run's (each run's rate is listed), and the service's steady rate in MB/s of
+  values (the rows' records differ up to tenfold in size);
 - materializer: `upsert_materialize: force`, `max_offsets_per_trigger` `--materializer-batch`: steady events/s;
 - freshness: the service with a 1 s trigger; the row's records (deletes and tombstones left out: a
   deleted row image cannot tell which delete it came from) replayed into a fresh topic, the first

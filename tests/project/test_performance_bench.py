@@ -173,3 +173,34 @@ def test_cpu_samples_count_the_cores_a_busy_process_tree_keeps_busy() -> None:
     assert busy["kinds"]["driver"] <= 1.2 and busy["kinds"]["driver"] * busy["seconds"] >= 0.25
     assert busy["machine"] * busy["seconds"] >= 0.25
     assert samples.cores(ended, ended) is None  # no window between one sample and itself
+    assert samples.peak_rss_mib > 0
+
+
+def test_a_process_tree_holds_the_descendants_and_leaves_out_an_excluded_subtree() -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from cpu_samples import proc_stats, process_tree, tree_rss_mib
+
+    child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; "
+                              "subprocess.run([sys.executable, '-c', 'import time; time.sleep(60)'])"])
+    grandchildren: list[int] = []
+    try:
+        for _ in range(600):  # the grandchild appears once the child has started it
+            stats = proc_stats()
+            grandchildren = [pid for pid, (ppid, _, _) in stats.items() if ppid == child.pid]
+            if grandchildren:
+                break
+            time.sleep(0.05)
+        assert grandchildren, "the grandchild never started"
+        assert {child.pid, grandchildren[0]} <= process_tree(os.getpid(), stats)
+        assert not {child.pid, grandchildren[0]} & process_tree(os.getpid(), stats, {child.pid})
+        assert tree_rss_mib(child.pid) > tree_rss_mib(child.pid, exclude=grandchildren[0]) > 0
+    finally:
+        for pid in grandchildren:
+            os.kill(pid, signal.SIGKILL)
+        child.kill()
+        child.wait()
